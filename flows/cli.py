@@ -1,0 +1,139 @@
+"""The `psro` command: run PSRO, list games and meta-solvers.
+
+Every setting is checked before anything starts (no server, no Ray, no MLflow run), so a typo
+costs one line and exit code 2 rather than a half-made run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow.")
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def run(
+    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
+    game: Optional[str] = typer.Option(None, help="OpenSpiel game string, e.g. leduc_poker or 'kuhn_poker(players=3)'"),
+    oracle: Optional[str] = typer.Option(None, help="best-response oracle (see `psro oracles`)"),
+    meta_solver: Optional[str] = typer.Option(None, help="meta-solver (see `psro solvers`)"),
+    iterations: Optional[int] = typer.Option(None, help="PSRO iterations"),
+    eval: Optional[str] = typer.Option(None, "--eval", help="payoff evaluator: exact or sampled"),
+    episodes: Optional[int] = typer.Option(None, help="episodes per profile when --eval sampled"),
+    seed: Optional[int] = typer.Option(None, help="random seed"),
+    stop_exploitability: Optional[float] = typer.Option(None, help="stop once exploitability is at most this"),
+    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="join this Ray cluster instead of starting one"),
+    num_cpus: Optional[int] = typer.Option(None, help="CPUs for the local Ray instance"),
+    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
+    experiment: Optional[str] = typer.Option(None, help="MLflow experiment name"),
+    export: Optional[Path] = typer.Option(None, help="write an OpenSpiel-checkable export to this directory"),
+) -> None:
+    """Run PSRO. One line per iteration: population, exploitability, seconds."""
+    from marl_core.config import ConfigError, build_config, load_config_file
+
+    flags = dict(
+        game=game, oracle=oracle, meta_solver=meta_solver, iterations=iterations, eval=eval,
+        episodes=episodes, seed=seed, stop_exploitability=stop_exploitability, ray_address=ray_address,
+        num_cpus=num_cpus, tracking_uri=tracking_uri, experiment=experiment, export=export,
+    )
+    try:
+        values = load_config_file(config_file) if config_file else {}
+        values.update({key: value for key, value in flags.items() if value is not None})
+        config = build_config(values)
+    except ConfigError as error:
+        _fail(str(error))
+    _run(config)
+
+
+def _run(config) -> None:
+    from flows.psro_flow import run_psro
+    from marl_core.export import write_export
+
+    console.print(
+        f"PSRO on [bold]{config.game}[/]: oracle={config.oracle} meta-solver={config.meta_solver} "
+        f"eval={config.eval} iterations={config.iterations}; MLflow at {config.tracking_uri}",
+        highlight=False,
+    )
+    started = time.perf_counter()
+    last = {}
+    progress = Progress(
+        TextColumn("[bold blue]PSRO"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("exploitability {task.fields[exploitability]}"), TimeElapsedColumn(),
+        console=console, transient=True,
+    )
+    with progress:
+        bar = progress.add_task("psro", total=config.iterations + 1, exploitability="-")
+
+        def on_iteration(record, state) -> None:
+            last.update(record=record, state=state)
+            progress.console.print(
+                f"iter {record.iteration:4d}  population {'x'.join(map(str, record.population_sizes)):>9}  "
+                f"exploitability {record.report.exploitability:.6f}  nash_conv {record.report.nash_conv:.6f}  "
+                f"{record.iteration_seconds:6.2f}s",
+                highlight=False,
+            )
+            progress.update(bar, advance=1, exploitability=f"{record.report.exploitability:.4f}")
+
+        state = run_psro(config, on_iteration)
+    wall = time.perf_counter() - started
+    record = last["record"]
+    console.print(
+        f"done: {record.iteration} iterations, exploitability {record.report.exploitability:.6g} "
+        f"(NashConv {record.report.nash_conv:.6g}) in {wall:.1f}s",
+        highlight=False,
+    )
+    if config.export:
+        write_export(config.export, config, state.populations, state.meta_strategy, record.report, record.iteration, wall)
+        console.print(f"exported to {config.export}; check it with: python scripts/verify_export.py {config.export}")
+
+
+@app.command()
+def games() -> None:
+    """OpenSpiel games PSRO accepts (parameters go in parentheses: kuhn_poker(players=3))."""
+    from marl_core.games import supported_games
+
+    table = Table("game", "players", "dynamics", "utility")
+    for game_type in supported_games():
+        players = f"{game_type.min_num_players}-{game_type.max_num_players}"
+        table.add_row(game_type.short_name, players, game_type.dynamics.name.lower(), game_type.utility.name.lower())
+    console.print(table)
+
+
+@app.command()
+def solvers() -> None:
+    """Meta-solvers, by the name --meta-solver takes."""
+    from marl_core.meta_solvers import META_SOLVERS
+
+    table = Table("name", "summary")
+    for name, solver in sorted(META_SOLVERS.items()):
+        table.add_row(name, solver.summary)
+    console.print(table)
+
+
+@app.command()
+def oracles() -> None:
+    """Best-response oracles, by the name --oracle takes."""
+    from marl_core.oracles import ORACLES
+
+    table = Table("name", "summary")
+    for name, oracle in sorted(ORACLES.items()):
+        table.add_row(name, oracle.summary)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    app()

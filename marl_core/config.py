@@ -1,0 +1,83 @@
+"""The one typed place for a PSRO run's settings, validated before any work starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+from marl_core.evaluation import EVALUATORS
+from marl_core.games import is_zero_sum, load_game
+from marl_core.meta_solvers import check_meta_solver
+from marl_core.oracles import get_oracle
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message is one line naming the value and what is allowed."""
+
+
+class PSROConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    game: str = Field("kuhn_poker", description="OpenSpiel game string, e.g. leduc_poker or kuhn_poker(players=3)")
+    oracle: str = Field("exact", description="best-response oracle")
+    meta_solver: str = Field("nash", description="meta-solver for the empirical game")
+    iterations: PositiveInt = Field(30, description="PSRO iterations (best responses added per player)")
+    eval: Literal["exact", "sampled"] = Field("exact", description="payoff evaluator")
+    episodes: PositiveInt = Field(1000, description="episodes per profile for the sampled evaluator")
+    seed: int = Field(0, description="seed for sampled evaluation and tie-free reproducibility")
+    stop_exploitability: Optional[float] = Field(None, ge=0, description="stop early at this exploitability")
+    ray_address: Optional[str] = Field(None, description="existing Ray cluster; default starts a local one")
+    num_cpus: Optional[PositiveInt] = Field(None, description="CPUs for the local Ray instance (default: all)")
+    tracking_uri: str = Field("sqlite:///mlflow.db", description="MLflow tracking store")
+    experiment: str = Field("psro", min_length=1, description="MLflow experiment name")
+    register_models: bool = Field(True, description="register population members in the MLflow model registry")
+    export: Optional[Path] = Field(None, description="directory for an OpenSpiel-checkable export")
+
+    @model_validator(mode="after")
+    def _fits_the_game(self) -> "PSROConfig":
+        game = load_game(self.game)
+        get_oracle(self.oracle)
+        check_meta_solver(self.meta_solver, game.num_players(), is_zero_sum(game))
+        if self.eval not in EVALUATORS:  # Literal already guards; kept for registry extensions
+            raise ValueError(f"unknown evaluator {self.eval!r}")
+        return self
+
+    @property
+    def num_players(self) -> int:
+        return load_game(self.game).num_players()
+
+
+def _one_line(error: ValidationError) -> str:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if not location:
+        return message
+    return f"{location}={first.get('input')!r}: {message}"
+
+
+def build_config(values: dict) -> PSROConfig:
+    """Build a config, turning any validation failure into a one-line ConfigError."""
+    try:
+        return PSROConfig(**values)
+    except ValidationError as error:
+        raise ConfigError(_one_line(error)) from None
+    except ValueError as error:  # games, oracles and solvers raise their own one-liners
+        raise ConfigError(str(error)) from None
+
+
+def load_config_file(path: Path) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {error.strerror}") from None
+    try:
+        values = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of settings, got {type(values).__name__}")
+    return {key.replace("-", "_"): value for key, value in values.items()}

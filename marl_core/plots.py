@@ -1,0 +1,45 @@
+"""Figures people would rather look at than read: the exploitability curve and payoff heatmaps."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def exploitability_curve(iterations, exploitability, nash_conv, title: str):
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    axis.plot(iterations, exploitability, label="exploitability (NashConv / players)", lw=2)
+    axis.plot(iterations, nash_conv, label="NashConv", lw=1, alpha=0.7)
+    if min(list(exploitability) + [1]) > 0:
+        axis.set_yscale("log")
+    axis.set_xlabel("PSRO iteration")
+    axis.set_ylabel("value")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    return figure
+
+
+def payoff_heatmap(payoff_mean: np.ndarray, meta_strategy, title: str):
+    """Player 0's payoffs over (player 0 member, player 1 member); other players are averaged
+    out by their meta-strategies so the figure stays two-dimensional for any number of players."""
+    table = payoff_mean[0]
+    for weights in reversed(meta_strategy[2:]):
+        table = table @ np.asarray(weights)
+    figure, axis = plt.subplots(figsize=(6.5, 5.5))
+    limit = float(np.abs(table).max()) or 1.0
+    image = axis.imshow(table, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest")
+    figure.colorbar(image, ax=axis, label="player 0 expected return")
+    axis.set_xlabel("player 1 population member")
+    axis.set_ylabel("player 0 population member")
+    axis.set_title(title)
+    figure.tight_layout()
+    return figure
+
+
+def close(figure) -> None:
+    plt.close(figure)

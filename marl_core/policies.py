@@ -1,0 +1,45 @@
+"""Tabular policies: one row of action probabilities per information state.
+
+A player's population is a single array [K, I, A] (member, information state, action) whose rows
+follow the information-state order of the player's `PlayerTree`. Illegal actions hold
+probability 0, so any row can be sampled from or exported as it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from marl_core.game_tree import PlayerTree
+
+
+def uniform_population(tree: PlayerTree) -> np.ndarray:
+    """A population of one member that plays uniformly over legal actions."""
+    return tree.uniform_policy()[None]
+
+
+def append_members(population: np.ndarray, members: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([population, np.stack(members)], axis=0)
+
+
+def check_policy(tree: PlayerTree, policy: np.ndarray) -> None:
+    """Reject a policy that puts mass on illegal actions or whose rows are not distributions."""
+    if policy.shape != tree.legal.shape:
+        raise ValueError(f"policy has shape {policy.shape}, expected {tree.legal.shape}")
+    if np.any(policy[~tree.legal] != 0):
+        raise ValueError("policy puts probability on illegal actions")
+    if not np.allclose(policy.sum(axis=1), 1.0, atol=1e-9) or np.any(policy < 0):
+        raise ValueError("policy rows must be probability distributions")
+
+
+def policy_to_dict(tree: PlayerTree, policy: np.ndarray) -> dict[str, list[float]]:
+    """The export format: information-state string -> probabilities of every distinct action."""
+    return {state: [float(p) for p in policy[row]] for row, state in enumerate(tree.infostates)}
+
+
+def policy_from_dict(tree: PlayerTree, table: dict[str, list[float]]) -> np.ndarray:
+    missing = [state for state in tree.infostates if state not in table]
+    if missing:
+        raise ValueError(f"policy lacks {len(missing)} information states, e.g. {missing[0]!r}")
+    policy = np.array([table[state] for state in tree.infostates], dtype=np.float64)
+    check_policy(tree, policy)
+    return policy

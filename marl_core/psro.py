@@ -1,0 +1,177 @@
+"""PSRO as plain functions over a small state, with no orchestration in sight.
+
+One iteration is three named steps, as in OpenSpiel's abstract meta-trainer:
+
+1. ``best_responses``: each player's oracle answers the opponents' current meta-strategy mixture;
+2. ``expand_and_evaluate``: the answers join the populations and only the new profiles of the
+   payoff table are evaluated;
+3. ``solve_meta_game``: the meta-solver turns the payoff table into new meta-strategies.
+
+``measure`` then reports NashConv/exploitability of the mixture the meta-strategies define.
+``run_psro_local`` chains the steps in one process; ``flows/`` runs the same steps as Prefect
+tasks on Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+from marl_core.config import PSROConfig
+from marl_core.evaluation import EVALUATORS, ProfilePayoffs
+from marl_core.exploitability import NashConvReport, nash_conv
+from marl_core.game_tree import GameTree, build_tree
+from marl_core.meta_solvers import get_meta_solver
+from marl_core.oracles import BestResponse, get_oracle
+from marl_core.payoffs import PayoffTable
+from marl_core.policies import append_members, uniform_population
+
+
+@dataclasses.dataclass
+class PSROState:
+    populations: list[np.ndarray]  # per player [K_p, I_p, A]
+    payoffs: PayoffTable
+    meta_strategy: list[np.ndarray]  # per player [K_p]
+    iteration: int = 0
+
+    @property
+    def population_sizes(self) -> list[int]:
+        return [len(p) for p in self.populations]
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationRecord:
+    """What one iteration produced, for progress lines, MLflow metrics and benchmarks."""
+
+    iteration: int
+    population_sizes: list[int]
+    report: NashConvReport
+    meta_strategy: list[list[float]]
+    stage_seconds: dict[str, float]
+    iteration_seconds: float
+    elapsed_seconds: float  # since the run started, orchestration included
+
+    def metrics(self) -> dict[str, float]:
+        metrics = {
+            "exploitability": self.report.exploitability,
+            "nash_conv": self.report.nash_conv,
+            "iteration_seconds": self.iteration_seconds,
+            "elapsed_seconds": self.elapsed_seconds,
+        }
+        for player, gain in enumerate(self.report.best_response_gains):
+            metrics[f"player_{player}/best_response_gain"] = gain
+            metrics[f"player_{player}/population_size"] = self.population_sizes[player]
+            metrics[f"player_{player}/meta_entropy"] = meta_entropy(self.meta_strategy[player])
+        for stage, seconds in self.stage_seconds.items():
+            metrics[f"seconds/{stage}"] = seconds
+        return metrics
+
+
+def meta_entropy(weights) -> float:
+    w = np.asarray(weights, dtype=np.float64)
+    w = w[w > 0]
+    return float(-(w * np.log(w)).sum())
+
+
+# --- the steps -------------------------------------------------------------------------------
+
+
+def initial_populations(tree: GameTree) -> list[np.ndarray]:
+    return [uniform_population(player_tree) for player_tree in tree.players]
+
+
+def best_response(config: PSROConfig, player: int, populations, meta_strategy) -> BestResponse:
+    tree = build_tree(config.game)
+    return get_oracle(config.oracle).compute(tree, player, populations, meta_strategy)
+
+
+def expand_population(populations, responses: list[BestResponse]) -> list[np.ndarray]:
+    by_player = {r.player: r.policy for r in responses}
+    return [append_members(pop, [by_player[p]]) if p in by_player else pop for p, pop in enumerate(populations)]
+
+
+def evaluate_payoffs(config: PSROConfig, populations, profiles) -> ProfilePayoffs:
+    tree = build_tree(config.game)
+    evaluate = EVALUATORS[config.eval]
+    return evaluate(tree, populations, profiles, episodes=config.episodes, seed=config.seed)
+
+
+def record_payoffs(table: PayoffTable, profiles, payoffs: ProfilePayoffs) -> None:
+    table.record(profiles, payoffs.mean, payoffs.stderr, payoffs.episodes)
+
+
+def solve_meta_game(config: PSROConfig, payoff_mean: np.ndarray) -> list[np.ndarray]:
+    return get_meta_solver(config.meta_solver).solve(payoff_mean)
+
+
+def measure(config: PSROConfig, populations, meta_strategy) -> NashConvReport:
+    return nash_conv(build_tree(config.game), populations, meta_strategy)
+
+
+def grown_table(table: PayoffTable, populations) -> PayoffTable:
+    table.grow(tuple(len(p) for p in populations))
+    return table
+
+
+def split_profiles(profiles: list, parts: int) -> list[list]:
+    """Even chunks for fanning an evaluation out over workers."""
+    parts = max(1, min(parts, len(profiles)))
+    return [chunk.tolist() for chunk in np.array_split(np.asarray(profiles), parts) if len(chunk)]
+
+
+# --- one process, no orchestration -----------------------------------------------------------
+
+
+def should_stop(config: PSROConfig, record: IterationRecord) -> bool:
+    return config.stop_exploitability is not None and record.report.exploitability <= config.stop_exploitability
+
+
+def run_psro_local(config: PSROConfig, on_iteration: Callable[[IterationRecord, PSROState], None] | None = None) -> PSROState:
+    """Run every step in this process; the reference for what the Prefect flow computes."""
+    for record, state in iterate_psro_local(config):
+        if on_iteration:
+            on_iteration(record, state)
+    return state
+
+
+def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PSROState]]:
+    start = time.perf_counter()
+    tree = build_tree(config.game)
+    populations = initial_populations(tree)
+    state = PSROState(populations, PayoffTable(tree.num_players), meta_strategy=[])
+    for iteration in range(config.iterations + 1):
+        began = time.perf_counter()
+        stages: dict[str, float] = {}
+        if iteration > 0:
+            t = time.perf_counter()
+            responses = [best_response(config, p, state.populations, state.meta_strategy) for p in range(tree.num_players)]
+            state.populations = expand_population(state.populations, responses)
+            stages["best_response"] = time.perf_counter() - t
+        t = time.perf_counter()
+        table = grown_table(state.payoffs, state.populations)
+        profiles = table.missing_profiles()
+        record_payoffs(table, profiles, evaluate_payoffs(config, state.populations, profiles))
+        stages["evaluate"] = time.perf_counter() - t
+        t = time.perf_counter()
+        state.meta_strategy = solve_meta_game(config, table.mean)
+        stages["meta_solve"] = time.perf_counter() - t
+        t = time.perf_counter()
+        report = measure(config, state.populations, state.meta_strategy)
+        stages["exploitability"] = time.perf_counter() - t
+        state.iteration = iteration
+        now = time.perf_counter()
+        record = IterationRecord(
+            iteration=iteration,
+            population_sizes=state.population_sizes,
+            report=report,
+            meta_strategy=[m.tolist() for m in state.meta_strategy],
+            stage_seconds=stages,
+            iteration_seconds=now - began,
+            elapsed_seconds=now - start,
+        )
+        yield record, state
+        if should_stop(config, record):
+            return

@@ -1,0 +1,169 @@
+"""MLflow tracking of a PSRO run: params, per-iteration metrics and artifacts, plots, registry.
+
+One MLflow run per PSRO run. Every MLflow call happens on a single background thread: the
+driver only snapshots what an iteration produced and moves on, so tracking costs the run almost
+no wall time. `finish` (or leaving the context) waits for the queue to drain and re-raises any
+tracking error.
+
+Registry: one registered model per player, one version per population member (its policy as
+the export-format JSON, which loads without unpickling anything), tagged with run id, iteration,
+member index and meta-weight. MLflow reserves the alias name ``latest`` (``models:/NAME/latest``
+already means the newest version), so the newest member also gets the alias ``newest``.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from marl_core import plots
+from marl_core.game_tree import build_tree
+from marl_core.policies import policy_to_dict
+
+NEWEST_ALIAS = "newest"
+
+
+def registered_model_name(experiment: str, game: str, player: int) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", game).strip("_")
+    return f"{experiment}-{slug}-player{player}"
+
+
+class RunTracker:
+    def __init__(self, config):
+        self.config = config
+        self.run_id: str | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracking")
+        self._pending: list[Future] = []
+        self._history: list = []
+        self._versions: dict[tuple[int, int], str] = {}  # (player, member) -> registry version
+
+    # --- driver side: cheap snapshots, work queued ---------------------------------------------
+
+    def __enter__(self) -> "RunTracker":
+        self.run_id = self._pool.submit(self._start).result()
+        return self
+
+    def log_iteration(self, record, state) -> None:
+        self._raise_failures()
+        self._history.append(record)
+        new_members = [
+            (player, len(population) - 1, population[-1].copy())
+            for player, population in enumerate(state.populations)
+            if (player, len(population) - 1) not in self._versions
+        ]
+        for player, member, _ in new_members:
+            self._versions[(player, member)] = ""  # reserved; filled by the tracking thread
+        frame = state.payoffs.to_frame()
+        self._submit(self._log_iteration, record, frame, new_members)
+
+    def finish(self, state) -> None:
+        payoff_mean = state.payoffs.mean.copy()
+        meta = [m.copy() for m in state.meta_strategy]
+        self._submit(self._finish, payoff_mean, meta)
+        self._drain()
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        status = "FINISHED" if exc_type is None else "FAILED"
+        try:
+            self._submit(self._end, status)
+            self._drain()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def _submit(self, fn, *args) -> None:
+        self._pending.append(self._pool.submit(fn, *args))
+
+    def _raise_failures(self) -> None:
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for future in done:
+            future.result()
+
+    def _drain(self) -> None:
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    # --- tracking thread -----------------------------------------------------------------------
+
+    def _start(self) -> str:
+        import mlflow
+        from mlflow.entities import Param
+
+        self.client = mlflow.MlflowClient(tracking_uri=self.config.tracking_uri, registry_uri=self.config.tracking_uri)
+        experiment = self.client.get_experiment_by_name(self.config.experiment)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(self.config.experiment)
+        run = self.client.create_run(
+            experiment_id,
+            run_name=f"psro-{self.config.game}-{self.config.meta_solver}",
+            tags={"game": self.config.game, "oracle": self.config.oracle, "meta_solver": self.config.meta_solver},
+        )
+        self.artifact_uri = run.info.artifact_uri
+        params = [Param(key, str(value)) for key, value in self.config.model_dump().items()]
+        self.client.log_batch(run.info.run_id, params=params)
+        if self.config.register_models:
+            for player in range(self.config.num_players):
+                self._ensure_registered_model(registered_model_name(self.config.experiment, self.config.game, player))
+        return run.info.run_id
+
+    def _ensure_registered_model(self, name: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(name, description=f"PSRO population members for {name}")
+
+    def _log_iteration(self, record, frame, new_members) -> None:
+        import mlflow.entities
+
+        step = record.iteration
+        metrics = [mlflow.entities.Metric(k, float(v), 0, step) for k, v in record.metrics().items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+        self.client.log_text(self.run_id, frame.to_csv(index=False), f"payoffs/iteration_{step:04d}.csv")
+        meta = {str(p): weights for p, weights in enumerate(record.meta_strategy)}
+        self.client.log_dict(self.run_id, meta, f"meta_strategy/iteration_{step:04d}.json")
+        tree = build_tree(self.config.game)
+        for player, member, policy in new_members:
+            path = f"population/player_{player}/member_{member}"
+            self.client.log_dict(self.run_id, policy_to_dict(tree.players[player], policy), f"{path}/policy.json")
+            if self.config.register_models:
+                self._register(player, member, step, record.meta_strategy[player][member], path)
+
+    def _register(self, player: int, member: int, iteration: int, weight: float, path: str) -> None:
+        name = registered_model_name(self.config.experiment, self.config.game, player)
+        tags = {
+            "run_id": self.run_id,
+            "game": self.config.game,
+            "player": str(player),
+            "member": str(member),
+            "iteration": str(iteration),
+            "meta_weight": f"{weight:.6g}",
+        }
+        version = self.client.create_model_version(name, f"{self.artifact_uri}/{path}", run_id=self.run_id, tags=tags)
+        self.client.set_registered_model_alias(name, NEWEST_ALIAS, version.version)
+        self._versions[(player, member)] = version.version
+
+    def _finish(self, payoff_mean: np.ndarray, meta_strategy) -> None:
+        history = self._history
+        figure = plots.exploitability_curve(
+            [r.iteration for r in history],
+            [r.report.exploitability for r in history],
+            [r.report.nash_conv for r in history],
+            title=f"PSRO on {self.config.game} ({self.config.meta_solver})",
+        )
+        self.client.log_figure(self.run_id, figure, "plots/exploitability.png")
+        plots.close(figure)
+        figure = plots.payoff_heatmap(payoff_mean, meta_strategy, title=f"Payoffs, {self.config.game}")
+        self.client.log_figure(self.run_id, figure, "plots/payoff_heatmap.png")
+        plots.close(figure)
+        if self.config.register_models:  # final meta-weights replace the ones at registration
+            for (player, member), version in self._versions.items():
+                name = registered_model_name(self.config.experiment, self.config.game, player)
+                self.client.set_model_version_tag(name, version, "meta_weight", f"{meta_strategy[player][member]:.6g}")
+
+    def _end(self, status: str) -> None:
+        if self.run_id:
+            self.client.set_terminated(self.run_id, status=status)

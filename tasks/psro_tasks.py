@@ -1,0 +1,40 @@
+"""Prefect tasks: thin wrappers that give each PSRO step a name, a state and a place on Ray.
+
+Caching is off: inputs are whole populations, and hashing them on every call would cost more
+than most steps. Every task computes through `marl_core.psro`, so the flow and the local loop
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from marl_core import psro
+
+_options = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+@task(name="train-best-response", **_options)
+def train_best_response(config, player: int, populations, meta_strategy):
+    return psro.best_response(config, player, populations, meta_strategy)
+
+
+@task(name="expand-population", **_options)
+def expand_population(populations, responses):
+    return psro.expand_population(populations, responses)
+
+
+@task(name="evaluate-payoffs", **_options)
+def evaluate_payoffs(config, populations, profiles):
+    return psro.evaluate_payoffs(config, populations, profiles)
+
+
+@task(name="solve-meta-game", **_options)
+def solve_meta_game(config, payoff_mean):
+    return psro.solve_meta_game(config, payoff_mean)
+
+
+@task(name="measure-exploitability", **_options)
+def measure_exploitability(config, populations, meta_strategy):
+    return psro.measure(config, populations, meta_strategy)
