@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
+import ray
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from flows.ray_runner import FastRayTaskRunner
 
 import tasks
-from flows.runtime import prefect_server, ray_session
+from flows.runtime import prefect_api, ray_session, warm_up_workers
 from marl_core import psro
 from marl_core.config import PSROConfig
 from marl_core.game_tree import build_tree
@@ -34,33 +36,49 @@ def _timed(stages: dict[str, float], name: str, started: float) -> float:
 
 
 @flow(name="psro-iteration", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
-def psro_iteration(config: PSROConfig, iteration: int, state: PSROState, run_started: float) -> IterationRecord:
-    """Best responses, then the new payoff entries, then the meta-game; iteration 0 only evaluates."""
-    began = t = time.perf_counter()
-    stages: dict[str, float] = {}
+def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef, run_started: float):
+    """Best responses, then the new payoff entries, then the meta-game; iteration 0 only evaluates.
+
+    The state arrives as a reference into Ray's object store: Prefect copies a flow's parameters
+    into the context of every task it submits, so passing the populations themselves would
+    serialize them once per task. The whole iteration is submitted at once: Ray starts each
+    task as soon as its inputs exist, so no stage waits for a round trip through this process.
+    Stage times are measured from the completion of each stage's futures.
+
+    Returns the iteration's record and the new state.
+    """
+    began = time.perf_counter()
+    state: PSROState = ray.get(state_ref)
+    players = range(len(state.populations))
+    sizes = [size + (iteration > 0) for size in state.population_sizes]
+    populations = state.populations
     if iteration > 0:
         responses = [
             tasks.train_best_response.submit(config, player, state.populations, state.meta_strategy)
-            for player in range(len(state.populations))
+            for player in players
         ]
-        state.populations = tasks.expand_population.submit(state.populations, responses).result()
-        t = _timed(stages, "best_response", t)
-
-    table = psro.grown_table(state.payoffs, state.populations)
-    profiles = table.missing_profiles()
+        populations = tasks.expand_population.submit(state.populations, responses)
     parts = 1 if config.eval == "exact" else max(1, int(_cluster_cpus()))
-    chunks = psro.split_profiles(profiles, parts)
-    evaluations = [tasks.evaluate_payoffs.submit(config, state.populations, chunk) for chunk in chunks]
-    for chunk, evaluation in zip(chunks, evaluations):
-        psro.record_payoffs(table, chunk, evaluation.result())
-    t = _timed(stages, "evaluate", t)
+    chunks = psro.plan_evaluation(state.payoffs, sizes, parts)
+    evaluations = [tasks.evaluate_payoffs.submit(config, populations, chunk) for chunk in chunks]
+    meta_game = tasks.solve_meta_game.submit(config, state.payoffs, chunks, evaluations)
+    report = tasks.measure_exploitability.submit(config, populations, meta_game)
 
-    state.meta_strategy = tasks.solve_meta_game.submit(config, table.mean).result()
+    stages: dict[str, float] = {}
+    t = began
+    if iteration > 0:
+        state.populations = populations.result()
+        t = _timed(stages, "best_response", t)
+    for evaluation in evaluations:
+        evaluation.wait()
+    t = _timed(stages, "evaluate", t)
+    solved = meta_game.result()
+    state.payoffs, state.meta_strategy = solved.payoffs, solved.meta_strategy
     t = _timed(stages, "meta_solve", t)
-    report = tasks.measure_exploitability.submit(config, state.populations, state.meta_strategy).result()
+    report = report.result()
     t = _timed(stages, "exploitability", t)
     state.iteration = iteration
-    return IterationRecord(
+    record = IterationRecord(
         iteration=iteration,
         population_sizes=state.population_sizes,
         report=report,
@@ -69,11 +87,10 @@ def psro_iteration(config: PSROConfig, iteration: int, state: PSROState, run_sta
         iteration_seconds=t - began,
         elapsed_seconds=t - run_started,
     )
+    return record, state
 
 
 def _cluster_cpus() -> float:
-    import ray
-
     return ray.cluster_resources().get("CPU", 1)
 
 
@@ -88,7 +105,7 @@ def psro_flow(config: dict, on_iteration: Optional[IterationCallback] = None) ->
     state = PSROState(psro.initial_populations(tree), PayoffTable(tree.num_players), meta_strategy=[])
     with RunTracker(config) as tracker:
         for iteration in range(config.iterations + 1):
-            record = psro_iteration(config, iteration, state, run_started)
+            record, state = psro_iteration(config, iteration, ray.put(state), run_started)
             tracker.log_iteration(record, state)
             if on_iteration:
                 on_iteration(record, state)
@@ -99,10 +116,20 @@ def psro_flow(config: dict, on_iteration: Optional[IterationCallback] = None) ->
 
 
 def run_psro(config: PSROConfig, on_iteration: Optional[IterationCallback] = None) -> PSROState:
-    """Start what the run needs (Prefect server, Ray), run the `psro` flow, stop everything."""
+    """Start what the run needs (Prefect server, Ray, MLflow store), run the `psro` flow, stop all.
+
+    The three start in parallel: the server boots in its own process while Ray starts and warms
+    its workers and the MLflow store is created on a thread.
+    """
+    from marl_core.tracking import prepare_store
+
     with contextlib.ExitStack() as stack:
-        api_url = stack.enter_context(prefect_server())
+        api_url, wait_for_api = stack.enter_context(prefect_api())
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
-        worker_env = {"PREFECT_API_URL": api_url}
-        stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
+        store = ThreadPoolExecutor(max_workers=1).submit(prepare_store, config.tracking_uri)
+        stack.enter_context(ray_session(config.ray_address, config.num_cpus, {"PREFECT_API_URL": api_url}))
+        warm = warm_up_workers(config.game)
+        wait_for_api()
+        store.result()
+        ray.get(warm)
         return psro_flow(config, on_iteration)

@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 SERVER_START_TIMEOUT = 120.0
 
@@ -52,40 +52,70 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
 
 
+class LocalPrefectServer:
+    """A `prefect server start` process on 127.0.0.1; `wait()` blocks until it answers."""
+
+    def __init__(self, home: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        self._log = open(home / "server.log", "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "flows.prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait(self) -> None:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while not _healthy(self.url):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Prefect server exited with code {self.process.returncode}; see {self.home / 'server.log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Prefect server did not answer within {SERVER_START_TIMEOUT:.0f} s; see {self.home / 'server.log'}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        _stop(self.process)
+        self._log.close()
+
+
 @contextlib.contextmanager
-def prefect_server(home: Path | None = None) -> Iterator[str]:
-    """Yield a Prefect API URL: the configured one, or a server started and stopped here."""
+def prefect_api(home: Path | None = None) -> Iterator[tuple[str, Callable[[], None]]]:
+    """Yield the Prefect API URL and a function that waits until it answers.
+
+    Uses ``PREFECT_API_URL`` when set; otherwise starts a server and stops it on exit. The
+    server boots while the caller starts other things; call the wait function before use.
+    """
     configured = os.environ.get("PREFECT_API_URL")
     if configured:
-        yield configured
+        yield configured, lambda: None
         return
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    home = Path(home or os.environ.get("PREFECT_HOME") or Path.cwd() / ".prefect").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    log = open(home / "server.log", "ab")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "flows.prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    # Prefect's own default home (~/.prefect): a plain `prefect server start` later shows these
+    # runs, and the database migrations (16 s here) happen once per machine, not once per run.
+    home = Path(home or os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser().resolve()
+    server = LocalPrefectServer(home)
+    os.environ["PREFECT_API_URL"] = server.url
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while not _healthy(url):
-            if process.poll() is not None:
-                raise RuntimeError(f"Prefect server exited with code {process.returncode}; see {home / 'server.log'}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Prefect server did not answer within {SERVER_START_TIMEOUT:.0f} s; see {home / 'server.log'}")
-            time.sleep(0.2)
-        os.environ["PREFECT_API_URL"] = url
-        yield url
+        yield server.url, server.wait
     finally:
+        _flush_prefect_clients()
         os.environ.pop("PREFECT_API_URL", None)
-        _stop(process)
-        log.close()
+        server.stop()
+
+
+def _flush_prefect_clients() -> None:
+    """Send queued logs and events while the server still listens."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):
+            worker.drain_all(timeout=5)
 
 
 @contextlib.contextmanager
@@ -110,3 +140,21 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
         yield
     finally:
         ray.shutdown()
+
+
+def warm_up_workers(game: str) -> list:
+    """Start one worker per CPU and load what tasks need (Prefect, the game tree) in each.
+
+    Returns Ray object refs; the workers warm up while the Prefect server boots.
+    """
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def warm_up(game_string: str) -> None:
+        import tasks  # noqa: F401  (imports Prefect, marl_core)
+        from marl_core.game_tree import build_tree
+
+        build_tree(game_string)
+        time.sleep(0.3)  # hold the CPU so the next warm-up lands on another worker
+
+    return [warm_up.remote(game) for _ in range(int(ray.cluster_resources().get("CPU", 1)))]

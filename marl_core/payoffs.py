@@ -43,6 +43,12 @@ class PayoffTable:
         known[old] = self.known
         self.episodes, self.known = episodes, known
 
+    def copy(self) -> "PayoffTable":
+        twin = PayoffTable(self.num_players)
+        twin.mean, twin.stderr = self.mean.copy(), self.stderr.copy()
+        twin.episodes, twin.known = self.episodes.copy(), self.known.copy()
+        return twin
+
     def missing_profiles(self) -> list[tuple[int, ...]]:
         return [tuple(int(i) for i in row) for row in np.argwhere(~self.known)]
 

@@ -99,25 +99,32 @@ def evaluate_payoffs(config: PSROConfig, populations, profiles) -> ProfilePayoff
     return evaluate(tree, populations, profiles, episodes=config.episodes, seed=config.seed)
 
 
-def record_payoffs(table: PayoffTable, profiles, payoffs: ProfilePayoffs) -> None:
-    table.record(profiles, payoffs.mean, payoffs.stderr, payoffs.episodes)
+@dataclasses.dataclass
+class MetaGame:
+    """The empirical game after an iteration: its payoff table and the solved meta-strategies."""
+
+    payoffs: PayoffTable
+    meta_strategy: list[np.ndarray]
 
 
-def solve_meta_game(config: PSROConfig, payoff_mean: np.ndarray) -> list[np.ndarray]:
-    return get_meta_solver(config.meta_solver).solve(payoff_mean)
+def solve_meta_game(config: PSROConfig, payoffs: PayoffTable, chunks, evaluations: list[ProfilePayoffs]) -> MetaGame:
+    """Record the newly evaluated profiles in a copy of the table, then solve the grown game."""
+    payoffs = payoffs.copy()  # never mutate an input: under Ray it is a read-only shared view
+    for profiles, evaluation in zip(chunks, evaluations):
+        payoffs.record(profiles, evaluation.mean, evaluation.stderr, evaluation.episodes)
+    if not payoffs.complete:
+        raise RuntimeError(f"payoff table {payoffs.sizes} still has unevaluated profiles")
+    return MetaGame(payoffs, get_meta_solver(config.meta_solver).solve(payoffs.mean))
 
 
-def measure(config: PSROConfig, populations, meta_strategy) -> NashConvReport:
-    return nash_conv(build_tree(config.game), populations, meta_strategy)
+def measure(config: PSROConfig, populations, meta_game: MetaGame) -> NashConvReport:
+    return nash_conv(build_tree(config.game), populations, meta_game.meta_strategy)
 
 
-def grown_table(table: PayoffTable, populations) -> PayoffTable:
-    table.grow(tuple(len(p) for p in populations))
-    return table
-
-
-def split_profiles(profiles: list, parts: int) -> list[list]:
-    """Even chunks for fanning an evaluation out over workers."""
+def plan_evaluation(payoffs: PayoffTable, population_sizes, parts: int) -> list[list]:
+    """Grow the table to the new population sizes; split its missing profiles into chunks."""
+    payoffs.grow(tuple(population_sizes))
+    profiles = payoffs.missing_profiles()
     parts = max(1, min(parts, len(profiles)))
     return [chunk.tolist() for chunk in np.array_split(np.asarray(profiles), parts) if len(chunk)]
 
@@ -140,26 +147,24 @@ def run_psro_local(config: PSROConfig, on_iteration: Callable[[IterationRecord, 
 def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PSROState]]:
     start = time.perf_counter()
     tree = build_tree(config.game)
-    populations = initial_populations(tree)
-    state = PSROState(populations, PayoffTable(tree.num_players), meta_strategy=[])
+    state = PSROState(initial_populations(tree), PayoffTable(tree.num_players), meta_strategy=[])
     for iteration in range(config.iterations + 1):
         began = time.perf_counter()
         stages: dict[str, float] = {}
         if iteration > 0:
-            t = time.perf_counter()
             responses = [best_response(config, p, state.populations, state.meta_strategy) for p in range(tree.num_players)]
             state.populations = expand_population(state.populations, responses)
-            stages["best_response"] = time.perf_counter() - t
+            stages["best_response"] = time.perf_counter() - began
         t = time.perf_counter()
-        table = grown_table(state.payoffs, state.populations)
-        profiles = table.missing_profiles()
-        record_payoffs(table, profiles, evaluate_payoffs(config, state.populations, profiles))
+        chunks = plan_evaluation(state.payoffs, state.population_sizes, parts=1)
+        evaluations = [evaluate_payoffs(config, state.populations, chunk) for chunk in chunks]
         stages["evaluate"] = time.perf_counter() - t
         t = time.perf_counter()
-        state.meta_strategy = solve_meta_game(config, table.mean)
+        meta_game = solve_meta_game(config, state.payoffs, chunks, evaluations)
+        state.meta_strategy = meta_game.meta_strategy
         stages["meta_solve"] = time.perf_counter() - t
         t = time.perf_counter()
-        report = measure(config, state.populations, state.meta_strategy)
+        report = measure(config, state.populations, meta_game)
         stages["exploitability"] = time.perf_counter() - t
         state.iteration = iteration
         now = time.perf_counter()

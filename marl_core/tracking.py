@@ -30,6 +30,13 @@ def registered_model_name(experiment: str, game: str, player: int) -> str:
     return f"{experiment}-{slug}-player{player}"
 
 
+def prepare_store(tracking_uri: str) -> None:
+    """Create the store's schema ahead of the run (a new SQLite store takes seconds)."""
+    import mlflow
+
+    mlflow.MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+
+
 class RunTracker:
     def __init__(self, config):
         self.config = config

@@ -31,10 +31,10 @@ def evaluate_payoffs(config, populations, profiles):
 
 
 @task(name="solve-meta-game", **_options)
-def solve_meta_game(config, payoff_mean):
-    return psro.solve_meta_game(config, payoff_mean)
+def solve_meta_game(config, payoffs, chunks, evaluations):
+    return psro.solve_meta_game(config, payoffs, chunks, evaluations)
 
 
 @task(name="measure-exploitability", **_options)
-def measure_exploitability(config, populations, meta_strategy):
-    return psro.measure(config, populations, meta_strategy)
+def measure_exploitability(config, populations, meta_game):
+    return psro.measure(config, populations, meta_game)

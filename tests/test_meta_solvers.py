@@ -403,3 +403,13 @@ def test_prd_keeps_the_exploration_floor():
     reward = np.array([[3.0, 0.0], [5.0, 1.0]])
     cooperate = projected_replicator_dynamics(np.stack([reward, reward.T]), gamma=1e-3)[0][0]
     assert cooperate == pytest.approx(1e-3 / 2, rel=0.05)
+
+
+def test_nash_returns_the_central_equilibrium_when_members_are_duplicated():
+    """PSRO often re-adds a member equal to an old one; the central solution splits the weight
+    between copies instead of picking one copy (a vertex of the optimal face)."""
+    rps = np.array([[0.0, -1.0, 1.0], [1.0, 0.0, -1.0], [-1.0, 1.0, 0.0]])
+    with_copy = rps[[0, 0, 1, 2]][:, [0, 1, 1, 2]]  # row 0 and column 1 duplicated
+    rows, columns = get_meta_solver("nash").solve(np.stack([with_copy, -with_copy]))
+    np.testing.assert_allclose(rows, [1 / 6, 1 / 6, 1 / 3, 1 / 3], atol=1e-6)
+    np.testing.assert_allclose(columns, [1 / 3, 1 / 6, 1 / 6, 1 / 3], atol=1e-6)
