@@ -60,7 +60,14 @@ def run(
 
 
 def _run(config) -> None:
-    from flows.psro_flow import run_psro
+    from flows.runtime import prefect_api  # standard library only: start the server first
+
+    with prefect_api() as api:
+        _run_with(config, api)
+
+
+def _run_with(config, api) -> None:
+    from flows.psro_flow import run_psro  # slow imports (Prefect, Ray) while the server boots
     from marl_core.export import write_export
 
     console.print(
@@ -81,14 +88,15 @@ def _run(config) -> None:
         def on_iteration(record, state) -> None:
             last.update(record=record, state=state)
             progress.console.print(
-                f"iter {record.iteration:4d}  population {'x'.join(map(str, record.population_sizes)):>9}  "
-                f"exploitability {record.report.exploitability:.6f}  nash_conv {record.report.nash_conv:.6f}  "
-                f"{record.iteration_seconds:6.2f}s",
+                f"iter {record.iteration:4d}  pop {'x'.join(map(str, record.population_sizes)):>9}  "
+                f"exploitability {record.report.exploitability:9.6f}  nash_conv {record.report.nash_conv:9.6f}  "
+                f"{record.iteration_seconds:5.2f}s",
                 highlight=False,
+                soft_wrap=True,
             )
             progress.update(bar, advance=1, exploitability=f"{record.report.exploitability:.4f}")
 
-        state = run_psro(config, on_iteration)
+        state = run_psro(config, on_iteration, api=api)
     wall = time.perf_counter() - started
     record = last["record"]
     console.print(

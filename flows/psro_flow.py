@@ -9,6 +9,7 @@ thread so tracking never holds up the next iteration.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
@@ -103,7 +104,12 @@ def psro_flow(config: dict, on_iteration: Optional[IterationCallback] = None) ->
     run_started = time.perf_counter()
     tree = build_tree(config.game)
     state = PSROState(psro.initial_populations(tree), PayoffTable(tree.num_players), meta_strategy=[])
-    with RunTracker(config) as tracker:
+    with contextlib.ExitStack() as stack:
+        if not ray.is_initialized():  # run by a deployment: one Ray session for all iterations
+            api_url = os.environ.get("PREFECT_API_URL")
+            worker_env = {"PREFECT_API_URL": api_url} if api_url else {}
+            stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
+        tracker = stack.enter_context(RunTracker(config))
         for iteration in range(config.iterations + 1):
             record, state = psro_iteration(config, iteration, ray.put(state), run_started)
             tracker.log_iteration(record, state)
@@ -115,21 +121,25 @@ def psro_flow(config: dict, on_iteration: Optional[IterationCallback] = None) ->
     return state
 
 
-def run_psro(config: PSROConfig, on_iteration: Optional[IterationCallback] = None) -> PSROState:
+def run_psro(
+    config: PSROConfig,
+    on_iteration: Optional[IterationCallback] = None,
+    api: Optional[tuple[str, Callable[[], None]]] = None,
+) -> PSROState:
     """Start what the run needs (Prefect server, Ray, MLflow store), run the `psro` flow, stop all.
 
-    The three start in parallel: the server boots in its own process while Ray starts and warms
-    its workers and the MLflow store is created on a thread.
+    They start in parallel: the server boots in its own process while Ray starts and warms its
+    workers and the MLflow store is prepared on a thread. ``api`` is an already started
+    `prefect_api()`, for callers that start the server before their own slow imports.
     """
     from marl_core.tracking import prepare_store
 
     with contextlib.ExitStack() as stack:
-        api_url, wait_for_api = stack.enter_context(prefect_api())
+        api_url, wait_for_api = api or stack.enter_context(prefect_api())
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         store = ThreadPoolExecutor(max_workers=1).submit(prepare_store, config.tracking_uri)
         stack.enter_context(ray_session(config.ray_address, config.num_cpus, {"PREFECT_API_URL": api_url}))
-        warm = warm_up_workers(config.game)
+        warm_up_workers(config.game)
         wait_for_api()
         store.result()
-        ray.get(warm)
         return psro_flow(config, on_iteration)

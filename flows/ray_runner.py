@@ -35,6 +35,8 @@ def _memoize_settings_serialization() -> None:
         key = hash((id(self), include_secrets))
         hit = cache.get(key)
         if hit is None or hit[0] is not self:  # the stored instance keeps its id unique
+            if len(cache) >= 16:  # settings contexts are few; keep the newest
+                cache.pop(next(iter(cache)))
             hit = cache[key] = (self, original(self, include_secrets=include_secrets))
         return hit[1]
 

@@ -120,20 +120,23 @@ def _flush_prefect_clients() -> None:
 
 @contextlib.contextmanager
 def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> Iterator[None]:
-    """Start or join Ray; workers get the Prefect settings through the runtime environment."""
+    """Start or join Ray, with ``env_vars`` (the Prefect API URL) set in every worker.
+
+    A local instance's workers inherit this process's environment; a cluster's workers get the
+    variables through Ray's runtime environment, which costs an agent round trip per worker.
+    """
     import ray
 
-    runtime_env = {"env_vars": env_vars}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=False)
     else:
+        os.environ.update(env_vars)
         ray.init(
             address="local",
             num_cpus=num_cpus or os.cpu_count(),
             object_store_memory=512 * 1024 * 1024,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",  # loopback only; a cluster is joined explicitly
-            runtime_env=runtime_env,
             log_to_driver=False,
         )
     try:
@@ -145,7 +148,8 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
 def warm_up_workers(game: str) -> list:
     """Start one worker per CPU and load what tasks need (Prefect, the game tree) in each.
 
-    Returns Ray object refs; the workers warm up while the Prefect server boots.
+    Returns Ray object refs; the workers warm up while the Prefect server boots and the flow
+    starts, and the first tasks queue behind the warm-up.
     """
     import ray
 

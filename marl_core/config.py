@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from marl_core.evaluation import EVALUATORS
 from marl_core.games import is_zero_sum, load_game
@@ -24,9 +24,9 @@ class PSROConfig(BaseModel):
     game: str = Field("kuhn_poker", description="OpenSpiel game string, e.g. leduc_poker or kuhn_poker(players=3)")
     oracle: str = Field("exact", description="best-response oracle")
     meta_solver: str = Field("nash", description="meta-solver for the empirical game")
-    iterations: PositiveInt = Field(30, description="PSRO iterations (best responses added per player)")
+    iterations: int = Field(30, gt=0, description="PSRO iterations (best responses added per player)")
     eval: Literal["exact", "sampled"] = Field("exact", description="payoff evaluator")
-    episodes: PositiveInt = Field(1000, description="episodes per profile for the sampled evaluator")
+    episodes: int = Field(1000, ge=2, description="episodes per profile for the sampled evaluator (2 or more: one episode has no standard error)")
     seed: int = Field(0, description="seed for sampled evaluation and tie-free reproducibility")
     stop_exploitability: Optional[float] = Field(None, ge=0, description="stop early at this exploitability")
     ray_address: Optional[str] = Field(None, description="existing Ray cluster; default starts a local one")
@@ -35,6 +35,13 @@ class PSROConfig(BaseModel):
     experiment: str = Field("psro", min_length=1, description="MLflow experiment name")
     register_models: bool = Field(True, description="register population members in the MLflow model registry")
     export: Optional[Path] = Field(None, description="directory for an OpenSpiel-checkable export")
+
+    @field_validator("iterations", "episodes", "num_cpus", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value):
+        if isinstance(value, bool):  # YAML's `yes` would otherwise count as 1
+            raise ValueError(f"expected a whole number, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _fits_the_game(self) -> "PSROConfig":
@@ -80,4 +87,7 @@ def load_config_file(path: Path) -> dict:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {str(error).splitlines()[0]}") from None
     if not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of settings, got {type(values).__name__}")
+    for key in values:
+        if not isinstance(key, str):
+            raise ConfigError(f"config file {str(path)!r} has a setting named {key!r}; names are text such as 'game'")
     return {key.replace("-", "_"): value for key, value in values.items()}

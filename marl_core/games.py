@@ -38,6 +38,7 @@ def load_game(game_string: str) -> pyspiel.Game:
         game = pyspiel.load_game(game_string)
     except pyspiel.SpielError as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "unknown error"
+        detail = detail.split(" Available games are")[0].rstrip(". :")
         raise GameError(
             f"cannot load game {game_string!r} ({detail}); run `psro games` to list games"
         ) from None

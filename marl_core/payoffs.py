@@ -65,16 +65,18 @@ class PayoffTable:
         self.known[index] = True
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per profile: the members played, each player's payoff and standard error."""
-        grid = np.indices(self.sizes).reshape(self.num_players, -1)
+        """One row per evaluated profile: the members played, each player's payoff and
+        standard error, and the episodes behind it (0: exact)."""
+        known = self.known.reshape(-1)
+        grid = np.indices(self.sizes).reshape(self.num_players, -1)[:, known]
         columns: dict[str, np.ndarray] = {}
         for p in range(self.num_players):
             columns[f"member_{p}"] = grid[p]
         for p in range(self.num_players):
-            columns[f"payoff_{p}"] = self.mean[p].reshape(-1)
+            columns[f"payoff_{p}"] = self.mean[p].reshape(-1)[known]
         for p in range(self.num_players):
-            columns[f"stderr_{p}"] = self.stderr[p].reshape(-1)
-        columns["episodes"] = self.episodes.reshape(-1)
+            columns[f"stderr_{p}"] = self.stderr[p].reshape(-1)[known]
+        columns["episodes"] = self.episodes.reshape(-1)[known]
         return pd.DataFrame(columns)
 
     @classmethod

@@ -161,7 +161,7 @@ def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PS
         stages["evaluate"] = time.perf_counter() - t
         t = time.perf_counter()
         meta_game = solve_meta_game(config, state.payoffs, chunks, evaluations)
-        state.meta_strategy = meta_game.meta_strategy
+        state.payoffs, state.meta_strategy = meta_game.payoffs, meta_game.meta_strategy
         stages["meta_solve"] = time.perf_counter() - t
         t = time.perf_counter()
         report = measure(config, state.populations, meta_game)

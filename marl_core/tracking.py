@@ -49,7 +49,7 @@ class RunTracker:
     # --- driver side: cheap snapshots, work queued ---------------------------------------------
 
     def __enter__(self) -> "RunTracker":
-        self.run_id = self._pool.submit(self._start).result()
+        self._submit(self._start)  # failures surface at the next log_iteration
         return self
 
     def log_iteration(self, record, state) -> None:
@@ -113,7 +113,7 @@ class RunTracker:
         if self.config.register_models:
             for player in range(self.config.num_players):
                 self._ensure_registered_model(registered_model_name(self.config.experiment, self.config.game, player))
-        return run.info.run_id
+        self.run_id = run.info.run_id
 
     def _ensure_registered_model(self, name: str) -> None:
         from mlflow.exceptions import MlflowException
