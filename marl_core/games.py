@@ -7,7 +7,11 @@ seeing the others' moves), which keeps their information structure and equilibri
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import re
+import sys
 
 import pyspiel
 
@@ -29,13 +33,32 @@ def _unfit_reason(game_type: pyspiel.GameType) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """OpenSpiel's C++ prints its whole game list to stderr on a bad name; keep errors one line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 @functools.lru_cache(maxsize=32)
 def load_game(game_string: str) -> pyspiel.Game:
     """Load and validate a game string such as ``kuhn_poker(players=3)``."""
     if not isinstance(game_string, str) or not game_string.strip():
         raise GameError(f"game string {game_string!r} is empty; run `psro games` to list games")
+    name = re.split(r"[(\s]", game_string.strip(), maxsplit=1)[0]
+    if name not in pyspiel.registered_names():
+        where = "" if name == game_string.strip() else f" in {game_string!r}"
+        raise GameError(f"unknown game {name!r}{where}; run `psro games` to list games")
     try:
-        game = pyspiel.load_game(game_string)
+        with _native_stderr_silenced():
+            game = pyspiel.load_game(game_string)
     except pyspiel.SpielError as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "unknown error"
         detail = detail.split(" Available games are")[0].rstrip(". :")

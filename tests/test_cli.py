@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
 
 CASES = [
-    (["--game", "no_such_game"], "cannot load game 'no_such_game'"),
+    (["--game", "no_such_game"], "unknown game 'no_such_game'; run `psro games` to list games"),
     (["--game", "kuhn_poker(players=)"], "cannot load game 'kuhn_poker(players=)'"),
     (["--meta-solver", "best"], "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform"),
     (["--oracle", "ppo"], "unknown oracle 'ppo'; choose one of: exact"),
@@ -76,3 +80,14 @@ def test_listings_name_every_registered_entry():
     assert all(name in solvers.output for name in META_SOLVERS)
     games = CliRunner().invoke(app, ["games"], terminal_width=200)
     assert games.exit_code == 0 and "leduc_poker" in games.output and "kuhn_poker" in games.output
+
+
+def test_a_real_terminal_sees_exactly_one_line(workdir):
+    """OpenSpiel's C++ writes its game list straight to file descriptor 2; none of it may leak."""
+    psro = str(Path(sys.executable).with_name("psro"))
+    for game in ("no_such_game", "kuhn_poker(playerz=3)"):
+        result = subprocess.run([psro, "run", "--game", game], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert sorted(p.name for p in workdir.iterdir()) == []
