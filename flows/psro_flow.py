@@ -17,9 +17,9 @@ from typing import Callable, Optional
 import ray
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-from flows.ray_runner import FastRayTaskRunner
 
 import tasks
+from flows.ray_runner import FastRayTaskRunner
 from flows.runtime import prefect_api, ray_session, warm_up_workers
 from marl_core import psro
 from marl_core.config import PSROConfig

@@ -36,7 +36,7 @@ def payoff_heatmap(payoff_mean: np.ndarray, meta_strategy, title: str):
     figure.colorbar(image, ax=axis, label="player 0 expected return")
     axis.set_xlabel("player 1 population member")
     axis.set_ylabel("player 0 population member")
-    axis.set_title(title)
+    axis.set_title(title if len(meta_strategy) <= 2 else f"{title}\n(players 2+ mixed by their meta-strategies)")
     figure.tight_layout()
     return figure
 

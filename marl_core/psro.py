@@ -2,10 +2,11 @@
 
 One iteration is three named steps, as in OpenSpiel's abstract meta-trainer:
 
-1. ``best_responses``: each player's oracle answers the opponents' current meta-strategy mixture;
-2. ``expand_and_evaluate``: the answers join the populations and only the new profiles of the
-   payoff table are evaluated;
-3. ``solve_meta_game``: the meta-solver turns the payoff table into new meta-strategies.
+1. ``best_response``: each player's oracle answers the opponents' current meta-strategy mixture;
+2. ``expand_population``, then ``plan_evaluation`` and ``evaluate_payoffs``: the answers join
+   the populations and only the new profiles of the payoff table are evaluated;
+3. ``solve_meta_game``: the new entries are recorded and the meta-solver turns the table into
+   new meta-strategies.
 
 ``measure`` then reports NashConv/exploitability of the mixture the meta-strategies define.
 ``run_psro_local`` chains the steps in one process; ``flows/`` runs the same steps as Prefect
