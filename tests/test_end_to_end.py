@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -84,12 +85,21 @@ def test_every_member_is_registered_once_with_tags_and_alias(finished_run):
         versions = client.search_model_versions(f"name='{name}' and run_id='{run.info.run_id}'")
         members = sorted(int(v.tags["member"]) for v in versions)
         assert members == list(range(ITERATIONS + 1))
-        assert all(v.tags["iteration"] == v.tags["member"] and "meta_weight" in v.tags for v in versions)
+        assert all(v.tags["iteration"] == v.tags["member"] for v in versions)
+        final = json.loads((finished_run[0] / "export" / "meta_strategy.json").read_text())[str(player)]
+        for version in versions:  # tags carry the final meta-weights
+            assert float(version.tags["meta_weight"]) == pytest.approx(final[int(version.tags["member"])], rel=1e-5, abs=1e-9)
         newest = client.get_model_version_by_alias(name, "newest")
         assert newest.tags["member"] == str(ITERATIONS)
         policy = json.loads(Path(mlflow.artifacts.download_artifacts(
             artifact_uri=f"{newest.source}/policy.json")).read_text())
         assert len(policy) == 6  # Kuhn: six information states per player
+        exported = json.loads((finished_run[0] / "export" / "policies" / f"player_{player}" / f"member_{ITERATIONS}.json").read_text())
+        from marl_core.game_tree import build_tree
+        from marl_core.policies import policy_from_dict
+
+        player_tree = build_tree("kuhn_poker").players[player]
+        np.testing.assert_array_equal(policy_from_dict(player_tree, policy), policy_from_dict(player_tree, exported))
 
 
 def test_export_agrees_with_openspiel(finished_run):
