@@ -60,9 +60,15 @@ def run(
 
 
 def _run(config) -> None:
+    import os
+
     from flows.runtime import prefect_api  # standard library only: start the server first
 
+    # Prefect's console shows warnings only (three INFO lines per iteration would bury the
+    # progress lines); its API handler keeps every level, so the UI still has all logs.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     with prefect_api() as api:
+        console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}", highlight=False)
         _run_with(config, api)
 
 
@@ -74,6 +80,7 @@ def _run_with(config, api) -> None:
         f"PSRO on [bold]{config.game}[/]: oracle={config.oracle} meta-solver={config.meta_solver} "
         f"eval={config.eval} iterations={config.iterations}; MLflow at {config.tracking_uri}",
         highlight=False,
+        soft_wrap=True,
     )
     started = time.perf_counter()
     last = {}
@@ -106,7 +113,11 @@ def _run_with(config, api) -> None:
     )
     if config.export:
         write_export(config.export, config, state.populations, state.meta_strategy, record.report, record.iteration, wall)
-        console.print(f"exported to {config.export}; check it with: python scripts/verify_export.py {config.export}")
+        console.print(
+            f"exported to {config.export}; check it with: python scripts/verify_export.py {config.export}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()

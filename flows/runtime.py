@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -138,6 +139,7 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
             include_dashboard=False,
             _node_ip_address="127.0.0.1",  # loopback only; a cluster is joined explicitly
             log_to_driver=False,
+            logging_level=logging.WARNING,
         )
     try:
         yield
