@@ -25,15 +25,9 @@ from marl_core import psro
 from marl_core.config import PSROConfig
 from marl_core.game_tree import build_tree
 from marl_core.payoffs import PayoffTable
-from marl_core.psro import IterationRecord, PSROState
+from marl_core.psro import IterationRecord, PSROState, StageClock
 
 IterationCallback = Callable[[IterationRecord, PSROState], None]
-
-
-def _timed(stages: dict[str, float], name: str, started: float) -> float:
-    now = time.perf_counter()
-    stages[name] = now - started
-    return now
 
 
 @flow(name="psro-iteration", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
@@ -48,15 +42,14 @@ def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef,
 
     Returns the iteration's record and the new state.
     """
-    began = time.perf_counter()
+    clock = StageClock()
     state: PSROState = ray.get(state_ref)
-    players = range(len(state.populations))
     sizes = [size + (iteration > 0) for size in state.population_sizes]
     populations = state.populations
     if iteration > 0:
         responses = [
             tasks.train_best_response.submit(config, player, state.populations, state.meta_strategy)
-            for player in players
+            for player in range(len(state.populations))
         ]
         populations = tasks.expand_population.submit(state.populations, responses)
     parts = 1 if config.eval == "exact" else max(1, int(_cluster_cpus()))
@@ -65,30 +58,19 @@ def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef,
     meta_game = tasks.solve_meta_game.submit(config, state.payoffs, chunks, evaluations)
     report = tasks.measure_exploitability.submit(config, populations, meta_game)
 
-    stages: dict[str, float] = {}
-    t = began
     if iteration > 0:
         state.populations = populations.result()
-        t = _timed(stages, "best_response", t)
+        clock.lap("best_response")
     for evaluation in evaluations:
         evaluation.wait()
-    t = _timed(stages, "evaluate", t)
+    clock.lap("evaluate")
     solved = meta_game.result()
     state.payoffs, state.meta_strategy = solved.payoffs, solved.meta_strategy
-    t = _timed(stages, "meta_solve", t)
+    clock.lap("meta_solve")
     report = report.result()
-    t = _timed(stages, "exploitability", t)
+    clock.lap("exploitability")
     state.iteration = iteration
-    record = IterationRecord(
-        iteration=iteration,
-        population_sizes=state.population_sizes,
-        report=report,
-        meta_strategy=[m.tolist() for m in state.meta_strategy],
-        stage_seconds=stages,
-        iteration_seconds=t - began,
-        elapsed_seconds=t - run_started,
-    )
-    return record, state
+    return IterationRecord.finish(state, report, clock, run_started), state
 
 
 def _cluster_cpus() -> float:
@@ -137,7 +119,7 @@ def run_psro(
     with contextlib.ExitStack() as stack:
         api_url, wait_for_api = api or stack.enter_context(prefect_api())
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
-        store = ThreadPoolExecutor(max_workers=1).submit(prepare_store, config.tracking_uri)
+        store = stack.enter_context(ThreadPoolExecutor(max_workers=1)).submit(prepare_store, config.tracking_uri)
         stack.enter_context(ray_session(config.ray_address, config.num_cpus, {"PREFECT_API_URL": api_url}))
         warm_up_workers(config.game)
         wait_for_api()

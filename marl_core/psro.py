@@ -43,6 +43,18 @@ class PSROState:
         return [len(p) for p in self.populations]
 
 
+class StageClock:
+    """Wall seconds per named stage of one iteration, each stage timed from the previous one."""
+
+    def __init__(self):
+        self.began = self._last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage], self._last = now - self._last, now
+
+
 @dataclasses.dataclass(frozen=True)
 class IterationRecord:
     """What one iteration produced, for progress lines, MLflow metrics and benchmarks."""
@@ -54,6 +66,19 @@ class IterationRecord:
     stage_seconds: dict[str, float]
     iteration_seconds: float
     elapsed_seconds: float  # since the run started, orchestration included
+
+    @classmethod
+    def finish(cls, state: "PSROState", report: NashConvReport, clock: StageClock, run_started: float) -> "IterationRecord":
+        now = time.perf_counter()
+        return cls(
+            iteration=state.iteration,
+            population_sizes=state.population_sizes,
+            report=report,
+            meta_strategy=[m.tolist() for m in state.meta_strategy],
+            stage_seconds=clock.seconds,
+            iteration_seconds=now - clock.began,
+            elapsed_seconds=now - run_started,
+        )
 
     def metrics(self) -> dict[str, float]:
         metrics = {
@@ -150,34 +175,21 @@ def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PS
     tree = build_tree(config.game)
     state = PSROState(initial_populations(tree), PayoffTable(tree.num_players), meta_strategy=[])
     for iteration in range(config.iterations + 1):
-        began = time.perf_counter()
-        stages: dict[str, float] = {}
+        clock = StageClock()
         if iteration > 0:
             responses = [best_response(config, p, state.populations, state.meta_strategy) for p in range(tree.num_players)]
             state.populations = expand_population(state.populations, responses)
-            stages["best_response"] = time.perf_counter() - began
-        t = time.perf_counter()
+            clock.lap("best_response")
         chunks = plan_evaluation(state.payoffs, state.population_sizes, parts=1)
         evaluations = [evaluate_payoffs(config, state.populations, chunk) for chunk in chunks]
-        stages["evaluate"] = time.perf_counter() - t
-        t = time.perf_counter()
+        clock.lap("evaluate")
         meta_game = solve_meta_game(config, state.payoffs, chunks, evaluations)
         state.payoffs, state.meta_strategy = meta_game.payoffs, meta_game.meta_strategy
-        stages["meta_solve"] = time.perf_counter() - t
-        t = time.perf_counter()
+        clock.lap("meta_solve")
         report = measure(config, state.populations, meta_game)
-        stages["exploitability"] = time.perf_counter() - t
+        clock.lap("exploitability")
         state.iteration = iteration
-        now = time.perf_counter()
-        record = IterationRecord(
-            iteration=iteration,
-            population_sizes=state.population_sizes,
-            report=report,
-            meta_strategy=[m.tolist() for m in state.meta_strategy],
-            stage_seconds=stages,
-            iteration_seconds=now - began,
-            elapsed_seconds=now - start,
-        )
+        record = IterationRecord.finish(state, report, clock, start)
         yield record, state
         if should_stop(config, record):
             return
