@@ -1,0 +1,94 @@
+"""Multi-agent environments behind one interface (see `api.py`), and `make_env` to name them.
+
+    make_env("leduc_poker")                       # an OpenSpiel game string (the default)
+    make_env("pettingzoo:mpe2.simple_spread_v3")  # a PettingZoo module: parallel_env(), else env()
+    make_env("pettingzoo:classic/tictactoe-v3")   # a PettingZoo registry id: parallel if registered so
+    make_env("gymnasium:CartPole-v1")             # a Gymnasium id, as one agent "agent_0"
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import gymnasium
+import pettingzoo
+from pettingzoo.env_registry.exceptions import PettingZooRegistryError
+
+from marl_core.envs.agent_mapping import (
+    AgentMapping,
+    by_prefix,
+    from_dict,
+    group_by_policy,
+    one_population_per_agent,
+    shared_population,
+)
+from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep
+from marl_core.envs.gymnasium_env import GymnasiumEnv
+from marl_core.envs.openspiel_env import OpenSpielEnv
+from marl_core.envs.pettingzoo_env import PettingZooAECEnv, PettingZooParallelEnv
+from marl_core.envs.pettingzoo_export import to_pettingzoo
+from marl_core.envs.vector import VectorEnv
+
+__all__ = [
+    "AgentID",
+    "AgentMapping",
+    "EnvSpec",
+    "GymnasiumEnv",
+    "MultiAgentEnv",
+    "OpenSpielEnv",
+    "PettingZooAECEnv",
+    "PettingZooParallelEnv",
+    "TimeStep",
+    "VectorEnv",
+    "by_prefix",
+    "from_dict",
+    "group_by_policy",
+    "make_env",
+    "one_population_per_agent",
+    "shared_population",
+    "to_pettingzoo",
+]
+
+_FORMS = "an OpenSpiel game string, 'pettingzoo:<module or registry id>' or 'gymnasium:<id>'"
+
+
+def make_env(name: str) -> MultiAgentEnv:
+    """The environment `name` refers to; a ValueError names it and the accepted forms otherwise."""
+    prefix, colon, rest = name.partition(":")
+    if not colon or "(" in prefix:  # a colon inside game parameters is not a prefix
+        return OpenSpielEnv(name)
+    if prefix == "pettingzoo":
+        return _pettingzoo(name, rest)
+    if prefix == "gymnasium":
+        return _gymnasium(name, rest)
+    raise ValueError(f"unknown environment prefix in {name!r}; use {_FORMS}")
+
+
+def _pettingzoo(name: str, target: str) -> MultiAgentEnv:
+    """A registry id such as classic/tictactoe-v3 (PettingZoo 1.27 deprecates importing its own
+    environment modules), else a module path such as mpe2.simple_spread_v3."""
+    if "/" in target:
+        kind = "parallel" if target in pettingzoo.parallel_registry else "aec"
+        try:
+            env = pettingzoo.make(kind, target)
+        except PettingZooRegistryError as exc:
+            reason = str(exc).split(". Available")[0]
+            raise ValueError(f"cannot make environment {name!r} ({reason}); use {_FORMS}") from None
+        return PettingZooParallelEnv(env) if kind == "parallel" else PettingZooAECEnv(env)
+    try:
+        module = importlib.import_module(target)
+    except (ImportError, ValueError) as exc:  # ValueError: an empty module path
+        raise ValueError(f"cannot import {target!r} for environment {name!r} ({exc}); use {_FORMS}") from None
+    if hasattr(module, "parallel_env"):
+        return PettingZooParallelEnv(module.parallel_env())
+    if hasattr(module, "env"):
+        return PettingZooAECEnv(module.env())
+    raise ValueError(f"module {target!r} for environment {name!r} has no parallel_env() or env(); use {_FORMS}")
+
+
+def _gymnasium(name: str, env_id: str) -> MultiAgentEnv:
+    try:
+        env = gymnasium.make(env_id)
+    except gymnasium.error.Error as exc:
+        raise ValueError(f"cannot make Gymnasium environment {name!r} ({exc}); use {_FORMS}") from None
+    return GymnasiumEnv(env)

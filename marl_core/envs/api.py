@@ -1,0 +1,109 @@
+"""The one multi-agent environment interface that rollouts, learners and evaluators code against.
+
+Every source of games (OpenSpiel, PettingZoo, Gymnasium) is adapted to `MultiAgentEnv`, whose
+`step` takes a dict of discrete actions and returns a `TimeStep`. The design follows PettingZoo's
+agent-keyed dicts, but with one rule that covers turn-based and simultaneous games alike: a
+TimeStep carries observations and action masks for exactly the agents that must act next, and the
+next `step` takes one action from each of them. Observations are flat float32 vectors so one
+network shape fits every adapter.
+
+`check_actions` and `check_rewards` hold the contract every adapter enforces, so that a wrong
+agent, an illegal action or a NaN reward fails at the environment instead of deep in a learner.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+
+import numpy as np
+
+AgentID = str
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    name: str
+    agents: tuple[AgentID, ...]  # every agent that can ever appear (PettingZoo's possible_agents)
+    observation_size: dict[AgentID, int]  # length of each agent's flat float32 observation
+    num_actions: dict[AgentID, int]  # discrete actions per agent; masks have this length
+    simultaneous: bool  # True when several agents may act in the same step
+
+
+@dataclasses.dataclass(slots=True)
+class TimeStep:
+    """What the environment tells the agents after a reset or a step.
+
+    observations / action_masks: only the agents that must act now, in acting order.
+    rewards: the reward each agent received by this transition, for every agent of the episode
+        (0.0 where it received none); all 0.0 after reset.
+    terminations / truncations: every agent of the episode.
+    infos: extra information; every acting agent has an entry (OpenSpiel puts the acting
+        player's information-state string under "infostate"), other agents may be absent.
+    reset_step: set by `VectorEnv` when it reset this environment after the episode ended.
+    """
+
+    observations: dict[AgentID, np.ndarray]
+    action_masks: dict[AgentID, np.ndarray]
+    rewards: dict[AgentID, float]
+    terminations: dict[AgentID, bool]
+    truncations: dict[AgentID, bool]
+    infos: dict[AgentID, dict]
+    reset_step: TimeStep | None = None
+
+    @property
+    def acting(self) -> tuple[AgentID, ...]:
+        return tuple(self.observations)
+
+    @property
+    def done(self) -> bool:
+        """The episode is over: nobody is left to act (every agent terminated or truncated)."""
+        return not self.observations
+
+
+class MultiAgentEnv(abc.ABC):
+    """A multi-agent environment with discrete actions and flat float32 observations."""
+
+    spec: EnvSpec
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None) -> TimeStep:
+        """Start an episode; seed=None continues the environment's own random stream."""
+
+    @abc.abstractmethod
+    def step(self, actions: dict[AgentID, int]) -> TimeStep:
+        """Apply one action for each agent of the previous TimeStep.acting, and nothing else.
+
+        Raises ValueError for an action of an agent that is not acting, a missing action, an
+        illegal (masked) action, a step after the episode ended, and a non-finite reward.
+        """
+
+    def close(self) -> None:
+        """Release what the environment holds; a no-op unless an adapter wraps something."""
+
+
+def check_actions(env_name: str, masks: dict[AgentID, np.ndarray], actions: dict[AgentID, int]) -> None:
+    """Reject actions that do not match the acting agents' masks (the last TimeStep's)."""
+    if actions.keys() != masks.keys():
+        if not masks:
+            raise ValueError(f"{env_name}: no agent is acting (episode over or not started); call reset()")
+        for agent in actions:
+            if agent not in masks:
+                raise ValueError(f"{env_name}: agent {agent!r} is not acting now; acting: {list(masks)}")
+        missing = [agent for agent in masks if agent not in actions]
+        raise ValueError(f"{env_name}: no action for acting agent(s) {missing}")
+    for agent, action in actions.items():
+        mask = masks[agent]
+        if not (isinstance(action, (int, np.integer)) and 0 <= action < len(mask) and mask[action]):
+            legal = np.flatnonzero(mask).tolist()
+            raise ValueError(f"{env_name}: illegal action {action!r} for agent {agent!r}; legal actions: {legal}")
+
+
+def check_rewards(env_name: str, step: int, rewards: dict[AgentID, float]) -> None:
+    """Stop a NaN or infinite reward at the environment, naming where it came from."""
+    for agent, reward in rewards.items():
+        if not math.isfinite(reward):
+            raise ValueError(
+                f"{env_name}: non-finite reward {reward!r} for agent {agent!r} at step {step} of the episode"
+            )
