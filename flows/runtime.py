@@ -61,7 +61,8 @@ class LocalPrefectServer:
         self.url = f"http://127.0.0.1:{self.port}/api"
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        # The UI asks the API at PREFECT_UI_API_URL, which otherwise defaults to port 4200, not this one
+        env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_API_URL=self.url)
         self._log = open(home / "server.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "flows.prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],

@@ -1,0 +1,142 @@
+"""`psro serve`: prefect.yaml's deployments served from one process, no work pool or worker.
+
+prefect.yaml is the one source of truth: `prefect deploy --all` reads it for the work-pool route,
+and this module reads the same entries (name, description, parameters, schedules) and hands them
+to `prefect.serve`. Triggered runs (`prefect deployment run 'psro/kuhn-smoke'`) and scheduled
+ones then execute here, each in a child process that starts its own Ray session.
+
+The flow served is `flows.served.psro` (see there why it wraps `psro_flow`); it is imported
+only once PREFECT_API_URL is set, because Prefect fixes its settings when it is first imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+ENTRYPOINT = "flows.psro_flow.psro_flow"
+SCHEDULE_KINDS = ("cron", "interval", "rrule")
+SERVER_WAIT_SECONDS = 60.0
+
+
+class DeploymentError(ValueError):
+    """prefect.yaml or the Prefect server is not usable: one line for the user."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Definition:
+    name: str
+    description: str
+    parameters: dict
+    schedules: list[dict]
+    tags: list[str]
+
+
+def read_deployments(path: Path, only: list[str] | None = None) -> list[Definition]:
+    """The `psro` deployments of prefect.yaml (all, or those named in ``only``), with their
+    PSRO configs checked now rather than when the schedule fires at night."""
+    from marl_core.config import ConfigError, build_config
+
+    try:
+        document = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError:
+        raise DeploymentError(f"no deployment file at {str(path)!r}; run from the repository root or pass --prefect-yaml") from None
+    except yaml.YAMLError as error:
+        raise DeploymentError(f"{str(path)!r} is not valid YAML: {str(error).splitlines()[0]}") from None
+    entries = document.get("deployments") if isinstance(document, dict) else None
+    if not entries:
+        raise DeploymentError(f"{str(path)!r} declares no deployments")
+    names = [entry.get("name") for entry in entries]
+    for name in only or []:
+        if name not in names:
+            raise DeploymentError(f"no deployment {name!r} in {str(path)!r}; choose from: {', '.join(sorted(map(str, names)))}")
+    definitions = []
+    for entry in entries:
+        if only and entry.get("name") not in only:
+            continue
+        name = entry.get("name")
+        if entry.get("entrypoint") != ENTRYPOINT:
+            raise DeploymentError(f"deployment {name!r} has entrypoint {entry.get('entrypoint')!r}; psro serve serves {ENTRYPOINT} only")
+        parameters = entry.get("parameters") or {}
+        try:
+            build_config(parameters.get("config") or {})
+        except ConfigError as error:
+            raise DeploymentError(f"deployment {name!r}: config: {error}") from None
+        schedules = entry.get("schedules") or []
+        for schedule in schedules:
+            if sum(kind in schedule for kind in SCHEDULE_KINDS) != 1:
+                raise DeploymentError(f"deployment {name!r}: a schedule needs exactly one of {', '.join(SCHEDULE_KINDS)}, got {schedule!r}")
+        definitions.append(Definition(name, entry.get("description", ""), parameters, schedules, entry.get("tags") or []))
+    return definitions
+
+
+def _schedule(entry: dict):
+    from prefect.schedules import Cron, Interval, RRule
+
+    options = {key: value for key, value in entry.items() if key not in SCHEDULE_KINDS}
+    if "cron" in entry:
+        return Cron(entry["cron"], **options)
+    if "interval" in entry:
+        return Interval(entry["interval"], **options)
+    return RRule(entry["rrule"], **options)
+
+
+def _wait_for_server(api_url: str) -> None:
+    deadline = time.monotonic() + SERVER_WAIT_SECONDS
+    while True:
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise DeploymentError(
+                f"no Prefect server answers at PREFECT_API_URL={api_url}; start one with "
+                "`prefect server start --host 127.0.0.1`, or unset PREFECT_API_URL to have psro serve start one"
+            )
+        time.sleep(0.5)
+
+
+def serve(definitions: list[Definition], console) -> None:
+    """Serve until interrupted, against PREFECT_API_URL or a server started here on 127.0.0.1."""
+    from flows.runtime import prefect_api
+
+    # SIGTERM (a service manager, `kill`) stops serving like Ctrl-C, so a server started here stops too
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    configured = os.environ.get("PREFECT_API_URL")
+    if configured:
+        _wait_for_server(configured)
+    with prefect_api() as (api_url, wait_for_api):
+        wait_for_api()
+        console.print(f"Prefect UI: {api_url.removesuffix('/api')}", highlight=False)
+        if not configured:
+            console.print(f"trigger from another shell with PREFECT_API_URL={api_url} set", highlight=False, soft_wrap=True)
+        _serve(definitions)
+
+
+def _serve(definitions: list[Definition]) -> None:
+    import prefect  # after PREFECT_API_URL is set: Prefect reads its settings at import
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.served import psro
+
+    deployments = [
+        psro.to_deployment(
+            name=definition.name,
+            description=definition.description,
+            parameters=definition.parameters,
+            schedules=[_schedule(entry) for entry in definition.schedules],
+            tags=definition.tags,
+            enforce_parameter_schema=False,
+            entrypoint_type=EntrypointType.MODULE_PATH,  # importable from any working directory
+        )
+        for definition in definitions
+    ]
+    prefect.serve(*deployments)

@@ -1,0 +1,29 @@
+"""Finding the processes a test started, and only those: the machine may run other Ray or Prefect
+instances, so tests mark their own by an environment entry every child inherits (a temporary
+PREFECT_HOME or RAY_TMPDIR) instead of matching process names."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def processes_with_env(entry: str) -> list[str]:
+    """Command lines of live (not zombie) processes whose environment holds ``entry``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            zombie = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            if not zombie and entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120])
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def assert_all_exited(entry: str, timeout: float = 30) -> None:
+    """Wait for every marked process to exit (shutdowns take a moment); fail naming the rest."""
+    deadline = time.monotonic() + timeout
+    while (leftovers := processes_with_env(entry)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not leftovers, leftovers

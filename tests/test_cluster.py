@@ -1,0 +1,144 @@
+"""The same `psro run`, on an existing two-node Ray cluster (`--ray-address`).
+
+Both nodes run on this machine on loopback only, one CPU each, so every fan-out (two players'
+best responses, `--eval sampled` split in two chunks) must use both. Each task logs the Ray node
+it ran on (tasks/psro_tasks.py); the test reads those lines back from Prefect's task-run logs.
+
+Why `ray.cluster_utils.Cluster` and not two `ray start`: `ray start` replaces 127.0.0.1 with the
+machine's network address, and a second `ray start` on one machine refuses to keep it on
+loopback. The cluster runs in a child process (this file run as a script) with its own RAY_TMPDIR,
+so stopping it and checking for leftovers touches no other Ray on the machine.
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is Ray's switch for "local addresses stay local"; the driver
+needs it too, or Ray rewrites --ray-address 127.0.0.1:PORT to the network address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from processes import assert_all_exited
+
+ROOT = Path(__file__).resolve().parents[1]
+ITERATIONS = 3
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def serve_cluster(gcs_port: int) -> None:
+    """Child process: a head and a worker node on 127.0.0.1, until stdin closes."""
+    from ray.cluster_utils import Cluster
+
+    node = dict(node_ip_address="127.0.0.1", num_cpus=1, object_store_memory=128 * 1024**2)
+    cluster = Cluster(initialize_head=True, head_node_args=dict(node, gcs_server_port=gcs_port, include_dashboard=False))
+    worker = cluster.add_node(**node)
+    print(json.dumps({"address": cluster.address, "nodes": [cluster.head_node.node_id, worker.node_id]}), flush=True)
+    sys.stdin.read()
+    cluster.shutdown()
+
+
+@pytest.fixture
+def two_node_cluster():
+    from flows.runtime import free_port
+
+    ray_tmp = tempfile.mkdtemp(prefix="psro-ray-", dir="/tmp")  # short: Ray's socket paths live here
+    marker = f"RAY_TMPDIR={ray_tmp}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    env.update(LOOPBACK_ONLY, RAY_TMPDIR=ray_tmp)
+    child = subprocess.Popen([sys.executable, __file__, str(free_port())], env=env, cwd=ROOT, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        line = child.stdout.readline()
+        assert line, f"the cluster did not start; see {ray_tmp}/ray/session_latest/logs"
+        yield json.loads(line)
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        assert_all_exited(marker)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _nodes_of_tasks(api_url: str) -> dict[str, set[str]]:
+    """Task name (without its run suffix) -> Ray node ids its runs logged."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        with get_client(sync_client=True) as client:
+            names = {run.id: run.name.rsplit("-", 1)[0] for run in client.read_task_runs()}
+            logs = client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(is_null_=False)))
+    nodes = defaultdict(set)
+    for log in logs:
+        if log.message.startswith("on Ray node "):
+            nodes[names[log.task_run_id]].add(log.message.removeprefix("on Ray node "))
+    return dict(nodes)
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    """A Prefect server that outlives the run, so its task logs can be read; it boots while the
+    cluster starts (request this fixture first)."""
+    from flows.runtime import LocalPrefectServer
+
+    server = LocalPrefectServer(tmp_path / "prefect-home")
+    try:
+        yield server
+    finally:
+        server.stop()
+        assert_all_exited(f"PREFECT_HOME={tmp_path / 'prefect-home'}")  # the server and the run's driver
+
+
+@pytest.mark.slow
+def test_psro_runs_on_both_nodes_of_a_cluster(prefect_server, two_node_cluster, tmp_path):
+    server = prefect_server
+    server.wait()
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
+    env.update(LOOPBACK_ONLY, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=server.url)
+    command = [
+        str(Path(sys.executable).with_name("psro")), "run", "--game", "kuhn_poker", "--iterations", str(ITERATIONS),
+        "--eval", "sampled", "--episodes", "200", "--ray-address", two_node_cluster["address"],
+        "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--experiment", "cluster",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"Connecting to existing Ray cluster at address: {two_node_cluster['address']}" in result.stdout + result.stderr
+    time.sleep(2)  # the workers' log batches (2 s interval) reach the server
+    nodes = _nodes_of_tasks(server.url)
+    report = "\n".join(f"{task:24} {', '.join(sorted(n[:12] for n in ids))}" for task, ids in sorted(nodes.items()))
+    artifact = ROOT / "test-artifacts" / "cluster-task-nodes.txt"
+    artifact.parent.mkdir(exist_ok=True)
+    artifact.write_text(f"nodes: {two_node_cluster['nodes']}\n{report}\n")
+    print(report)
+    assert set().union(*nodes.values()) == set(two_node_cluster["nodes"]), report
+    assert {"train-best-response", "evaluate-payoffs"} <= set(nodes), report
+    assert "done: 3 iterations" in result.stdout
+
+
+def test_ray_address_comes_from_the_environment(monkeypatch):
+    """RAY_ADDRESS is the same as --ray-address (the flag wins when both are given)."""
+    from typer.testing import CliRunner
+
+    from flows import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_run", seen.append)
+    monkeypatch.setattr("flows.preflight.preflight", lambda config: None)  # no cluster listens here
+    runner = CliRunner()
+    assert runner.invoke(cli.app, ["run"], env={"RAY_ADDRESS": "127.0.0.1:6379"}).exit_code == 0
+    assert runner.invoke(cli.app, ["run", "--ray-address", "127.0.0.2:6380"], env={"RAY_ADDRESS": "127.0.0.1:6379"}).exit_code == 0
+    assert [config.ray_address for config in seen] == ["127.0.0.1:6379", "127.0.0.2:6380"]
+
+
+if __name__ == "__main__":
+    serve_cluster(int(sys.argv[1]))

@@ -1,0 +1,165 @@
+"""prefect.yaml's deployments, served by `psro serve` against a real Prefect server.
+
+The test does what the README tells a user to do: start a server on 127.0.0.1, run
+`psro serve`, trigger the Kuhn smoke deployment with `prefect deployment run` (fewer iterations
+and a temporary MLflow store as the parameter override), and watch the run complete. It then
+reads through Prefect's client what the UI shows: the run, its `psro-iteration` subflows and
+their tasks, and the nightly deployment with its cron schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from processes import assert_all_exited, processes_with_env
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ITERATIONS = 2
+TASKS = {"train-best-response", "expand-population", "evaluate-payoffs", "solve-meta-game", "measure-exploitability"}
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Prefect:
+    """Prefect's client on the test's server (settings are swapped in per call: the test
+    process must not pick up a server from its environment)."""
+
+    def __init__(self, api_url: str):
+        self.api_url = api_url
+
+    def __call__(self, method: str, *args, **kwargs):
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api_url}):
+            with get_client(sync_client=True) as client:
+                return getattr(client, method)(*args, **kwargs)
+
+    def deployment(self, name: str):
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            return self("read_deployment_by_name", name)
+        except ObjectNotFound:
+            return None
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from flows.runtime import LocalPrefectServer
+
+    work = tmp_path_factory.mktemp("deployments")
+    home = work / "prefect-home"
+    marker = f"PREFECT_HOME={home}"
+    assert not processes_with_env(marker)
+    server = LocalPrefectServer(home)  # boots while `psro serve` imports; serve waits for it
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
+    env.update(PREFECT_HOME=str(home), PREFECT_API_URL=server.url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    log = open(work / "serve.log", "wb")
+    serve = subprocess.Popen([str(Path(sys.executable).with_name("psro")), "serve", "--prefect-yaml", str(ROOT / "prefect.yaml")],
+                             cwd=work, env=env,
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        server.wait()
+        prefect = Prefect(server.url)
+        _wait(lambda: prefect.deployment("psro/kuhn-smoke"), 90, "psro serve to register its deployments")
+        yield work, env, prefect, serve
+    finally:
+        _stop(serve)
+        server.stop()
+        log.close()
+        assert_all_exited(marker)
+
+
+@pytest.fixture(scope="module")
+def triggered_run(served):
+    """A kuhn-smoke run triggered from the command line, as the README shows, run to completion."""
+    work, env, prefect, _ = served
+    config = {"game": "kuhn_poker", "meta_solver": "nash", "iterations": ITERATIONS, "num_cpus": 2,
+              "tracking_uri": f"sqlite:///{work}/mlflow.db", "experiment": "smoke"}
+    command = [str(Path(sys.executable).with_name("prefect")), "deployment", "run", "psro/kuhn-smoke",
+               "--params", json.dumps({"config": config})]
+    out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout).group(1)
+    run = _wait(lambda: (r := prefect("read_flow_run", flow_run_id)).state.is_final() and r, 120, "the triggered run to finish")
+    assert run.state.is_completed(), (run.state, (work / "serve.log").read_text()[-3000:])
+    return run
+
+
+def test_triggered_run_has_its_iterations_and_their_tasks(served, triggered_run):
+    _, _, prefect, _ = served
+    flows = {flow.id: flow.name for flow in prefect("read_flows")}
+    runs = prefect("read_flow_runs")
+    assert flows[triggered_run.flow_id] == "psro"
+    assert triggered_run.deployment_id == prefect.deployment("psro/kuhn-smoke").id
+    assert triggered_run.parameters["config"]["iterations"] == ITERATIONS
+    iterations = [r for r in runs if flows[r.flow_id] == "psro-iteration"]
+    assert len(iterations) == ITERATIONS + 1 and all(r.state.is_completed() for r in iterations)
+    task_runs = prefect("read_task_runs")
+    tasks = Counter(t.name.rsplit("-", 1)[0] for t in task_runs if t.flow_run_id in {r.id for r in iterations})
+    assert set(tasks) == TASKS, tasks
+    assert tasks["train-best-response"] == 2 * ITERATIONS  # two players, none at iteration 0
+
+
+def test_scheduled_deployment_is_listed_with_its_cron(served):
+    _, _, prefect, _ = served
+    declared = {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+    nightly = prefect.deployment("psro/leduc-nightly")
+    assert [s.schedule.cron for s in nightly.schedules] == [declared["leduc-nightly"]["schedules"][0]["cron"]]
+    assert nightly.schedules[0].schedule.timezone == "UTC" and nightly.schedules[0].active
+    assert nightly.parameters == declared["leduc-nightly"]["parameters"]
+    smoke = prefect.deployment("psro/kuhn-smoke")
+    assert smoke.schedules == [] and smoke.parameters == declared["kuhn-smoke"]["parameters"]
+
+
+def test_bad_deployment_names_fail_with_one_line():
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--deployment", "nightly", "--prefect-yaml", str(ROOT / "prefect.yaml")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "no deployment 'nightly'" in result.output and "choose from: kuhn-smoke, leduc-nightly" in result.output
+    result = CliRunner().invoke(app, ["serve", "--prefect-yaml", "missing.yaml"])
+    assert result.exit_code == 2 and "no deployment file at 'missing.yaml'" in result.output
+
+
+def test_entrypoints_import_the_flow_as_part_of_the_package():
+    """A file-path entrypoint (flows/psro_flow.py:psro_flow) makes Prefect load the file as a
+    top-level module `psro_flow`; Ray workers cannot import that, and every worker-pool run fails."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    for deployment in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
+        flow = load_flow_from_entrypoint(deployment["entrypoint"])
+        assert flow.name == "psro" and flow.fn.__module__ == "flows.psro_flow", deployment["name"]
