@@ -54,6 +54,9 @@ def run(
         values = load_config_file(config_file) if config_file else {}
         values.update({key: value for key, value in flags.items() if value is not None})
         config = build_config(values)
+        from flows.preflight import preflight  # what the settings point at: Ray, MLflow store, export dir
+
+        preflight(config)
     except ConfigError as error:
         _fail(str(error))
     _run(config)
@@ -152,6 +155,103 @@ def oracles() -> None:
     for name, oracle in sorted(ORACLES.items()):
         table.add_row(name, oracle.summary)
     console.print(table)
+
+
+@app.command()
+def evaluate(
+    members: list[str] = typer.Option(..., "--member", help="registry member NAME@ALIAS or NAME/VERSION; repeat, several per player make a population"),
+    eval: str = typer.Option("exact", "--eval", help="payoff evaluator: exact or sampled"),
+    episodes: int = typer.Option(1000, help="episodes per profile when --eval sampled"),
+    seed: int = typer.Option(0, help="seed for sampled evaluation"),
+    tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the registry"),
+    experiment: str = typer.Option("psro-evaluate", help="MLflow experiment of the evaluation run"),
+) -> None:
+    """Play registry members against each other; print the payoff table and log it to MLflow."""
+    from flows import population
+    from marl_core.evaluation import EVALUATORS
+
+    if eval not in EVALUATORS:
+        _fail(f"unknown evaluator {eval!r}; choose one of: {', '.join(sorted(EVALUATORS))}")
+    if eval == "sampled" and episodes < 2:
+        _fail(f"episodes={episodes}: sampled evaluation needs 2 or more (one episode has no standard error)")
+    try:
+        specs = [population.parse_member(text) for text in members]
+        client = population.open_store(tracking_uri)
+        loaded = [population.load_member(client, spec) for spec in specs]
+        game, groups = population.populations_of(loaded)
+    except population.PopulationError as error:
+        _fail(str(error))
+    table = population.evaluate(game, groups, eval, episodes, seed)
+    settings = {"eval": eval, "episodes": episodes if eval == "sampled" else 0, "seed": seed, "members": " ".join(members)}
+    run_id = population.log_evaluation(client, experiment, game, groups, table, settings)
+    for player, group in enumerate(groups):
+        listed = ", ".join(f"#{k} {m.label}" + ("" if m.label == m.spec.text else f" ({m.spec.text})") for k, m in enumerate(group))
+        console.print(f"player {player}: {listed}", highlight=False, soft_wrap=True)
+    console.print(_payoff_table(game, groups, table, eval))
+    console.print(f"logged to MLflow run {run_id} (experiment {experiment!r}) at {tracking_uri}", highlight=False, soft_wrap=True)
+
+
+def _payoff_table(game: str, groups, table, evaluator: str) -> Table:
+    """One row per profile; members by their position in each player's population (#k), listed
+    above the table, so long registry names do not crowd out the payoffs."""
+    players = range(len(groups))
+    sampled = evaluator == "sampled"
+    view = Table(title=f"{game}: payoffs by {evaluator} evaluation", title_justify="left")
+    for p in players:
+        view.add_column(f"player {p}", justify="right")
+    for p in players:
+        view.add_column(f"payoff {p}", justify="right", no_wrap=True)
+        if sampled:
+            view.add_column(f"stderr {p}", justify="right", no_wrap=True)
+    for row in table.to_frame().to_dict("records"):
+        cells = [f"#{row[f'member_{p}']}" for p in players]
+        for p in players:
+            cells.append(f"{row[f'payoff_{p}']:+.6f}")
+            if sampled:
+                cells.append(f"{row[f'stderr_{p}']:.4f}")
+        view.add_row(*cells)
+    return view
+
+
+@app.command("export")
+def export_command(
+    directory: Path = typer.Argument(..., help="directory to write the export to"),
+    run_id: str = typer.Option(..., "--run", help="id of a finished `psro run` MLflow run"),
+    tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the run"),
+) -> None:
+    """Write a finished run's final population and meta-strategy in the export format."""
+    from flows import population
+    from flows.preflight import check_export_dir  # as for `psro run --export`: never overwrite
+    from marl_core.config import ConfigError
+
+    try:
+        check_export_dir(directory)
+        client = population.open_store(tracking_uri)
+        result = population.export_run(client, run_id, directory)
+    except (population.PopulationError, ConfigError) as error:
+        _fail(str(error))
+    console.print(
+        f"exported run {run_id} ({result['game']}, iteration {result['iterations']}, populations "
+        f"{'x'.join(map(str, result['population_sizes']))}) to {directory}\n"
+        f"exploitability logged {result['logged'].exploitability:.9g}, recomputed from the artifacts "
+        f"{result['recomputed'].exploitability:.9g}; check it with: python scripts/verify_export.py {directory}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def serve(
+    deployments: Optional[list[str]] = typer.Option(None, "--deployment", help="serve only this deployment of prefect.yaml; repeatable"),
+    prefect_yaml: Path = typer.Option(Path("prefect.yaml"), help="the deployment definitions"),
+) -> None:
+    """Serve prefect.yaml's deployments from this process: triggered and scheduled runs execute here, no work pool."""
+    from flows import serve as serving
+
+    try:
+        serving.serve(serving.read_deployments(prefect_yaml, deployments), console)
+    except serving.DeploymentError as error:
+        _fail(str(error))
 
 
 if __name__ == "__main__":

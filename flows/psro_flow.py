@@ -24,14 +24,13 @@ from flows.runtime import prefect_api, ray_session, warm_up_workers
 from marl_core import psro
 from marl_core.config import PSROConfig
 from marl_core.game_tree import build_tree
-from marl_core.payoffs import PayoffTable
 from marl_core.psro import IterationRecord, PSROState, StageClock
 
 IterationCallback = Callable[[IterationRecord, PSROState], None]
 
 
 @flow(name="psro-iteration", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
-def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef, run_started: float):
+def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef, run_started: float, pool=None):
     """Best responses, then the new payoff entries, then the meta-game; iteration 0 only evaluates.
 
     The state arrives as a reference into Ray's object store: Prefect copies a flow's parameters
@@ -40,15 +39,19 @@ def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef,
     task as soon as its inputs exist, so no stage waits for a round trip through this process.
     Stage times are measured from the completion of each stage's futures.
 
+    A learned oracle's task drives the run's rollout workers (`pool`, Ray actors): the rollout
+    stage fans out over them from inside each player's best-response task.
+
     Returns the iteration's record and the new state.
     """
     clock = StageClock()
     state: PSROState = ray.get(state_ref)
     sizes = [size + (iteration > 0) for size in state.population_sizes]
     populations = state.populations
+    responses = []
     if iteration > 0:
         responses = [
-            tasks.train_best_response.submit(config, player, state.populations, state.meta_strategy)
+            tasks.train_best_response.submit(config, player, state.populations, state.meta_strategy, iteration, pool)
             for player in range(len(state.populations))
         ]
         populations = tasks.expand_population.submit(state.populations, responses)
@@ -60,6 +63,8 @@ def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef,
 
     if iteration > 0:
         state.populations = populations.result()
+        responses = [response.result() for response in responses]
+        state.weights = psro.expand_weights(state.weights, responses)
         clock.lap("best_response")
     for evaluation in evaluations:
         evaluation.wait()
@@ -70,7 +75,7 @@ def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef,
     report = report.result()
     clock.lap("exploitability")
     state.iteration = iteration
-    return IterationRecord.finish(state, report, clock, run_started), state
+    return IterationRecord.finish(state, report, clock, run_started, responses), state
 
 
 def _cluster_cpus() -> float:
@@ -85,15 +90,16 @@ def psro_flow(config: dict, on_iteration: Optional[IterationCallback] = None) ->
     config = PSROConfig(**config) if isinstance(config, dict) else config
     run_started = time.perf_counter()
     tree = build_tree(config.game)
-    state = PSROState(psro.initial_populations(tree), PayoffTable(tree.num_players), meta_strategy=[])
+    state = psro.initial_state(tree)
     with contextlib.ExitStack() as stack:
         if not ray.is_initialized():  # run by a deployment: one Ray session for all iterations
             api_url = os.environ.get("PREFECT_API_URL")
             worker_env = {"PREFECT_API_URL": api_url} if api_url else {}
             stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
+        pool = _start_rollout_workers(config, stack)
         tracker = stack.enter_context(RunTracker(config))
         for iteration in range(config.iterations + 1):
-            record, state = psro_iteration(config, iteration, ray.put(state), run_started)
+            record, state = psro_iteration(config, iteration, ray.put(state), run_started, pool)
             tracker.log_iteration(record, state)
             if on_iteration:
                 on_iteration(record, state)
@@ -101,6 +107,18 @@ def psro_flow(config: dict, on_iteration: Optional[IterationCallback] = None) ->
                 break
         tracker.finish(state)
     return state
+
+
+def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):
+    """The run's rollout workers (Ray actors), started once and stopped with the run."""
+    pool_config = psro.rollout_pool_config(config)
+    if pool_config is None:
+        return None
+    from marl_core.worker_pool import RayWorkerPool
+
+    pool = RayWorkerPool(pool_config)
+    stack.callback(pool.close)
+    return pool
 
 
 def run_psro(

@@ -10,12 +10,25 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 
 from marl_core.evaluation import EVALUATORS
 from marl_core.games import is_zero_sum, load_game
+from marl_core.learned_oracle_settings import BestResponseTraining, RolloutSettings
 from marl_core.meta_solvers import check_meta_solver
 from marl_core.oracles import get_oracle
+from marl_core.rl.settings import DQNConfig, PPOConfig
 
 
 class ConfigError(ValueError):
     """Bad configuration; the message is one line naming the value and what is allowed."""
+
+
+# Learned oracles answer short episodic games whose payoffs are the returns themselves: no
+# discounting (gamma 1, so values are exact expected payoffs), small networks, and a few
+# gradient steps per batch of experience. Each setting can still be overridden, e.g. in YAML:
+#   dqn: {lr: 0.0005}
+GAME_DQN = DQNConfig(
+    hidden=(64, 64), gamma=1.0, batch_size=128, train_every=4, learning_starts=1000,
+    epsilon_decay_steps=8000, epsilon_end=0.02, target_update_interval=200,
+)
+GAME_PPO = PPOConfig(gamma=1.0)
 
 
 class PSROConfig(BaseModel):
@@ -35,6 +48,20 @@ class PSROConfig(BaseModel):
     experiment: str = Field("psro", min_length=1, description="MLflow experiment name")
     register_models: bool = Field(True, description="register population members in the MLflow model registry")
     export: Optional[Path] = Field(None, description="directory for an OpenSpiel-checkable export")
+    # learned oracles (--oracle dqn/ppo): rollout workers, training budget, hyperparameters
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    best_response: BestResponseTraining = Field(default_factory=BestResponseTraining)
+    dqn: DQNConfig = Field(default_factory=lambda: GAME_DQN)
+    ppo: PPOConfig = Field(default_factory=lambda: GAME_PPO)
+
+    @field_validator("dqn", "ppo", mode="before")
+    @classmethod
+    def _override_game_defaults(cls, value, info):
+        """Settings given for an algorithm override the game defaults one by one."""
+        if isinstance(value, dict):
+            base = {"dqn": GAME_DQN, "ppo": GAME_PPO}[info.field_name]
+            return {**base.model_dump(), **value}
+        return value
 
     @field_validator("iterations", "episodes", "num_cpus", mode="before")
     @classmethod
@@ -46,7 +73,11 @@ class PSROConfig(BaseModel):
     @model_validator(mode="after")
     def _fits_the_game(self) -> "PSROConfig":
         game = load_game(self.game)
-        get_oracle(self.oracle)
+        if get_oracle(self.oracle).learns and not game.get_type().provides_information_state_tensor:
+            raise ValueError(
+                f"oracle {self.oracle!r} needs a game with information-state tensors (network inputs); "
+                f"{self.game!r} has none: use oracle 'exact'"
+            )
         check_meta_solver(self.meta_solver, game.num_players(), is_zero_sum(game))
         if self.eval not in EVALUATORS:  # Literal already guards; kept for registry extensions
             raise ValueError(f"unknown evaluator {self.eval!r}")

@@ -2,14 +2,15 @@
 
 An oracle answers "what should this player add to its population?" given the current
 populations and meta-strategy. `exact` computes the true best response to the opponents'
-meta-strategy mixture by one backward pass over the tree, so it also returns the value that
-response earns (the basis of NashConv).
+meta-strategy mixture by one backward pass over the tree. `dqn` and `ppo` learn one from
+episodes played by rollout workers (`marl_core.learned_oracle`); their torch code is imported
+only when they run, so choosing or validating an oracle stays cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -20,27 +21,53 @@ from marl_core.game_tree import GameTree, best_response
 @dataclasses.dataclass(frozen=True)
 class BestResponse:
     player: int
-    policy: np.ndarray  # [I, A]
-    value: float  # expected return of the response against the opponents' mixture
+    policy: np.ndarray  # [I, A] tabular: a learned network is asked at every information state
+    value: float  # exact expected return of the response against the opponents' mixture
+    weights: Optional[dict[str, Any]] = None  # a learned network's state_dict (tensors only)
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-OracleFn = Callable[[GameTree, int, list[np.ndarray], list[np.ndarray]], BestResponse]
+@dataclasses.dataclass(frozen=True)
+class OracleCall:
+    """Everything an oracle may use; `pool` holds the rollout workers of learned oracles."""
+
+    config: Any  # PSROConfig
+    tree: GameTree
+    player: int
+    populations: list[np.ndarray]
+    meta_strategy: list[np.ndarray]
+    iteration: int
+    pool: Any = None
 
 
-def exact_oracle(tree: GameTree, player: int, populations, meta_strategy) -> BestResponse:
-    value, policy = best_response(tree, player, mixed_reach(tree, populations, meta_strategy))
-    return BestResponse(player=player, policy=policy, value=value)
+def exact_oracle(call: OracleCall) -> BestResponse:
+    reaches = mixed_reach(call.tree, call.populations, call.meta_strategy)
+    value, policy = best_response(call.tree, call.player, reaches)
+    return BestResponse(player=call.player, policy=policy, value=value)
+
+
+def learned_oracle(call: OracleCall) -> BestResponse:
+    from marl_core.learned_oracle import train_best_response
+
+    policy, value, weights, metrics = train_best_response(
+        call.config, call.tree, call.player, call.populations, call.meta_strategy,
+        iteration=call.iteration, pool=call.pool,
+    )
+    return BestResponse(player=call.player, policy=policy, value=value, weights=weights, metrics=metrics)
 
 
 @dataclasses.dataclass(frozen=True)
 class Oracle:
     name: str
     summary: str
-    compute: OracleFn
+    compute: Callable[[OracleCall], BestResponse]
+    learns: bool = False  # needs rollout workers and has hyperparameters under its own name
 
 
 ORACLES: dict[str, Oracle] = {
     "exact": Oracle("exact", "exact best response by a backward pass over the game tree", exact_oracle),
+    "dqn": Oracle("dqn", "double DQN with a target network and replay, trained on rollouts", learned_oracle, learns=True),
+    "ppo": Oracle("ppo", "PPO with GAE, clipping and an entropy bonus, trained on rollouts", learned_oracle, learns=True),
 }
 
 

@@ -16,6 +16,7 @@ tasks on Ray.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Callable, Iterator
 
@@ -25,8 +26,9 @@ from marl_core.config import PSROConfig
 from marl_core.evaluation import EVALUATORS, ProfilePayoffs
 from marl_core.exploitability import NashConvReport, nash_conv
 from marl_core.game_tree import GameTree, build_tree
+from marl_core.games import load_game
 from marl_core.meta_solvers import get_meta_solver
-from marl_core.oracles import BestResponse, get_oracle
+from marl_core.oracles import BestResponse, OracleCall, get_oracle
 from marl_core.payoffs import PayoffTable
 from marl_core.policies import append_members, uniform_population
 
@@ -37,6 +39,8 @@ class PSROState:
     payoffs: PayoffTable
     meta_strategy: list[np.ndarray]  # per player [K_p]
     iteration: int = 0
+    # per player, per member: a learned member's network weights (None for tabular-only members)
+    weights: list[list] = dataclasses.field(default_factory=list)
 
     @property
     def population_sizes(self) -> list[int]:
@@ -66,9 +70,13 @@ class IterationRecord:
     stage_seconds: dict[str, float]
     iteration_seconds: float
     elapsed_seconds: float  # since the run started, orchestration included
+    oracle_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # "player_p/name"
 
     @classmethod
-    def finish(cls, state: "PSROState", report: NashConvReport, clock: StageClock, run_started: float) -> "IterationRecord":
+    def finish(
+        cls, state: "PSROState", report: NashConvReport, clock: StageClock, run_started: float,
+        responses: list[BestResponse] = (),
+    ) -> "IterationRecord":
         now = time.perf_counter()
         return cls(
             iteration=state.iteration,
@@ -78,6 +86,7 @@ class IterationRecord:
             stage_seconds=clock.seconds,
             iteration_seconds=now - clock.began,
             elapsed_seconds=now - run_started,
+            oracle_metrics={f"player_{r.player}/oracle_{k}": v for r in responses for k, v in r.metrics.items()},
         )
 
     def metrics(self) -> dict[str, float]:
@@ -93,6 +102,7 @@ class IterationRecord:
             metrics[f"player_{player}/meta_entropy"] = meta_entropy(self.meta_strategy[player])
         for stage, seconds in self.stage_seconds.items():
             metrics[f"seconds/{stage}"] = seconds
+        metrics.update(self.oracle_metrics)
         return metrics
 
 
@@ -109,14 +119,42 @@ def initial_populations(tree: GameTree) -> list[np.ndarray]:
     return [uniform_population(player_tree) for player_tree in tree.players]
 
 
-def best_response(config: PSROConfig, player: int, populations, meta_strategy) -> BestResponse:
-    tree = build_tree(config.game)
-    return get_oracle(config.oracle).compute(tree, player, populations, meta_strategy)
+def best_response(config: PSROConfig, player: int, populations, meta_strategy, iteration: int, pool=None) -> BestResponse:
+    call = OracleCall(config, build_tree(config.game), player, populations, meta_strategy, iteration, pool)
+    return get_oracle(config.oracle).compute(call)
 
 
 def expand_population(populations, responses: list[BestResponse]) -> list[np.ndarray]:
     by_player = {r.player: r.policy for r in responses}
     return [append_members(pop, [by_player[p]]) if p in by_player else pop for p, pop in enumerate(populations)]
+
+
+def expand_weights(weights: list[list], responses: list[BestResponse]) -> list[list]:
+    by_player = {r.player: r.weights for r in responses}
+    return [members + [by_player.get(p)] for p, members in enumerate(weights)]
+
+
+def initial_state(tree: GameTree) -> PSROState:
+    populations = initial_populations(tree)
+    return PSROState(populations, PayoffTable(tree.num_players), meta_strategy=[], weights=[[None] for _ in populations])
+
+
+def rollout_pool_config(config: PSROConfig):
+    """What the rollout workers of a learned oracle need, or None for oracles that do not learn."""
+    if not get_oracle(config.oracle).learns:
+        return None
+    from marl_core.worker_pool import PoolConfig
+
+    rollout = config.rollout
+    env = functools.partial(psro_env, config.game)
+    return PoolConfig(env, rollout.workers, rollout.envs_per_worker, rollout.worker_cpus)
+
+
+def psro_env(game: str):
+    """The game as rollouts play it: the same (turn-based) game the tree and tables are built on."""
+    from marl_core.envs import OpenSpielEnv
+
+    return OpenSpielEnv(load_game(game))
 
 
 def evaluate_payoffs(config: PSROConfig, populations, profiles) -> ProfilePayoffs:
@@ -171,14 +209,23 @@ def run_psro_local(config: PSROConfig, on_iteration: Callable[[IterationRecord, 
 
 
 def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PSROState]]:
+    from marl_core.worker_pool import LocalWorkerPool
+
     start = time.perf_counter()
     tree = build_tree(config.game)
-    state = PSROState(initial_populations(tree), PayoffTable(tree.num_players), meta_strategy=[])
+    state = initial_state(tree)
+    pool_config = rollout_pool_config(config)
+    pool = LocalWorkerPool(pool_config) if pool_config else None
     for iteration in range(config.iterations + 1):
         clock = StageClock()
+        responses = []
         if iteration > 0:
-            responses = [best_response(config, p, state.populations, state.meta_strategy) for p in range(tree.num_players)]
+            responses = [
+                best_response(config, p, state.populations, state.meta_strategy, iteration, pool)
+                for p in range(tree.num_players)
+            ]
             state.populations = expand_population(state.populations, responses)
+            state.weights = expand_weights(state.weights, responses)
             clock.lap("best_response")
         chunks = plan_evaluation(state.payoffs, state.population_sizes, parts=1)
         evaluations = [evaluate_payoffs(config, state.populations, chunk) for chunk in chunks]
@@ -189,7 +236,7 @@ def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PS
         report = measure(config, state.populations, meta_game)
         clock.lap("exploitability")
         state.iteration = iteration
-        record = IterationRecord.finish(state, report, clock, start)
+        record = IterationRecord.finish(state, report, clock, start, responses)
         yield record, state
         if should_stop(config, record):
             return

@@ -30,6 +30,17 @@ def registered_model_name(experiment: str, game: str, player: int) -> str:
     return f"{experiment}-{slug}-player{player}"
 
 
+def flat_params(values: dict, prefix: str = "") -> dict:
+    """Nested settings as MLflow params with dotted names: {"dqn": {"lr": 1e-3}} -> {"dqn.lr": 1e-3}."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flat_params(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def prepare_store(tracking_uri: str) -> None:
     """Create the store's schema ahead of the run (a new SQLite store takes seconds)."""
     import mlflow
@@ -56,11 +67,11 @@ class RunTracker:
         self._raise_failures()
         self._history.append(record)
         new_members = [
-            (player, len(population) - 1, population[-1].copy())
+            (player, len(population) - 1, population[-1].copy(), state.weights[player][-1] if state.weights else None)
             for player, population in enumerate(state.populations)
             if (player, len(population) - 1) not in self._versions
         ]
-        for player, member, _ in new_members:
+        for player, member, _, _ in new_members:
             self._versions[(player, member)] = ""  # reserved; filled by the tracking thread
         frame = state.payoffs.to_frame()
         self._submit(self._log_iteration, record, frame, new_members)
@@ -108,7 +119,7 @@ class RunTracker:
             tags={"game": self.config.game, "oracle": self.config.oracle, "meta_solver": self.config.meta_solver},
         )
         self.artifact_uri = run.info.artifact_uri
-        params = [Param(key, str(value)) for key, value in self.config.model_dump().items()]
+        params = [Param(key, str(value)) for key, value in flat_params(self.config.model_dump()).items()]
         self.client.log_batch(run.info.run_id, params=params)
         if self.config.register_models:
             for player in range(self.config.num_players):
@@ -133,11 +144,27 @@ class RunTracker:
         meta = {str(p): weights for p, weights in enumerate(record.meta_strategy)}
         self.client.log_dict(self.run_id, meta, f"meta_strategy/iteration_{step:04d}.json")
         tree = build_tree(self.config.game)
-        for player, member, policy in new_members:
+        for player, member, policy, weights in new_members:
             path = f"population/player_{player}/member_{member}"
             self.client.log_dict(self.run_id, policy_to_dict(tree.players[player], policy), f"{path}/policy.json")
+            if weights is not None:
+                self._log_network(player, weights, path)
             if self.config.register_models:
                 self._register(player, member, step, record.meta_strategy[player][member], path)
+
+    def _log_network(self, player: int, weights, path: str) -> None:
+        """A learned member's network, as weights only: `torch.load(weights_only=True)` reads it."""
+        import tempfile
+
+        from marl_core.checkpoints import NetworkSpec, save_network
+        from marl_core.tabularize import infostate_observations
+
+        obs_size = infostate_observations(self.config.game)[player].shape[1]
+        algorithm_config = getattr(self.config, self.config.oracle)
+        spec = NetworkSpec(self.config.oracle, algorithm_config.model_dump(mode="json"), obs_size, build_tree(self.config.game).num_actions)
+        with tempfile.TemporaryDirectory() as directory:
+            save_network(directory, spec, weights)
+            self.client.log_artifacts(self.run_id, directory, path)
 
     def _register(self, player: int, member: int, iteration: int, weight: float, path: str) -> None:
         name = registered_model_name(self.config.experiment, self.config.game, player)

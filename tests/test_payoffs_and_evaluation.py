@@ -422,7 +422,7 @@ def run_incrementally(config):
     meta = None
     for iteration in range(config.iterations + 1):
         if iteration > 0:
-            responses = [psro.best_response(config, p, populations, meta) for p in range(tree.num_players)]
+            responses = [psro.best_response(config, p, populations, meta, iteration) for p in range(tree.num_players)]
             populations = psro.expand_population(populations, responses)
         old = int(np.prod(table.sizes))
         chunks = psro.plan_evaluation(table, [len(p) for p in populations], parts=2)
