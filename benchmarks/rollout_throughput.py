@@ -12,7 +12,7 @@ For each environment this measures, in one run on one machine:
 
 Steps are environment steps (one `env.step` call, however many agents act in it).
 
-    python benchmarks/rollout_throughput.py [--seconds 10] [--envs-per-worker 32]
+    python benchmarks/rollout_throughput.py [--seconds 10] [--envs-per-worker 64]
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def rollout_system(env_name: str, workers: int, envs_per_worker: int, episodes: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--envs-per-worker", type=int, default=32)
+    parser.add_argument("--envs-per-worker", type=int, default=64)
     args = parser.parse_args()
     torch.set_num_threads(1)
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)

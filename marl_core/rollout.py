@@ -127,6 +127,7 @@ class RolloutWorker:
             draws = [population.draw(rng) for _, population in opponents]
             live[i], steps[i] = _Episode(draws, learners, len(agents)), step
 
+        # Each copy's chance stream is seeded once per request; later episodes continue it.
         for i, env in enumerate(self.envs):
             if quota[i] > 0:
                 begin(i, env.reset(seed=int(rng.integers(2**31))))
@@ -175,7 +176,7 @@ class RolloutWorker:
                     quota[i] -= 1
                     del live[i], steps[i]
                     if quota[i] > 0:
-                        begin(i, self.envs[i].reset(seed=int(rng.integers(2**31))))
+                        begin(i, self.envs[i].reset())
                 else:
                     steps[i] = step
 

@@ -101,6 +101,11 @@ class _RayRolloutWorker(RolloutWorker):
 
         return ray.get_runtime_context().get_node_id()
 
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
 
 class RayWorkerPool:
     """Rollout workers as Ray actors; handles pickle, so learner tasks can drive the pool."""

@@ -3,6 +3,11 @@
 Caching is off: inputs are whole populations, and hashing them on every call would cost more
 than most steps. Every task computes through `marl_core.psro`, so the flow and the local loop
 cannot drift apart.
+
+Retries: a worker process that dies under a task is retried by Ray itself; what reaches Prefect
+is a failure Ray could not hide (a rollout actor out of restarts, a lost object, a dropped
+connection). Those are retried after a delay. Any other exception is a deterministic error in
+the inputs or the code: retrying would only repeat it, so it fails the run at once.
 """
 
 from __future__ import annotations
@@ -15,6 +20,21 @@ from marl_core import psro
 _options = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
+def _transient(task, task_run, state) -> bool:
+    import ray.exceptions
+
+    try:
+        state.result()
+    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.WorkerCrashedError, ConnectionError):
+        return True
+    except Exception:
+        return False
+    return False
+
+
+_retrying = dict(_options, retries=2, retry_delay_seconds=5, retry_condition_fn=_transient)
+
+
 def _log_ray_node() -> None:
     """One log line naming the Ray node the task runs on: on a cluster, Prefect's task-run logs
     then show where the work went (tests/test_cluster.py reads them)."""
@@ -24,7 +44,7 @@ def _log_ray_node() -> None:
         get_run_logger().info("on Ray node %s", ray.get_runtime_context().get_node_id())
 
 
-@task(name="train-best-response", **_options)
+@task(name="train-best-response", **_retrying)
 def train_best_response(config, player: int, populations, meta_strategy, iteration: int, pool=None):
     _log_ray_node()
     return psro.best_response(config, player, populations, meta_strategy, iteration, pool)
@@ -36,7 +56,7 @@ def expand_population(populations, responses):
     return psro.expand_population(populations, responses)
 
 
-@task(name="evaluate-payoffs", **_options)
+@task(name="evaluate-payoffs", **_retrying)
 def evaluate_payoffs(config, populations, profiles):
     _log_ray_node()
     return psro.evaluate_payoffs(config, populations, profiles)
