@@ -1,0 +1,45 @@
+"""Small torch building blocks shared by the policies: MLPs and action masking.
+
+Games have actions that are illegal in some states. Every place that turns network outputs into
+actions or probabilities goes through `masked_logits` or `masked_argmax`, so an illegal action
+can never be chosen and never receives probability, gradient or value.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# The most negative float32: exp(MASKED - anything finite) is exactly 0, yet unlike -inf it keeps
+# log-softmax finite, so 0 * log p stays 0 instead of becoming nan in the entropy.
+MASKED_LOGIT = torch.finfo(torch.float32).min
+
+
+def features(in_size: int, hidden: tuple[int, ...], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    """Linear layers of the given widths, each followed by the activation."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [nn.Linear(in_size, width), activation()]
+        in_size = width
+    return nn.Sequential(*layers)
+
+
+def mlp(in_size: int, hidden: tuple[int, ...], out_size: int, activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    """`features` followed by a linear output layer (no activation on the output)."""
+    body = features(in_size, hidden, activation)
+    body.append(nn.Linear(hidden[-1] if hidden else in_size, out_size))
+    return body
+
+
+def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Logits with illegal actions (mask False) set to MASKED_LOGIT: softmax gives them exactly 0.
+
+    `torch.where` also stops the gradient to the masked entries, so the network is never pushed
+    around by actions it could not have taken.
+    """
+    return torch.where(mask, logits, torch.full_like(logits, MASKED_LOGIT))
+
+
+def masked_argmax(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Index of the largest legal value per row; ties go to the lowest index (torch.argmax's rule)."""
+    return torch.where(mask, values, torch.full_like(values, -torch.inf)).argmax(dim=-1)

@@ -1,0 +1,57 @@
+"""Hyperparameters of the RL algorithms, in one typed place per algorithm.
+
+They live apart from the algorithms so that validating a run's settings (which every `psro`
+command does before anything starts) never imports torch.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class DQNConfig(BaseModel):
+    """DQN hyperparameters. The defaults are RL Baselines3 Zoo's tuned CartPole-v1 values, adapted
+    to counting in environment and gradient steps (tests/test_rl.py learns CartPole with them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden: tuple[int, ...] = Field((256, 256), min_length=1, description="Q-network hidden layer widths")
+    lr: float = Field(2.3e-3, gt=0, description="Adam learning rate")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
+    batch_size: int = Field(64, gt=0, description="transitions per gradient step")
+    buffer_size: int = Field(50_000, gt=0, description="replay buffer capacity in transitions")
+    learning_starts: int = Field(1_000, ge=0, description="environment steps before the first gradient step")
+    train_every: int = Field(2, gt=0, description="environment steps per gradient step")
+    target_update_interval: int = Field(128, gt=0, description="gradient steps between target-network copies")
+    epsilon_start: float = Field(1.0, ge=0, le=1, description="exploration rate at the first step")
+    epsilon_end: float = Field(0.04, ge=0, le=1, description="exploration rate after the decay")
+    epsilon_decay_steps: int = Field(8_000, gt=0, description="environment steps of the linear decay")
+    double: bool = Field(True, description="online network picks the next action, target network values it")
+    max_grad_norm: float = Field(10.0, gt=0, description="gradient-norm clip")
+    seed: int = Field(0, description="seeds network initialisation and replay sampling")
+
+    @model_validator(mode="after")
+    def _buffer_holds_a_batch(self) -> DQNConfig:
+        if self.buffer_size < self.batch_size:
+            raise ValueError(f"buffer_size {self.buffer_size} is smaller than batch_size {self.batch_size}")
+        return self
+
+
+class PPOConfig(BaseModel):
+    """PPO hyperparameters; the defaults are CleanRL's for classic control."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="hidden layer widths of actor and critic")
+    shared_trunk: bool = Field(False, description="actor and critic share the hidden layers")
+    lr: float = Field(2.5e-4, gt=0, description="Adam learning rate")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE bias/variance trade-off")
+    clip: float = Field(0.2, gt=0, description="probability-ratio clip of the surrogate objective")
+    entropy_coef: float = Field(0.01, ge=0, description="weight of the entropy bonus")
+    value_coef: float = Field(0.5, ge=0, description="weight of the value loss")
+    epochs: int = Field(4, gt=0, description="passes over each batch")
+    minibatch_size: int = Field(128, gt=0, description="transitions per gradient step")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip")
+    normalize_advantages: bool = Field(True, description="standardise advantages per minibatch")
+    seed: int = Field(0, description="seeds network initialisation and minibatch shuffling")
