@@ -41,6 +41,7 @@ def run(
     tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
     experiment: Optional[str] = typer.Option(None, help="MLflow experiment name"),
     export: Optional[Path] = typer.Option(None, help="write an OpenSpiel-checkable export to this directory"),
+    resume: bool = typer.Option(False, "--resume", help="continue the newest unfinished run with these settings, if any"),
 ) -> None:
     """Run PSRO. One line per iteration: population, exploitability, seconds."""
     from marl_core.config import ConfigError, build_config, load_config_file
@@ -59,10 +60,37 @@ def run(
         preflight(config)
     except ConfigError as error:
         _fail(str(error))
-    _run(config)
+    resume_run_id = None
+    if resume:
+        from marl_core.resume import find_resumable
+
+        resume_run_id = find_resumable(config)
+        console.print(f"resuming run {resume_run_id}" if resume_run_id else "nothing to resume: starting a new run", highlight=False)
+    _run(config, resume_run_id)
 
 
-def _run(config) -> None:
+@app.command("resume")
+def resume_run(
+    run_id: str = typer.Argument(..., help="MLflow run id of the run to continue"),
+    tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow tracking URI the run is in"),
+    iterations: Optional[int] = typer.Option(None, help="run to this many iterations (default: the run's own)"),
+) -> None:
+    """Continue a run after its last completed iteration (e.g. after a crash)."""
+    from marl_core.config import ConfigError, build_config
+    from marl_core.resume import ResumeError, resume_settings
+
+    try:
+        values = resume_settings(tracking_uri, run_id)
+        if iterations is not None:
+            values["iterations"] = iterations
+        config = build_config(values)
+    except (ResumeError, ConfigError) as error:
+        _fail(str(error))
+    console.print(f"resuming run {run_id}", highlight=False)
+    _run(config, run_id)
+
+
+def _run(config, resume_run_id: Optional[str] = None) -> None:
     import os
 
     from flows.runtime import prefect_api  # standard library only: start the server first
@@ -72,10 +100,10 @@ def _run(config) -> None:
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     with prefect_api() as api:
         console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}", highlight=False)
-        _run_with(config, api)
+        _run_with(config, api, resume_run_id)
 
 
-def _run_with(config, api) -> None:
+def _run_with(config, api, resume_run_id: Optional[str] = None) -> None:
     from flows.psro_flow import run_psro  # slow imports (Prefect, Ray) while the server boots
     from marl_core.export import write_export
 
@@ -106,8 +134,11 @@ def _run_with(config, api) -> None:
             )
             progress.update(bar, advance=1, exploitability=f"{record.report.exploitability:.4f}")
 
-        state = run_psro(config, on_iteration, api=api)
+        state = run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id)
     wall = time.perf_counter() - started
+    if "record" not in last:
+        console.print(f"nothing to do: the run already completed {config.iterations} iterations", highlight=False)
+        return
     record = last["record"]
     console.print(
         f"done: {record.iteration} iterations, exploitability {record.report.exploitability:.6g} "

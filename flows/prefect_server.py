@@ -11,11 +11,18 @@ when the task-run recorder commits in between; the API answers 503 and the clien
 queue on the busy timeout instead of failing. Measured on this machine: 8 retries (16 s) per
 20 subflows before, 0 after; an empty subflow went from 1.9 s to 0.35 s. PostgreSQL-backed
 servers do not need this.
+
+It also stops itself when the process that started it dies: a driver killed with SIGKILL gets
+no chance to stop its server, and an orphaned server would hold its port and database forever.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
+import time
 
 
 def _begin_write_transactions_immediate() -> None:
@@ -33,7 +40,21 @@ def _begin_write_transactions_immediate() -> None:
     sqlite.begin_transaction = begin_transaction
 
 
+def _exit_with_parent(poll_seconds: float = 1.0) -> None:
+    """Stop this server (its whole process group) once the parent that started it is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
+    if os.environ.get("PSRO_SERVER_EXIT_WITH_PARENT") == "1":
+        _exit_with_parent()
     _begin_write_transactions_immediate()
     from prefect.cli import app
 

@@ -83,22 +83,31 @@ def _cluster_cpus() -> float:
 
 
 @flow(name="psro", validate_parameters=False, persist_result=False)
-def psro_flow(config: dict, on_iteration: Optional[IterationCallback] = None) -> PSROState:
-    """The whole run: the deployable entry point (its parameters are a plain config mapping)."""
+def psro_flow(
+    config: dict, on_iteration: Optional[IterationCallback] = None, resume_run_id: Optional[str] = None
+) -> PSROState:
+    """The whole run: the deployable entry point (its parameters are a plain config mapping).
+
+    With `resume_run_id` it continues that MLflow run after its last committed iteration.
+    """
     from marl_core.tracking import RunTracker
 
     config = PSROConfig(**config) if isinstance(config, dict) else config
     run_started = time.perf_counter()
-    tree = build_tree(config.game)
-    state = psro.initial_state(tree)
+    checkpoint = _checkpoint(config, resume_run_id) if resume_run_id else None
+    state = psro.resumed_state(checkpoint) if checkpoint else psro.initial_state(build_tree(config.game))
+    first = checkpoint.iteration + 1 if checkpoint else 0
     with contextlib.ExitStack() as stack:
+        # Heartbeats cost ~1.2 s per subflow; however the flow was started (CLI, `psro serve`,
+        # a work-pool worker), its iterations run without them.
+        stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         if not ray.is_initialized():  # run by a deployment: one Ray session for all iterations
             api_url = os.environ.get("PREFECT_API_URL")
             worker_env = {"PREFECT_API_URL": api_url} if api_url else {}
             stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
         pool = _start_rollout_workers(config, stack)
-        tracker = stack.enter_context(RunTracker(config))
-        for iteration in range(config.iterations + 1):
+        tracker = stack.enter_context(RunTracker(config, resume=checkpoint))
+        for iteration in range(first, config.iterations + 1):
             record, state = psro_iteration(config, iteration, ray.put(state), run_started, pool)
             tracker.log_iteration(record, state)
             if on_iteration:
@@ -107,6 +116,15 @@ def psro_flow(config: dict, on_iteration: Optional[IterationCallback] = None) ->
                 break
         tracker.finish(state)
     return state
+
+
+def _checkpoint(config: PSROConfig, run_id: str):
+    import mlflow
+
+    from marl_core.resume import load_checkpoint
+
+    client = mlflow.MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+    return load_checkpoint(client, run_id)
 
 
 def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):
@@ -125,6 +143,7 @@ def run_psro(
     config: PSROConfig,
     on_iteration: Optional[IterationCallback] = None,
     api: Optional[tuple[str, Callable[[], None]]] = None,
+    resume_run_id: Optional[str] = None,
 ) -> PSROState:
     """Start what the run needs (Prefect server, Ray, MLflow store), run the `psro` flow, stop all.
 
@@ -142,4 +161,4 @@ def run_psro(
         warm_up_workers(config.game)
         wait_for_api()
         store.result()
-        return psro_flow(config, on_iteration)
+        return psro_flow(config, on_iteration, resume_run_id)

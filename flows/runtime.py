@@ -62,7 +62,10 @@ class LocalPrefectServer:
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         # The UI asks the API at PREFECT_UI_API_URL, which otherwise defaults to port 4200, not this one
-        env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_API_URL=self.url)
+        env = dict(
+            os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_API_URL=self.url,
+            PSRO_SERVER_EXIT_WITH_PARENT="1",  # a killed driver cannot stop it: it stops itself
+        )
         self._log = open(home / "server.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "flows.prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],

@@ -139,6 +139,18 @@ def initial_state(tree: GameTree) -> PSROState:
     return PSROState(populations, PayoffTable(tree.num_players), meta_strategy=[], weights=[[None] for _ in populations])
 
 
+def resumed_state(checkpoint) -> PSROState:
+    """The state a committed iteration left (see `marl_core.resume`); earlier members' networks
+    stay in the registry, so only members added from here on carry weights."""
+    return PSROState(
+        populations=checkpoint.populations,
+        payoffs=checkpoint.payoffs,
+        meta_strategy=checkpoint.meta_strategy,
+        iteration=checkpoint.iteration,
+        weights=[[None] * len(population) for population in checkpoint.populations],
+    )
+
+
 def rollout_pool_config(config: PSROConfig):
     """What the rollout workers of a learned oracle need, or None for oracles that do not learn."""
     if not get_oracle(config.oracle).learns:

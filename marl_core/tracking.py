@@ -21,6 +21,7 @@ import numpy as np
 from marl_core import plots
 from marl_core.game_tree import build_tree
 from marl_core.policies import policy_to_dict
+from marl_core.resume import COMMITTED_TAG, CONFIG_ARTIFACT
 
 NEWEST_ALIAS = "newest"
 
@@ -49,13 +50,20 @@ def prepare_store(tracking_uri: str) -> None:
 
 
 class RunTracker:
-    def __init__(self, config):
+    """Tracks a new run, or with `resume` (a `marl_core.resume.Checkpoint`) continues one."""
+
+    def __init__(self, config, resume=None):
         self.config = config
+        self.resume = resume
         self.run_id: str | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracking")
         self._pending: list[Future] = []
         self._history: list = []
+        self._earlier_curve: list[tuple[int, float, float]] = []  # a resumed run's committed points
         self._versions: dict[tuple[int, int], str] = {}  # (player, member) -> registry version
+        if resume is not None:  # committed members are registered already
+            for player, population in enumerate(resume.populations):
+                self._versions.update({(player, member): "" for member in range(len(population))})
 
     # --- driver side: cheap snapshots, work queued ---------------------------------------------
 
@@ -111,6 +119,8 @@ class RunTracker:
         from mlflow.entities import Param
 
         self.client = mlflow.MlflowClient(tracking_uri=self.config.tracking_uri, registry_uri=self.config.tracking_uri)
+        if self.resume is not None:
+            return self._continue(self.resume)
         experiment = self.client.get_experiment_by_name(self.config.experiment)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(self.config.experiment)
         run = self.client.create_run(
@@ -121,10 +131,35 @@ class RunTracker:
         self.artifact_uri = run.info.artifact_uri
         params = [Param(key, str(value)) for key, value in flat_params(self.config.model_dump()).items()]
         self.client.log_batch(run.info.run_id, params=params)
+        self.client.log_dict(run.info.run_id, self.config.model_dump(mode="json"), CONFIG_ARTIFACT)
         if self.config.register_models:
             for player in range(self.config.num_players):
                 self._ensure_registered_model(registered_model_name(self.config.experiment, self.config.game, player))
         self.run_id = run.info.run_id
+
+    def _continue(self, checkpoint) -> None:
+        """Reopen the run; forget what an unfinished iteration registered after the last commit."""
+        self.run_id = checkpoint.run_id
+        self.artifact_uri = self.client.get_run(self.run_id).info.artifact_uri
+        self.client.update_run(self.run_id, status="RUNNING")
+        if self.config.register_models:
+            for player, population in enumerate(checkpoint.populations):
+                name = registered_model_name(self.config.experiment, self.config.game, player)
+                for version in self.client.search_model_versions(f"name='{name}' and tags.run_id='{self.run_id}'"):
+                    member = int(version.tags["member"])
+                    if member < len(population):
+                        self._versions[(player, member)] = version.version
+                    else:
+                        self.client.delete_model_version(name, version.version)
+        history = {
+            name: {m.step: m.value for m in self.client.get_metric_history(self.run_id, name)}
+            for name in ("exploitability", "nash_conv")
+        }
+        self._earlier_curve = [
+            (step, value, history["nash_conv"].get(step, float("nan")))
+            for step, value in sorted(history["exploitability"].items())
+            if step <= checkpoint.iteration
+        ]
 
     def _ensure_registered_model(self, name: str) -> None:
         from mlflow.exceptions import MlflowException
@@ -135,11 +170,10 @@ class RunTracker:
             self.client.create_registered_model(name, description=f"PSRO population members for {name}")
 
     def _log_iteration(self, record, frame, new_members) -> None:
+        """Artifacts, members, metrics, then the commit tag (see `marl_core.resume`)."""
         import mlflow.entities
 
         step = record.iteration
-        metrics = [mlflow.entities.Metric(k, float(v), 0, step) for k, v in record.metrics().items()]
-        self.client.log_batch(self.run_id, metrics=metrics)
         self.client.log_text(self.run_id, frame.to_csv(index=False), f"payoffs/iteration_{step:04d}.csv")
         meta = {str(p): weights for p, weights in enumerate(record.meta_strategy)}
         self.client.log_dict(self.run_id, meta, f"meta_strategy/iteration_{step:04d}.json")
@@ -151,6 +185,9 @@ class RunTracker:
                 self._log_network(player, weights, path)
             if self.config.register_models:
                 self._register(player, member, step, record.meta_strategy[player][member], path)
+        metrics = [mlflow.entities.Metric(k, float(v), 0, step) for k, v in record.metrics().items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+        self.client.set_tag(self.run_id, COMMITTED_TAG, str(step))  # last: the iteration's commit
 
     def _log_network(self, player: int, weights, path: str) -> None:
         """A learned member's network, as weights only: `torch.load(weights_only=True)` reads it."""
@@ -181,11 +218,11 @@ class RunTracker:
         self._versions[(player, member)] = version.version
 
     def _finish(self, payoff_mean: np.ndarray, meta_strategy) -> None:
-        history = self._history
+        curve = self._earlier_curve + [(r.iteration, r.report.exploitability, r.report.nash_conv) for r in self._history]
         figure = plots.exploitability_curve(
-            [r.iteration for r in history],
-            [r.report.exploitability for r in history],
-            [r.report.nash_conv for r in history],
+            [point[0] for point in curve],
+            [point[1] for point in curve],
+            [point[2] for point in curve],
             title=f"PSRO on {self.config.game} ({self.config.meta_solver})",
         )
         self.client.log_figure(self.run_id, figure, "plots/exploitability.png")

@@ -1,0 +1,123 @@
+"""Resuming a PSRO run from what its MLflow run already holds.
+
+Every iteration's results are written as artifacts (payoff table, meta-strategy, new members),
+then registered, and only then is the run tagged ``psro.committed_iteration = N``: the tag is
+the commit. A run killed at any point therefore resumes from the last committed iteration, whose
+artifacts are complete, and anything a later, unfinished iteration left behind is ignored (and
+its half-registered members removed by the tracker).
+
+Nothing is unpickled: the config is JSON, payoffs CSV, meta-strategies JSON and members the
+export-format JSON, all of which round-trip floats exactly, so a resumed run continues from the
+same numbers an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from marl_core.game_tree import build_tree
+from marl_core.payoffs import PayoffTable
+from marl_core.policies import policy_from_dict
+
+COMMITTED_TAG = "psro.committed_iteration"
+CONFIG_ARTIFACT = "config.json"
+
+
+class ResumeError(ValueError):
+    """A run that cannot be resumed; one line naming the run and the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    run_id: str
+    config: dict  # the run's settings, as logged
+    iteration: int  # the last committed iteration
+    populations: list[np.ndarray]
+    payoffs: PayoffTable
+    meta_strategy: list[np.ndarray]
+
+
+# Settings that say how or how long to run, not what is computed: a run may resume with others.
+OPERATIONAL = {"iterations", "stop_exploitability", "ray_address", "num_cpus", "export"}
+
+
+def _client(tracking_uri: str):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def resume_settings(tracking_uri: str, run_id: str) -> dict:
+    """The settings a run was started with (for `psro resume RUN_ID`)."""
+    checkpoint_run = _committed_run(_client(tracking_uri), run_id)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = _client(tracking_uri).download_artifacts(checkpoint_run.info.run_id, CONFIG_ARTIFACT, scratch)
+        return {**json.loads(Path(path).read_text()), "tracking_uri": tracking_uri}
+
+
+def find_resumable(config) -> str | None:
+    """The newest unfinished run of the config's experiment that computes the same thing."""
+    client = _client(config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.experiment)
+    if experiment is None:
+        return None
+    wanted = {k: v for k, v in config.model_dump(mode="json").items() if k not in OPERATIONAL}
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"])
+    for run in runs:
+        if run.info.status == "FINISHED" or committed_iteration(run) is None:
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            logged = json.loads(Path(client.download_artifacts(run.info.run_id, CONFIG_ARTIFACT, scratch)).read_text())
+        if {k: v for k, v in logged.items() if k not in OPERATIONAL} == wanted:
+            return run.info.run_id
+    return None
+
+
+def _committed_run(client, run_id: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ResumeError(f"no MLflow run {run_id!r} in {client.tracking_uri}") from None
+    if committed_iteration(run) is None:
+        raise ResumeError(f"run {run_id} committed no iteration; start it again with `psro run`")
+    return run
+
+
+def committed_iteration(run) -> int | None:
+    value = run.data.tags.get(COMMITTED_TAG)
+    return int(value) if value is not None else None
+
+
+def load_checkpoint(client, run_id: str) -> Checkpoint:
+    iteration = committed_iteration(_committed_run(client, run_id))
+    with tempfile.TemporaryDirectory() as scratch:
+        config = json.loads(Path(client.download_artifacts(run_id, CONFIG_ARTIFACT, scratch)).read_text())
+        populations, payoffs, meta_strategy = read_iteration(client, run_id, config["game"], iteration, scratch)
+    return Checkpoint(run_id, config, iteration, populations, payoffs, meta_strategy)
+
+
+def read_iteration(client, run_id: str, game: str, iteration: int, scratch: str):
+    """Populations, payoff table and meta-strategies exactly as iteration `iteration` left them."""
+    tree = build_tree(game)
+    meta = json.loads(Path(client.download_artifacts(run_id, f"meta_strategy/iteration_{iteration:04d}.json", scratch)).read_text())
+    meta_strategy = [np.asarray(meta[str(p)], dtype=np.float64) for p in range(tree.num_players)]
+    csv = client.download_artifacts(run_id, f"payoffs/iteration_{iteration:04d}.csv", scratch)
+    frame = pd.read_csv(csv, float_precision="round_trip")  # the default parser may round the last bit
+    payoffs = PayoffTable.from_frame(frame)
+    populations = []
+    for player, weights in enumerate(meta_strategy):
+        members = []
+        for member in range(len(weights)):
+            path = f"population/player_{player}/member_{member}/policy.json"
+            table = json.loads(Path(client.download_artifacts(run_id, path, scratch)).read_text())
+            members.append(policy_from_dict(tree.players[player], table))
+        populations.append(np.stack(members))
+    return populations, payoffs, meta_strategy
