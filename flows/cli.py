@@ -25,7 +25,26 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-@app.command()
+class _OneLineErrors(typer.core.TyperCommand):
+    """A flag of the wrong type or an unknown flag is bad input like any other: one `error:`
+    line naming the value, exit code 2 (typer would print a usage box)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        from typer._click.exceptions import BadParameter, UsageError  # the click typer bundles
+
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except BadParameter as error:
+            cause = error.__cause__
+            if hasattr(cause, "errors") and error.param is not None:  # pydantic's ValidationError
+                first = cause.errors()[0]
+                _fail(f"{error.param.name}={first['input']!r}: {first['msg']}")
+            _fail(error.format_message())
+        except UsageError as error:
+            _fail(error.format_message())
+
+
+@app.command(cls=_OneLineErrors)
 def run(
     config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
     game: Optional[str] = typer.Option(None, help="OpenSpiel game string, e.g. leduc_poker or 'kuhn_poker(players=3)'"),
@@ -69,7 +88,7 @@ def run(
     _run(config, resume_run_id)
 
 
-@app.command("resume")
+@app.command("resume", cls=_OneLineErrors)
 def resume_run(
     run_id: str = typer.Argument(..., help="MLflow run id of the run to continue"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow tracking URI the run is in"),

@@ -92,7 +92,10 @@ def psro_flow(
     """
     from marl_core.tracking import RunTracker
 
+    from flows.preflight import preflight
+
     config = PSROConfig(**config) if isinstance(config, dict) else config
+    preflight(config)  # deployments start here, not at the CLI: same checks before any work
     run_started = time.perf_counter()
     checkpoint = _checkpoint(config, resume_run_id) if resume_run_id else None
     state = psro.resumed_state(checkpoint) if checkpoint else psro.initial_state(build_tree(config.game))

@@ -132,6 +132,9 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
     """
     import ray
 
+    # Ray's token authentication stays on; its start-up notice that it is on is not news worth
+    # a console line between the run's own lines (`ray get-auth-token` prints the token).
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if address:
         ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=False)
     else:

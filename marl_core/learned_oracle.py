@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from marl_core.exploitability import mixed_reach
-from marl_core.game_tree import GameTree, profile_values, sequence_reach
-from marl_core.rl import ALGORITHMS
+from marl_core.game_tree import GameTree, best_response, profile_values, sequence_reach
+from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rollout import LearnerSpec, RolloutRequest, TabularPopulation
 from marl_core.tabularize import infostate_observations, tabularize
 
@@ -70,7 +70,7 @@ def train_best_response(config, tree: GameTree, player: int, populations, meta_s
             if len(share)
         ]
         results = pool.collect(requests)
-        experience = type(results[0].experience).concat([r.experience for r in results])
+        experience = Experience.concat([r.experience for r in results])
         trainer.learn(experience)
         episodes += sum(len(r.episode_returns) for r in results)
         env_steps += sum(r.env_steps for r in results)
@@ -79,8 +79,11 @@ def train_best_response(config, tree: GameTree, player: int, populations, meta_s
 
     policy = tabularize(trainer.policy, tree, player)
     value = exact_value(tree, player, policy, populations, meta_strategy)
+    exact_best = best_response(tree, player, mixed_reach(tree, populations, meta_strategy))[0]
     recent = np.concatenate(returns[-max(1, len(returns) // 10):])
     metrics = {
+        "value": value,
+        "gap_to_exact": exact_best - value,  # how far from a true best response it stayed
         "episodes": float(episodes),
         "env_steps": float(env_steps),
         "training_return": float(recent.mean()),

@@ -64,10 +64,17 @@ class PayoffTable:
         self.episodes[index] = episodes
         self.known[index] = True
 
-    def to_frame(self) -> pd.DataFrame:
+    def to_frame(self, beyond: tuple[int, ...] | None = None) -> pd.DataFrame:
         """One row per evaluated profile: the members played, each player's payoff and
-        standard error, and the episodes behind it (0: exact)."""
-        known = self.known.reshape(-1)
+        standard error, and the episodes behind it (0: exact).
+
+        With `beyond` (earlier population sizes), only the profiles outside that box: the
+        entries added since the table had those sizes.
+        """
+        known = self.known.copy()
+        if beyond is not None:
+            known[tuple(slice(0, n) for n in beyond)] = False
+        known = known.reshape(-1)
         grid = np.indices(self.sizes).reshape(self.num_players, -1)[:, known]
         columns: dict[str, np.ndarray] = {}
         for p in range(self.num_players):

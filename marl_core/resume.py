@@ -27,6 +27,9 @@ from marl_core.policies import policy_from_dict
 
 COMMITTED_TAG = "psro.committed_iteration"
 CONFIG_ARTIFACT = "config.json"
+# Each iteration logs only the payoff entries it added (payoffs/iteration_NNNN.csv); the whole
+# table is the union of those files, and is logged once more at the end of a run.
+FINAL_PAYOFFS = "payoffs/final.csv"
 
 
 class ResumeError(ValueError):
@@ -109,9 +112,12 @@ def read_iteration(client, run_id: str, game: str, iteration: int, scratch: str)
     tree = build_tree(game)
     meta = json.loads(Path(client.download_artifacts(run_id, f"meta_strategy/iteration_{iteration:04d}.json", scratch)).read_text())
     meta_strategy = [np.asarray(meta[str(p)], dtype=np.float64) for p in range(tree.num_players)]
-    csv = client.download_artifacts(run_id, f"payoffs/iteration_{iteration:04d}.csv", scratch)
-    frame = pd.read_csv(csv, float_precision="round_trip")  # the default parser may round the last bit
-    payoffs = PayoffTable.from_frame(frame)
+    frames = [
+        # the default parser may round the last bit; round_trip reads back exactly what was written
+        pd.read_csv(client.download_artifacts(run_id, f"payoffs/iteration_{i:04d}.csv", scratch), float_precision="round_trip")
+        for i in range(iteration + 1)
+    ]
+    payoffs = PayoffTable.from_frame(pd.concat(frames, ignore_index=True))
     populations = []
     for player, weights in enumerate(meta_strategy):
         members = []

@@ -21,7 +21,7 @@ import numpy as np
 from marl_core import plots
 from marl_core.game_tree import build_tree
 from marl_core.policies import policy_to_dict
-from marl_core.resume import COMMITTED_TAG, CONFIG_ARTIFACT
+from marl_core.resume import COMMITTED_TAG, CONFIG_ARTIFACT, FINAL_PAYOFFS
 
 NEWEST_ALIAS = "newest"
 
@@ -61,7 +61,9 @@ class RunTracker:
         self._history: list = []
         self._earlier_curve: list[tuple[int, float, float]] = []  # a resumed run's committed points
         self._versions: dict[tuple[int, int], str] = {}  # (player, member) -> registry version
-        if resume is not None:  # committed members are registered already
+        self._logged_sizes: tuple[int, ...] = (0,) * config.num_players  # payoff rows already logged
+        if resume is not None:  # committed members are registered, their payoffs logged
+            self._logged_sizes = resume.payoffs.sizes
             for player, population in enumerate(resume.populations):
                 self._versions.update({(player, member): "" for member in range(len(population))})
 
@@ -81,13 +83,14 @@ class RunTracker:
         ]
         for player, member, _, _ in new_members:
             self._versions[(player, member)] = ""  # reserved; filled by the tracking thread
-        frame = state.payoffs.to_frame()
+        frame = state.payoffs.to_frame(beyond=self._logged_sizes)  # only this iteration's entries
+        self._logged_sizes = state.payoffs.sizes
         self._submit(self._log_iteration, record, frame, new_members)
 
     def finish(self, state) -> None:
         payoff_mean = state.payoffs.mean.copy()
         meta = [m.copy() for m in state.meta_strategy]
-        self._submit(self._finish, payoff_mean, meta)
+        self._submit(self._finish, payoff_mean, meta, state.payoffs.to_frame())
         self._drain()
 
     def __exit__(self, exc_type, exc, traceback) -> None:
@@ -217,7 +220,8 @@ class RunTracker:
         self.client.set_registered_model_alias(name, NEWEST_ALIAS, version.version)
         self._versions[(player, member)] = version.version
 
-    def _finish(self, payoff_mean: np.ndarray, meta_strategy) -> None:
+    def _finish(self, payoff_mean: np.ndarray, meta_strategy, frame) -> None:
+        self.client.log_text(self.run_id, frame.to_csv(index=False), FINAL_PAYOFFS)
         curve = self._earlier_curve + [(r.iteration, r.report.exploitability, r.report.nash_conv) for r in self._history]
         figure = plots.exploitability_curve(
             [point[0] for point in curve],

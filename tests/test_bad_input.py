@@ -66,12 +66,9 @@ ROWS = [
     Row("unknown oracle", ("--oracle", "sarsa"), "unknown oracle 'sarsa'; choose one of: dqn, exact, ppo"),
     Row("unknown evaluator", ("--eval", "approximate"), "eval='approximate': Input should be 'exact' or 'sampled'"),
     # wrong types
-    pytest.param(
-        Row("flag of wrong type", ("--iterations", "abc"),
-            "iterations='abc': Input should be a valid integer, unable to parse string as an integer"),
-        marks=pytest.mark.xfail(strict=True, reason="typer prints its usage error as a multi-line box; "
-                                "flows/cli.py needs a command class that turns click's BadParameter into one line"),
-    ),
+    Row("flag of wrong type", ("--iterations", "abc"),
+        "iterations='abc': Input should be a valid integer, unable to parse string as an integer"),
+    Row("unknown flag", ("--learning-rate", "0.1"), "No such option: --learning-rate"),
     Row("YAML boolean for a count", (), "iterations=True: expected a whole number, got True", config="iterations: yes\n"),
     Row("YAML text for a count", (), "episodes='ten': Input should be a valid integer, unable to parse string as an integer",
         config='episodes: "ten"\n'),
@@ -88,10 +85,11 @@ ROWS = [
     Row("learned oracle without tensors", ("--oracle", "dqn", "--game", "tic_tac_toe"),
         "oracle 'dqn' needs a game with information-state tensors (network inputs); 'tic_tac_toe' has none: use oracle 'exact'"),
     Row("exact eval on a PettingZoo env", ("--game", "pettingzoo:mpe2.simple_spread_v3", "--eval", "exact"),
-        "unknown game 'pettingzoo:mpe2.simple_spread_v3'; run `psro games` to list games"),
+        "game 'pettingzoo:mpe2.simple_spread_v3' is a PettingZoo environment; psro run needs an OpenSpiel game string "
+        "(exact payoffs and exploitability walk the game tree): run `psro games` to list them"),
     # config files
     Row("missing config file", ("--config", "absent.yaml"), "cannot read config file 'absent.yaml': No such file or directory"),
-    Row("malformed YAML", (), "config file 'run.yaml' is not valid YAML: while parsing a flow sequence", config="game: [kuhn_poker\n"),
+    Row("malformed YAML", (), "config file 'run.yaml' is not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'", config="game: [kuhn_poker\n"),
     Row("YAML list", (), "config file 'run.yaml' must hold a mapping of settings, got list", config="- kuhn_poker\n- leduc_poker\n"),
     Row("unknown YAML key", (), "learning_rate=0.1: Extra inputs are not permitted", config="game: kuhn_poker\nlearning_rate: 0.1\n"),
     # nested settings
@@ -99,12 +97,8 @@ ROWS = [
     Row("zero rollout workers", (), "rollout.workers=0: Input should be greater than 0", config="rollout: {workers: 0}\n"),
     Row("section that is not a mapping", (), "best_response=5: Input should be a valid dictionary or instance of BestResponseTraining",
         config="best_response: 5\n"),
-    pytest.param(
-        Row("DQN buffer smaller than a batch", (), "dqn: buffer_size 10 is smaller than batch_size 64",
-            config="dqn: {batch_size: 64, buffer_size: 10}\n"),
-        marks=pytest.mark.xfail(strict=True, reason="marl_core/config.py's _one_line prints the whole merged dqn "
-                                "section (every hyperparameter) as the bad value of a cross-field check"),
-    ),
+    Row("DQN buffer smaller than a batch", (), "dqn: buffer_size 10 is smaller than batch_size 64",
+        config="dqn: {batch_size: 64, buffer_size: 10}\n"),
     # the outside world (flows/preflight.py)
     Row("Ray address refused", ("--ray-address", "127.0.0.1:1"),
         f"ray_address='127.0.0.1:1': nothing answers at 127.0.0.1:1 (connection refused); {EXPECTED_RAY}"),

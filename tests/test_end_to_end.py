@@ -68,13 +68,17 @@ def test_mlflow_holds_params_metrics_and_artifacts(finished_run):
 
     artifacts = {a.path for folder in ("payoffs", "meta_strategy", "plots")
                  for a in client.list_artifacts(run.info.run_id, folder)}
-    assert f"payoffs/iteration_{ITERATIONS:04d}.csv" in artifacts
+    assert {f"payoffs/iteration_{i:04d}.csv" for i in range(ITERATIONS + 1)} | {"payoffs/final.csv"} <= artifacts
     assert f"meta_strategy/iteration_{ITERATIONS:04d}.json" in artifacts
     assert {"plots/exploitability.png", "plots/payoff_heatmap.png"} <= artifacts
     table = pd.read_csv(mlflow.artifacts.download_artifacts(
-        run_id=run.info.run_id, artifact_path=f"payoffs/iteration_{ITERATIONS:04d}.csv",
+        run_id=run.info.run_id, artifact_path="payoffs/final.csv",
         tracking_uri=f"sqlite:///{finished_run[0]}/mlflow.db"))
     assert len(table) == (ITERATIONS + 1) ** 2
+    newest = pd.read_csv(mlflow.artifacts.download_artifacts(  # an iteration logs only its new entries
+        run_id=run.info.run_id, artifact_path=f"payoffs/iteration_{ITERATIONS:04d}.csv",
+        tracking_uri=f"sqlite:///{finished_run[0]}/mlflow.db"))
+    assert len(newest) == 2 * ITERATIONS + 1 and ((newest["member_0"] == ITERATIONS) | (newest["member_1"] == ITERATIONS)).all()
     assert (table["payoff_0"] + table["payoff_1"]).abs().max() < 1e-12  # zero-sum, exact
 
 
@@ -162,7 +166,7 @@ def test_sampled_evaluation_fans_out_through_the_flow(tmp_path):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("sampled").experiment_id])[0]
     table = pd.read_csv(mlflow.artifacts.download_artifacts(
-        run_id=run.info.run_id, artifact_path="payoffs/iteration_0002.csv",
+        run_id=run.info.run_id, artifact_path="payoffs/final.csv",
         tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
     assert len(table) == 9 and (table["episodes"] == 200).all()
     assert (table["stderr_0"] > 0).all() and (table["stderr_0"] < 0.2).all()

@@ -59,7 +59,7 @@ def _cli(*args):
 
 
 def _stored_payoffs(uri: str, run_id: str) -> pd.DataFrame:
-    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"payoffs/iteration_{ITERATIONS:04d}.csv", tracking_uri=uri)
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="payoffs/final.csv", tracking_uri=uri)
     return pd.read_csv(path)
 
 

@@ -21,7 +21,7 @@ from processes import assert_all_exited
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS = 24
+ITERATIONS = 16
 PSRO = str(Path(sys.executable).with_name("psro"))
 
 
@@ -42,7 +42,7 @@ def _only_run(client, experiment: str):
 
 
 def _final(client, run_id: str) -> tuple[str, dict]:
-    payoffs = Path(client.download_artifacts(run_id, f"payoffs/iteration_{ITERATIONS:04d}.csv")).read_text()
+    payoffs = Path(client.download_artifacts(run_id, "payoffs/final.csv")).read_text()
     meta = json.loads(Path(client.download_artifacts(run_id, f"meta_strategy/iteration_{ITERATIONS:04d}.json")).read_text())
     return payoffs, meta
 
@@ -70,7 +70,7 @@ def test_a_run_killed_mid_iteration_resumes_to_the_uninterrupted_result(tmp_path
 
     crashing = subprocess.Popen([PSRO, "run", *_settings(store, "crash")], cwd=tmp_path, env=_env(home),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run_id = _wait_for_commit(client, "crash", at_least=6, process=crashing)
+    run_id = _wait_for_commit(client, "crash", at_least=5, process=crashing)
     os.kill(crashing.pid, signal.SIGKILL)  # the driver only: no clean-up code runs
     crashing.wait()
     killed_at = int(client.get_run(run_id).data.tags[COMMITTED_TAG])
