@@ -223,7 +223,7 @@ def export_run(client, run_id: str, directory: Path) -> dict:
     from marl_core.exploitability import NashConvReport, nash_conv
     from marl_core.export import write_export
     from marl_core.game_tree import build_tree
-    from marl_core.policies import policy_from_dict
+    from marl_core.resume import read_population
 
     run = _finished_run(client, run_id)
     game = run.data.params.get("game")
@@ -235,14 +235,7 @@ def export_run(client, run_id: str, directory: Path) -> dict:
     iteration = history["nash_conv"][-1].step
     tree = build_tree(game)
     with tempfile.TemporaryDirectory() as scratch:
-        meta_path = f"meta_strategy/iteration_{iteration:04d}.json"
-        meta = json.loads(Path(client.download_artifacts(run_id, meta_path, scratch)).read_text())
-        folder = Path(client.download_artifacts(run_id, "population", scratch))
-        meta_strategy = [np.asarray(meta[str(p)], dtype=np.float64) for p in range(tree.num_players)]
-        populations = []
-        for player, weights in enumerate(meta_strategy):
-            tables = [json.loads((folder / f"player_{player}" / f"member_{k}" / "policy.json").read_text()) for k in range(len(weights))]
-            populations.append(np.stack([policy_from_dict(tree.players[player], t) for t in tables]))
+        populations, meta_strategy = read_population(client, run_id, game, iteration, scratch)
     logged = NashConvReport(history["nash_conv"][-1].value, history["exploitability"][-1].value, [], [])
     config = SimpleNamespace(game=game, meta_solver=run.data.params.get("meta_solver"), oracle=run.data.params.get("oracle"))
     wall = ((run.info.end_time or run.info.start_time) - run.info.start_time) / 1000

@@ -107,17 +107,11 @@ def load_checkpoint(client, run_id: str) -> Checkpoint:
     return Checkpoint(run_id, config, iteration, populations, payoffs, meta_strategy)
 
 
-def read_iteration(client, run_id: str, game: str, iteration: int, scratch: str):
-    """Populations, payoff table and meta-strategies exactly as iteration `iteration` left them."""
+def read_population(client, run_id: str, game: str, iteration: int, scratch: str):
+    """The meta-strategies iteration `iteration` solved and the population members they weigh."""
     tree = build_tree(game)
     meta = json.loads(Path(client.download_artifacts(run_id, f"meta_strategy/iteration_{iteration:04d}.json", scratch)).read_text())
     meta_strategy = [np.asarray(meta[str(p)], dtype=np.float64) for p in range(tree.num_players)]
-    frames = [
-        # the default parser may round the last bit; round_trip reads back exactly what was written
-        pd.read_csv(client.download_artifacts(run_id, f"payoffs/iteration_{i:04d}.csv", scratch), float_precision="round_trip")
-        for i in range(iteration + 1)
-    ]
-    payoffs = PayoffTable.from_frame(pd.concat(frames, ignore_index=True))
     populations = []
     for player, weights in enumerate(meta_strategy):
         members = []
@@ -126,4 +120,16 @@ def read_iteration(client, run_id: str, game: str, iteration: int, scratch: str)
             table = json.loads(Path(client.download_artifacts(run_id, path, scratch)).read_text())
             members.append(policy_from_dict(tree.players[player], table))
         populations.append(np.stack(members))
+    return populations, meta_strategy
+
+
+def read_iteration(client, run_id: str, game: str, iteration: int, scratch: str):
+    """Populations, payoff table and meta-strategies exactly as iteration `iteration` left them."""
+    populations, meta_strategy = read_population(client, run_id, game, iteration, scratch)
+    frames = [
+        # the default parser may round the last bit; round_trip reads back exactly what was written
+        pd.read_csv(client.download_artifacts(run_id, f"payoffs/iteration_{i:04d}.csv", scratch), float_precision="round_trip")
+        for i in range(iteration + 1)
+    ]
+    payoffs = PayoffTable.from_frame(pd.concat(frames, ignore_index=True))
     return populations, payoffs, meta_strategy

@@ -13,6 +13,10 @@ Three rules keep the numbers honest and the worker fast:
 - A request is deterministic given its seed and weights version, and returns whole episodes
   only. A worker that dies mid-request can be restarted and the request replayed without losing
   or double-counting an episode.
+
+The worker steps its copies itself rather than through `VectorEnv`: a request gives each copy
+an exact number of whole episodes, so a copy that has played its share stops instead of
+being reset.
 """
 
 from __future__ import annotations
