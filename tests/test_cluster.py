@@ -132,7 +132,7 @@ def test_ray_address_comes_from_the_environment(monkeypatch):
     from flows import cli
 
     seen = []
-    monkeypatch.setattr(cli, "_run", seen.append)
+    monkeypatch.setattr(cli, "_run", lambda config, resume_run_id=None: seen.append(config))
     monkeypatch.setattr("flows.preflight.preflight", lambda config: None)  # no cluster listens here
     runner = CliRunner()
     assert runner.invoke(cli.app, ["run"], env={"RAY_ADDRESS": "127.0.0.1:6379"}).exit_code == 0
