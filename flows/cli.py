@@ -112,12 +112,12 @@ def resume_run(
 def _run(config, resume_run_id: Optional[str] = None) -> None:
     import os
 
-    from flows.runtime import prefect_api  # standard library only: start the server first
+    from flows.runtime import prefect_api, reap_on_crash  # standard library only: start the server first
 
     # Prefect's console shows warnings only (three INFO lines per iteration would bury the
     # progress lines); its API handler keeps every level, so the UI still has all logs.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    with prefect_api() as api:
+    with reap_on_crash(), prefect_api() as api:
         console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}", highlight=False)
         _run_with(config, api, resume_run_id)
 

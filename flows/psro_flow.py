@@ -20,7 +20,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 
 import tasks
 from flows.ray_runner import FastRayTaskRunner
-from flows.runtime import prefect_api, ray_session, warm_up_workers
+from flows.runtime import prefect_api, ray_session, reap_on_crash, warm_up_workers
 from marl_core import psro
 from marl_core.config import PSROConfig
 from marl_core.game_tree import build_tree
@@ -105,6 +105,7 @@ def psro_flow(
         # a work-pool worker), its iterations run without them.
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         if not ray.is_initialized():  # run by a deployment: one Ray session for all iterations
+            stack.enter_context(reap_on_crash())
             api_url = os.environ.get("PREFECT_API_URL")
             worker_env = {"PREFECT_API_URL": api_url} if api_url else {}
             stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
@@ -157,6 +158,7 @@ def run_psro(
     from marl_core.tracking import prepare_store
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(reap_on_crash())
         api_url, wait_for_api = api or stack.enter_context(prefect_api())
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         store = stack.enter_context(ThreadPoolExecutor(max_workers=1)).submit(prepare_store, config.tracking_uri)

@@ -90,6 +90,30 @@ class LocalPrefectServer:
 
 
 @contextlib.contextmanager
+def reap_on_crash() -> Iterator[None]:
+    """Mark this process's environment so that a watcher can stop everything started from here
+    if this process dies without doing it itself (see `flows/reaper.py`)."""
+    import uuid
+
+    from flows.reaper import MARKER
+
+    if MARKER in os.environ:  # an outer caller already watches this process
+        yield
+        return
+    os.environ[MARKER] = uuid.uuid4().hex
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "flows.reaper", str(os.getpid()), os.environ[MARKER]],
+        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        watcher.terminate()
+        watcher.wait(timeout=10)
+        os.environ.pop(MARKER, None)
+
+
+@contextlib.contextmanager
 def prefect_api(home: Path | None = None) -> Iterator[tuple[str, Callable[[], None]]]:
     """Yield the Prefect API URL and a function that waits until it answers.
 

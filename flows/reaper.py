@@ -1,0 +1,67 @@
+"""Stops every process a run started once the run's driver has died without stopping them.
+
+A driver killed with SIGKILL runs no clean-up: its Prefect server, Ray's raylet and Ray's agents
+would live on. Before starting any of them the driver marks its environment with a token, which
+every child inherits, and starts this watcher in a session of its own. When the driver is gone,
+the watcher terminates every process that carries the token (SIGTERM, then SIGKILL), then exits.
+A driver that ends normally stops its services itself and then stops the watcher.
+
+Usage: ``python -m flows.reaper DRIVER_PID TOKEN`` (Linux: reads /proc).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+MARKER = "PSRO_RUN_TOKEN"
+
+
+def marked_processes(token: str) -> list[int]:
+    entry = f"{MARKER}={token}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if entry in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def reap(token: str, grace: float = 5.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in marked_processes(token):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while marked_processes(token) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def main(driver: int, token: str) -> None:
+    while _alive(driver):
+        time.sleep(0.5)
+    reap(token)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])
