@@ -2,9 +2,11 @@
 
 A driver killed with SIGKILL runs no clean-up: its Prefect server, Ray's raylet and Ray's agents
 would live on. Before starting any of them the driver marks its environment with a token, which
-every child inherits, and starts this watcher in a session of its own. When the driver is gone,
-the watcher terminates every process that carries the token (SIGTERM, then SIGKILL), then exits.
-A driver that ends normally stops its services itself and then stops the watcher.
+every child inherits, and starts this watcher in a session of its own. While the driver lives,
+the watcher keeps a list of its descendants (Ray's agents rename themselves and clobber their
+environment, so the token alone does not find them); when the driver is gone, it terminates
+those and every process that carries the token (SIGTERM, then SIGKILL), then exits. A driver
+that ends normally stops its services itself and then stops the watcher.
 
 Usage: ``python -m flows.reaper DRIVER_PID TOKEN`` (Linux: reads /proc).
 """
@@ -34,6 +36,32 @@ def marked_processes(token: str) -> list[int]:
     return found
 
 
+def _started(pid: int) -> str | None:
+    """The process's start time: tells a remembered process from a new one with a reused pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(root: int) -> dict[int, str]:
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(proc.name))
+    found, stack = {}, list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        if pid != os.getpid() and (started := _started(pid)) is not None:
+            found[pid] = started
+        stack.extend(children.get(pid, []))
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -45,22 +73,28 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
 
 
-def reap(token: str, grace: float = 5.0) -> None:
+def reap(token: str, remembered: dict[int, str], grace: float = 5.0) -> None:
+    def targets() -> list[int]:
+        still = [pid for pid, started in remembered.items() if _started(pid) == started]
+        return sorted(set(still) | set(marked_processes(token)))
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in marked_processes(token):
+        for pid in targets():
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
-        while marked_processes(token) and time.monotonic() < deadline:
+        while targets() and time.monotonic() < deadline:
             time.sleep(0.2)
 
 
 def main(driver: int, token: str) -> None:
+    remembered: dict[int, str] = {}
     while _alive(driver):
+        remembered.update(descendants(driver))
         time.sleep(0.5)
-    reap(token)
+    reap(token, remembered)
 
 
 if __name__ == "__main__":
