@@ -78,8 +78,9 @@ def train_best_response(config, tree: GameTree, player: int, populations, meta_s
     pool.drop(learner.key)
 
     policy = tabularize(trainer.policy, tree, player)
-    value = exact_value(tree, player, policy, populations, meta_strategy)
-    exact_best = best_response(tree, player, mixed_reach(tree, populations, meta_strategy))[0]
+    reaches = mixed_reach(tree, populations, meta_strategy)
+    value = exact_value(tree, player, policy, reaches)
+    exact_best = best_response(tree, player, reaches)[0]
     recent = np.concatenate(returns[-max(1, len(returns) // 10):])
     metrics = {
         "value": value,
@@ -93,8 +94,9 @@ def train_best_response(config, tree: GameTree, player: int, populations, meta_s
     return policy, value, weights, metrics
 
 
-def exact_value(tree: GameTree, player: int, policy: np.ndarray, populations, meta_strategy) -> float:
-    """The exact expected return of `policy` for `player` against the others' mixture."""
-    reaches = mixed_reach(tree, populations, meta_strategy)
+def exact_value(tree: GameTree, player: int, policy: np.ndarray, reaches: list[np.ndarray]) -> float:
+    """The exact expected return of `policy` for `player` against the others' mixture
+    (`reaches`: every player's mixed sequence reach, as `mixed_reach` gives)."""
+    reaches = list(reaches)
     reaches[player] = sequence_reach(tree.players[player], policy[None])[0]
     return float(profile_values(tree, reaches)[player])

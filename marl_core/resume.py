@@ -58,9 +58,10 @@ def _client(tracking_uri: str):
 
 def resume_settings(tracking_uri: str, run_id: str) -> dict:
     """The settings a run was started with (for `psro resume RUN_ID`)."""
-    checkpoint_run = _committed_run(_client(tracking_uri), run_id)
+    client = _client(tracking_uri)
+    _committed_run(client, run_id)
     with tempfile.TemporaryDirectory() as scratch:
-        path = _client(tracking_uri).download_artifacts(checkpoint_run.info.run_id, CONFIG_ARTIFACT, scratch)
+        path = client.download_artifacts(run_id, CONFIG_ARTIFACT, scratch)
         return {**json.loads(Path(path).read_text()), "tracking_uri": tracking_uri}
 
 

@@ -116,6 +116,7 @@ class RolloutWorker:
         policy, version = self._learner_policy(request.learner, request.weights_version)
         rng = np.random.default_rng(request.seed)
         opponents = list(request.opponents.items())
+        opponent_index = {agent: k for k, (agent, _) in enumerate(opponents)}  # looked up every step
         rows = {agent: self._infostate_rows(population) for agent, population in opponents}
         agents = self.spec.agents
         learners = set(request.learner_agents)
@@ -151,8 +152,9 @@ class RolloutWorker:
                         learner_obs.append(step.observations[agent])
                         learner_mask.append(step.action_masks[agent])
                     else:
-                        k = _opponent_index(opponents, agent)
-                        opponent_at[k].append((i, agent, rows[agent][step.infos[agent]["infostate"]]))
+                        if agent not in opponent_index:
+                            raise ValueError(f"agent {agent!r} is neither a learner nor has an opponent population")
+                        opponent_at[opponent_index[agent]].append((i, agent, rows[agent][step.infos[agent]["infostate"]]))
             if learner_at:
                 obs, mask = np.stack(learner_obs), np.stack(learner_mask)
                 chosen, extras = policy.act(obs, mask, request.explore, rng)
@@ -192,13 +194,6 @@ class RolloutWorker:
             weights_version=version,
             seconds=time.perf_counter() - started,
         )
-
-
-def _opponent_index(opponents, agent) -> int:
-    for k, (name, _) in enumerate(opponents):
-        if name == agent:
-            return k
-    raise ValueError(f"agent {agent!r} is neither a learner nor has an opponent population")
 
 
 def _sample_rows(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -110,7 +110,7 @@ def test_learned_best_response_to_a_fixed_kuhn_opponent_is_within_002_of_exact(o
     for player in range(2):
         policy, value, weights, metrics = train_best_response(config, tree, player, populations, meta, iteration=1, pool=pool)
         exact = _exact_best_response_value(tree, player, populations, meta)
-        assert value == pytest.approx(exact_value(tree, player, policy, populations, meta))
+        assert value == pytest.approx(exact_value(tree, player, policy, mixed_reach(tree, populations, meta)))
         assert exact - value <= 0.02, f"{oracle} player {player}: learned {value:.4f}, exact best response {exact:.4f}"
         assert metrics["episodes"] == config.best_response.episodes
         assert set(weights) == set(ALGORITHMS[oracle].policy(11, 2, getattr(config, oracle)).get_weights())
