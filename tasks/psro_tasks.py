@@ -47,6 +47,8 @@ def _log_ray_node() -> None:
 @task(name="train-best-response", **_retrying)
 def train_best_response(config, player: int, populations, meta_strategy, iteration: int, pool=None):
     _log_ray_node()
+    if pool is not None:
+        get_run_logger().info("rollout workers on Ray nodes %s", ", ".join(pool.node_ids()))
     return psro.best_response(config, player, populations, meta_strategy, iteration, pool)
 
 

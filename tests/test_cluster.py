@@ -1,8 +1,15 @@
 """The same `psro run`, on an existing two-node Ray cluster (`--ray-address`).
 
-Both nodes run on this machine on loopback only, one CPU each, so every fan-out (two players'
-best responses, `--eval sampled` split in two chunks) must use both. Each task logs the Ray node
-it ran on (tasks/psro_tasks.py); the test reads those lines back from Prefect's task-run logs.
+Both nodes run on this machine on loopback only, one CPU each. The run uses a learned oracle, so
+each iteration's best responses fan out over rollout workers (Ray actors), which the pool spreads
+over the nodes; `--eval sampled` adds an evaluation split in two chunks. Each task logs the Ray
+node it ran on, and each best-response task the nodes of its rollout workers
+(tasks/psro_tasks.py); the test reads those lines back from Prefect's task-run logs.
+
+Why the rollout workers and not the tasks carry the assertion: where Ray runs a short task is up
+to its scheduler (a leased worker that is free again takes the next task of its kind), so "some
+task ran on the second node" holds most runs but not all. Actors placed with SPREAD land on both
+nodes every time.
 
 Why `ray.cluster_utils.Cluster` and not two `ray start`: `ray start` replaces 127.0.0.1 with the
 machine's network address, and a second `ray start` on one machine refuses to keep it on
@@ -20,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -28,7 +36,7 @@ import pytest
 from processes import assert_all_exited
 
 ROOT = Path(__file__).resolve().parents[1]
-ITERATIONS = 3
+ITERATIONS = 2
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -82,6 +90,8 @@ def _nodes_of_tasks(api_url: str) -> dict[str, set[str]]:
     for log in logs:
         if log.message.startswith("on Ray node "):
             nodes[names[log.task_run_id]].add(log.message.removeprefix("on Ray node "))
+        elif log.message.startswith("rollout workers on Ray nodes "):
+            nodes["rollout-workers"].update(log.message.removeprefix("rollout workers on Ray nodes ").split(", "))
     return dict(nodes)
 
 
@@ -105,9 +115,15 @@ def test_psro_runs_on_both_nodes_of_a_cluster(prefect_server, two_node_cluster, 
     server.wait()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
     env.update(LOOPBACK_ONLY, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=server.url)
+    settings = tmp_path / "small-dqn.yaml"  # a short learned response: the point is where it runs
+    settings.write_text(textwrap.dedent("""
+        best_response: {episodes: 1000, episodes_per_round: 250}
+        rollout: {workers: 2, envs_per_worker: 8}
+    """))
     command = [
-        str(Path(sys.executable).with_name("psro")), "run", "--game", "kuhn_poker", "--iterations", str(ITERATIONS),
-        "--eval", "sampled", "--episodes", "200", "--ray-address", two_node_cluster["address"],
+        str(Path(sys.executable).with_name("psro")), "run", "--config", str(settings), "--game", "kuhn_poker",
+        "--oracle", "dqn", "--iterations", str(ITERATIONS), "--eval", "sampled", "--episodes", "200",
+        "--ray-address", two_node_cluster["address"],
         "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--experiment", "cluster",
     ]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -120,9 +136,9 @@ def test_psro_runs_on_both_nodes_of_a_cluster(prefect_server, two_node_cluster, 
     artifact.parent.mkdir(exist_ok=True)
     artifact.write_text(f"nodes: {two_node_cluster['nodes']}\n{report}\n")
     print(report)
-    assert set().union(*nodes.values()) == set(two_node_cluster["nodes"]), report
+    assert nodes.get("rollout-workers") == set(two_node_cluster["nodes"]), report
     assert {"train-best-response", "evaluate-payoffs"} <= set(nodes), report
-    assert "done: 3 iterations" in result.stdout
+    assert f"done: {ITERATIONS} iterations" in result.stdout
 
 
 def test_ray_address_comes_from_the_environment(monkeypatch):
