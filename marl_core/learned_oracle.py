@@ -90,8 +90,7 @@ def train_best_response(config, tree: GameTree, player: int, populations, meta_s
         "training_return": float(recent.mean()),
         "seconds": time.perf_counter() - started,
     }
-    weights = {name: tensor.detach().clone() for name, tensor in trainer.policy.get_weights().items()}
-    return policy, value, weights, metrics
+    return policy, value, trainer.policy.get_weights(), metrics
 
 
 def exact_value(tree: GameTree, player: int, policy: np.ndarray, reaches: list[np.ndarray]) -> float:

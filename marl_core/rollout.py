@@ -28,6 +28,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from marl_core.envs import AgentID, MultiAgentEnv, TimeStep, make_env
+from marl_core.policies import sample_rows
 from marl_core.rl import ALGORITHMS, Experience
 
 
@@ -130,7 +131,7 @@ class RolloutWorker:
 
         def begin(i: int, step: TimeStep) -> None:
             draws = [population.draw(rng) for _, population in opponents]
-            live[i], steps[i] = _Episode(draws, learners, len(agents)), step
+            live[i], steps[i] = _Episode(draws, len(agents)), step
 
         # Each copy's chance stream is seeded once per request; later episodes continue it.
         for i, env in enumerate(self.envs):
@@ -166,7 +167,7 @@ class RolloutWorker:
                     population = opponents[k][1]
                     member = np.array([live[i].draws[k] for i, _, _ in at])
                     probs = population.members[member, [row for _, _, row in at]]
-                    chosen = _sample_rows(probs, rng)
+                    chosen = sample_rows(probs, rng)
                     for j, (i, agent, _) in enumerate(at):
                         actions[i][agent] = int(chosen[j])
 
@@ -196,13 +197,6 @@ class RolloutWorker:
         )
 
 
-def _sample_rows(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One action per row of [B, A] probabilities, illegal (zero) actions never drawn."""
-    cdf = np.cumsum(probs, axis=1)
-    u = rng.random(len(probs)) * cdf[:, -1]
-    return np.minimum((cdf <= u[:, None]).sum(axis=1), probs.shape[1] - 1)
-
-
 class _Episode:
     """One episode's bookkeeping: the learner agents' open transitions and everyone's returns.
 
@@ -211,9 +205,8 @@ class _Episode:
     of the environment from its point of view.
     """
 
-    def __init__(self, draws: list[int], learners: set[AgentID], num_agents: int):
+    def __init__(self, draws: list[int], num_agents: int):
         self.draws = draws
-        self.learners = learners
         self.returns = np.zeros(num_agents)
         self.transitions: dict[AgentID, list[dict]] = {}  # per agent, in time order
         self._open: dict[AgentID, dict] = {}

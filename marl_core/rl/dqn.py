@@ -1,4 +1,4 @@
-"""Double DQN with legal-action masks, read top to bottom: config, replay buffer, trainer.
+"""Double DQN with legal-action masks, read top to bottom: replay buffer, trainer (hyperparameters: `rl.settings`).
 
 The trainer never steps an environment. Rollout workers act with `trainer.policy` (or a copy
 rebuilt from its weights), hand transitions back as `Experience`, and the trainer:

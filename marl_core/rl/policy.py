@@ -13,17 +13,14 @@ a buffer, so a worker that loads the weights explores exactly as the trainer int
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
+from marl_core.policies import sample_rows
 from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp
-
-if TYPE_CHECKING:  # the configs live with their algorithms, which import these policies
-    from marl_core.rl.dqn import DQNConfig
-    from marl_core.rl.ppo import PPOConfig
+from marl_core.rl.settings import DQNConfig, PPOConfig
 
 
 class Policy(nn.Module, abc.ABC):
@@ -71,18 +68,6 @@ class Policy(nn.Module, abc.ABC):
 def _uniform_legal(mask: np.ndarray, generator: np.random.Generator) -> np.ndarray:
     """One uniformly random legal action per row: the argmax of iid uniforms over legal entries."""
     return np.where(mask, generator.random(mask.shape), -1.0).argmax(axis=1)
-
-
-def _sample(probs: np.ndarray, generator: np.random.Generator) -> np.ndarray:
-    """One draw per row of a categorical distribution by inverting its CDF.
-
-    The uniform is scaled by the row total, so it stays below the final CDF value even when the
-    probabilities sum to slightly less than 1; zero-probability (illegal) actions occupy an empty
-    interval of the CDF and can never be drawn.
-    """
-    cdf = np.cumsum(probs, axis=1)
-    u = generator.random(len(probs)) * cdf[:, -1]
-    return (cdf <= u[:, None]).sum(axis=1)
 
 
 class QPolicy(Policy):
@@ -159,7 +144,7 @@ class ActorCriticPolicy(Policy):
             log_probs = torch.log_softmax(self.logits(obs_t, mask_t), dim=-1)
             value = self.value(obs_t)
         if explore:
-            action = _sample(log_probs.double().exp().numpy(), generator)
+            action = sample_rows(log_probs.double().exp().numpy(), generator)
         else:
             action = masked_argmax(log_probs, mask_t).numpy()
         logp = log_probs.numpy()[np.arange(len(action)), action]

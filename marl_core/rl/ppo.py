@@ -1,4 +1,4 @@
-"""PPO with legal-action masks, read top to bottom: config, GAE, trainer.
+"""PPO with legal-action masks, read top to bottom: GAE, trainer (hyperparameters: `rl.settings`).
 
 Rollout workers act with `trainer.policy` (an `ActorCriticPolicy`), which records the
 log-probability and value of every action in `Experience.extras`. `update(experience)` then:
