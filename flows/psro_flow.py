@@ -90,6 +90,7 @@ def psro_flow(
 
     With `resume_run_id` it continues that MLflow run after its last committed iteration.
     """
+    from marl_core.resume import load_checkpoint
     from marl_core.tracking import RunTracker
 
     from flows.preflight import preflight
@@ -97,7 +98,7 @@ def psro_flow(
     config = PSROConfig(**config) if isinstance(config, dict) else config
     preflight(config)  # deployments start here, not at the CLI: same checks before any work
     run_started = time.perf_counter()
-    checkpoint = _checkpoint(config, resume_run_id) if resume_run_id else None
+    checkpoint = load_checkpoint(config.tracking_uri, resume_run_id) if resume_run_id else None
     state = psro.resumed_state(checkpoint) if checkpoint else psro.initial_state(build_tree(config.game))
     first = checkpoint.iteration + 1 if checkpoint else 0
     with contextlib.ExitStack() as stack:
@@ -120,15 +121,6 @@ def psro_flow(
                 break
         tracker.finish(state)
     return state
-
-
-def _checkpoint(config: PSROConfig, run_id: str):
-    import mlflow
-
-    from marl_core.resume import load_checkpoint
-
-    client = mlflow.MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
-    return load_checkpoint(client, run_id)
 
 
 def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):
@@ -160,6 +152,7 @@ def run_psro(
     with contextlib.ExitStack() as stack:
         stack.enter_context(reap_on_crash())
         api_url, wait_for_api = api or stack.enter_context(prefect_api())
+        # the outer run's heartbeat too (psro_flow turns off only its iterations'): a CLI run has its terminal
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         store = stack.enter_context(ThreadPoolExecutor(max_workers=1)).submit(prepare_store, config.tracking_uri)
         stack.enter_context(ray_session(config.ray_address, config.num_cpus, {"PREFECT_API_URL": api_url}))

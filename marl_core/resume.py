@@ -56,13 +56,20 @@ def _client(tracking_uri: str):
     return mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
+def _read_json(client, run_id: str, path: str, scratch: str):
+    return json.loads(Path(client.download_artifacts(run_id, path, scratch)).read_text())
+
+
+def _logged_config(client, run_id: str) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        return _read_json(client, run_id, CONFIG_ARTIFACT, scratch)
+
+
 def resume_settings(tracking_uri: str, run_id: str) -> dict:
     """The settings a run was started with (for `psro resume RUN_ID`)."""
     client = _client(tracking_uri)
     _committed_run(client, run_id)
-    with tempfile.TemporaryDirectory() as scratch:
-        path = client.download_artifacts(run_id, CONFIG_ARTIFACT, scratch)
-        return {**json.loads(Path(path).read_text()), "tracking_uri": tracking_uri}
+    return {**_logged_config(client, run_id), "tracking_uri": tracking_uri}
 
 
 def find_resumable(config) -> str | None:
@@ -76,8 +83,7 @@ def find_resumable(config) -> str | None:
     for run in runs:
         if run.info.status == "FINISHED" or committed_iteration(run) is None:
             continue
-        with tempfile.TemporaryDirectory() as scratch:
-            logged = json.loads(Path(client.download_artifacts(run.info.run_id, CONFIG_ARTIFACT, scratch)).read_text())
+        logged = _logged_config(client, run.info.run_id)
         if {k: v for k, v in logged.items() if k not in OPERATIONAL} == wanted:
             return run.info.run_id
     return None
@@ -100,10 +106,11 @@ def committed_iteration(run) -> int | None:
     return int(value) if value is not None else None
 
 
-def load_checkpoint(client, run_id: str) -> Checkpoint:
+def load_checkpoint(tracking_uri: str, run_id: str) -> Checkpoint:
+    client = _client(tracking_uri)
     iteration = committed_iteration(_committed_run(client, run_id))
     with tempfile.TemporaryDirectory() as scratch:
-        config = json.loads(Path(client.download_artifacts(run_id, CONFIG_ARTIFACT, scratch)).read_text())
+        config = _read_json(client, run_id, CONFIG_ARTIFACT, scratch)
         populations, payoffs, meta_strategy = read_iteration(client, run_id, config["game"], iteration, scratch)
     return Checkpoint(run_id, config, iteration, populations, payoffs, meta_strategy)
 
@@ -111,14 +118,14 @@ def load_checkpoint(client, run_id: str) -> Checkpoint:
 def read_population(client, run_id: str, game: str, iteration: int, scratch: str):
     """The meta-strategies iteration `iteration` solved and the population members they weigh."""
     tree = build_tree(game)
-    meta = json.loads(Path(client.download_artifacts(run_id, f"meta_strategy/iteration_{iteration:04d}.json", scratch)).read_text())
+    meta = _read_json(client, run_id, f"meta_strategy/iteration_{iteration:04d}.json", scratch)
     meta_strategy = [np.asarray(meta[str(p)], dtype=np.float64) for p in range(tree.num_players)]
     populations = []
     for player, weights in enumerate(meta_strategy):
         members = []
         for member in range(len(weights)):
             path = f"population/player_{player}/member_{member}/policy.json"
-            table = json.loads(Path(client.download_artifacts(run_id, path, scratch)).read_text())
+            table = _read_json(client, run_id, path, scratch)
             members.append(policy_from_dict(tree.players[player], table))
         populations.append(np.stack(members))
     return populations, meta_strategy
