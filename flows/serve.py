@@ -5,8 +5,9 @@ and this module reads the same entries (name, description, parameters, schedules
 to `prefect.serve`. Triggered runs (`prefect deployment run 'psro/kuhn-smoke'`) and scheduled
 ones then execute here, each in a child process that starts its own Ray session.
 
-The flow served is `flows.served.psro` (see there why it wraps `psro_flow`); it is imported
-only once PREFECT_API_URL is set, because Prefect fixes its settings when it is first imported.
+The flow served is `psro_flow` itself (it turns subflow heartbeats off on its own); it is
+imported only once PREFECT_API_URL is set, because Prefect fixes its settings when it is first
+imported.
 """
 
 from __future__ import annotations
@@ -125,10 +126,10 @@ def _serve(definitions: list[Definition]) -> None:
     import prefect  # after PREFECT_API_URL is set: Prefect reads its settings at import
     from prefect.deployments.runner import EntrypointType
 
-    from flows.served import psro
+    from flows.psro_flow import psro_flow
 
     deployments = [
-        psro.to_deployment(
+        psro_flow.to_deployment(
             name=definition.name,
             description=definition.description,
             parameters=definition.parameters,
