@@ -9,13 +9,18 @@ thread so tracking never holds up the next iteration.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Optional
 
 import ray
 from prefect import flow
+from prefect.exceptions import CancelledRun
+from prefect.states import Cancelled
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 import tasks
@@ -29,41 +34,79 @@ from marl_core.psro import IterationRecord, PSROState, StageClock
 IterationCallback = Callable[[IterationRecord, PSROState], None]
 
 
+class Handoff:
+    """Passes the state from one iteration's subflow to the next, inside this process.
+
+    `inbox` resolves to the state the iteration starts from, or to None when the run stopped
+    before it; `outbox` resolves to the iteration's (record, state) as soon as its work is done,
+    before Prefect has finished recording the subflow. The subflow gets the handoff's key, not
+    the handoff: Prefect copies a flow's parameters into every task's context, and futures do
+    not pickle.
+    """
+
+    _open: dict[str, "Handoff"] = {}
+
+    def __init__(self):
+        self.inbox: Future = Future()
+        self.outbox: Future = Future()
+        self.key = uuid.uuid4().hex
+        Handoff._open[self.key] = self
+
+    @classmethod
+    def take(cls, key: str) -> "Handoff":
+        return cls._open.pop(key)
+
+
 @flow(name="psro-iteration", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
-def psro_iteration(config: PSROConfig, iteration: int, state_ref: ray.ObjectRef, run_started: float, pool=None):
+def psro_iteration(config: PSROConfig, iteration: int, run_started: float, pool, handoff: str):
     """Best responses, then the new payoff entries, then the meta-game; iteration 0 only evaluates.
 
-    The state arrives as a reference into Ray's object store: Prefect copies a flow's parameters
-    into the context of every task it submits, so passing the populations themselves would
-    serialize them once per task. The whole iteration is submitted at once: Ray starts each
-    task as soon as its inputs exist, so no stage waits for a round trip through this process.
-    Stage times are measured from the completion of each stage's futures.
+    The subflow starts before the previous iteration has finished (see `_run_iterations`) and
+    waits for its state here. A run that stops first ends this subflow Cancelled.
+    """
+    handoff = Handoff.take(handoff)
+    previous = handoff.inbox.result()
+    if previous is None:
+        return Cancelled(message="the run stopped before this iteration")
+    try:
+        handoff.outbox.set_result(_iteration_work(config, iteration, previous, run_started, pool))
+    except BaseException as error:
+        handoff.outbox.set_exception(error)
+        raise
+
+
+def _iteration_work(config: PSROConfig, iteration: int, previous: PSROState, run_started: float, pool):
+    """Submit the whole iteration at once, then collect it; returns its record and the new state.
+
+    Ray starts each task as soon as its inputs exist, so no stage waits for a round trip through
+    this process. Tasks get object references: each array is put in Ray's object store once
+    instead of being pickled into every task that reads it. Stage times are measured from the
+    completion of each stage's futures.
 
     A learned oracle's task drives the run's rollout workers (`pool`, Ray actors): the rollout
     stage fans out over them from inside each player's best-response task.
-
-    Returns the iteration's record and the new state.
     """
     clock = StageClock()
-    state: PSROState = ray.get(state_ref)
+    # the previous state is the caller's to keep: this iteration works on its own copy
+    state = dataclasses.replace(previous, payoffs=previous.payoffs.copy(), weights=[list(w) for w in previous.weights])
     sizes = [size + (iteration > 0) for size in state.population_sizes]
-    populations = state.populations
+    populations_ref = ray.put(state.populations)
     responses = []
     if iteration > 0:
+        meta_strategy_ref = ray.put(state.meta_strategy)
         responses = [
-            tasks.train_best_response.submit(config, player, state.populations, state.meta_strategy, iteration, pool)
+            tasks.train_best_response.submit(config, player, populations_ref, meta_strategy_ref, iteration, pool)
             for player in range(len(state.populations))
         ]
-        populations = tasks.expand_population.submit(state.populations, responses)
     parts = 1 if config.eval == "exact" else max(1, int(_cluster_cpus()))
     chunks = psro.plan_evaluation(state.payoffs, sizes, parts)
-    evaluations = [tasks.evaluate_payoffs.submit(config, populations, chunk) for chunk in chunks]
-    meta_game = tasks.solve_meta_game.submit(config, state.payoffs, chunks, evaluations)
-    report = tasks.measure_exploitability.submit(config, populations, meta_game)
+    evaluations = [tasks.evaluate_payoffs.submit(config, populations_ref, responses, chunk) for chunk in chunks]
+    meta_game = tasks.solve_meta_game.submit(config, ray.put(state.payoffs), chunks, evaluations)
+    report = tasks.measure_exploitability.submit(config, populations_ref, responses, meta_game)
 
     if iteration > 0:
-        state.populations = populations.result()
         responses = [response.result() for response in responses]
+        state.populations = psro.expand_population(state.populations, responses)
         state.weights = psro.expand_weights(state.weights, responses)
         clock.lap("best_response")
     for evaluation in evaluations:
@@ -112,14 +155,61 @@ def psro_flow(
             stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
         pool = _start_rollout_workers(config, stack)
         tracker = stack.enter_context(RunTracker(config, resume=checkpoint))
-        for iteration in range(first, config.iterations + 1):
-            record, state = psro_iteration(config, iteration, ray.put(state), run_started, pool)
+        state = _run_iterations(config, state, first, run_started, pool, tracker, on_iteration)
+        tracker.finish(state)
+    return state
+
+
+def _run_iterations(config, state, first, run_started, pool, tracker, on_iteration) -> PSROState:
+    """One subflow per iteration, in order; each next subflow starts while this one works.
+
+    Starting a subflow (creating its run, proposing Running) and finishing one (proposing
+    Completed) are round trips to the Prefect server that do not depend on the work, so they
+    overlap the neighbouring iteration's tasks instead of sitting between two iterations. The
+    work itself stays strictly sequential: an iteration's body waits for the previous state,
+    which it copies before changing anything, so a state handed to `on_iteration` stays as it was.
+    """
+    if first > config.iterations:
+        return state
+    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="psro-iteration")
+
+    def start(iteration: int) -> tuple[Handoff, Future]:
+        handoff = Handoff()
+        subflow = threads.submit(contextvars.copy_context().run, psro_iteration, config, iteration, run_started, pool, handoff.key)
+        return handoff, subflow
+
+    iteration, upcoming = first, None
+    current = start(iteration)
+    current[0].inbox.set_result(state)
+    try:
+        while True:
+            upcoming = start(iteration + 1) if iteration < config.iterations else None
+            handoff, subflow = current
+            wait([handoff.outbox, subflow], return_when=FIRST_COMPLETED)
+            if not handoff.outbox.done():
+                subflow.result()  # the subflow failed before its work began: raise why
+            record, state = handoff.outbox.result()
+            stop = psro.should_stop(config, record)
+            if upcoming:
+                upcoming[0].inbox.set_result(None if stop else state)
             tracker.log_iteration(record, state)
             if on_iteration:
                 on_iteration(record, state)
-            if psro.should_stop(config, record):
+            subflow.result()
+            if stop and upcoming:
+                with contextlib.suppress(CancelledRun):
+                    upcoming[1].result()
+            if stop or not upcoming:
                 break
-        tracker.finish(state)
+            current, iteration = upcoming, iteration + 1
+    except BaseException:
+        # Ctrl-C or a failed iteration: never wait for a subflow blocked on Ray; stopping Ray
+        # (the caller's next step) ends it.
+        if upcoming and not upcoming[0].inbox.done():
+            upcoming[0].inbox.set_result(None)
+        threads.shutdown(wait=False, cancel_futures=True)
+        raise
+    threads.shutdown()
     return state
 
 

@@ -1,15 +1,16 @@
-"""prefect-ray's RayTaskRunner, minus ~0.4 s of set-up repeated for every task.
+"""prefect-ray's RayTaskRunner, minus the set-up it repeats for every task.
 
-Measured here (prefect 3.8.8, prefect-ray 0.6.0): a no-op task took 0.32-0.37 s on Ray against
-4 ms for a bare Ray task. Profiles showed where it goes, all of it the same for every task:
+Profiles (prefect 3.8.8, prefect-ray 0.6.0) showed work that is the same for every task:
 
-- driver side, each submit serializes the whole Prefect settings model (~0.06 s);
+- driver side, each submit serializes the whole Prefect settings model, and wraps the task
+  body in a new `ray.remote` function, which Ray pickles and exports again on its first call;
 - worker side, each task rebuilds that settings model from the dict (pydantic-settings re-reads
-  every source, ~0.25 s) and opens a new HTTP client with a fresh SSL context (~0.1 s).
+  every source) and opens a new HTTP client with a fresh SSL context.
 
-So settings are serialized once per settings context, rebuilt once per worker process, and each
-worker keeps one API client. Task semantics (states, retries, logs, events) are untouched: the
-task still runs through Prefect's own engine.
+So settings are serialized once per settings context and rebuilt once per worker process, the
+remote function is built once per set of Ray options, and each worker keeps one API client.
+Task semantics (states, retries, logs, events) are untouched: the task still runs through
+Prefect's own engine. `tests/test_patch_canaries.py` fails if an upgrade moves what this relies on.
 """
 
 from __future__ import annotations
@@ -72,9 +73,48 @@ def _worker_client_context():
     return _client_context
 
 
+_remote_functions: dict[str, Any] = {}
+
+
+def _remote_task_body(remote_options: dict[str, Any]):
+    """One Ray remote function per distinct set of options, exported to the cluster once."""
+    import ray
+
+    key = json.dumps(remote_options, sort_keys=True, default=repr)
+    remote = _remote_functions.get(key)
+    if remote is None:
+        body = FastRayTaskRunner._run_prefect_task
+        remote = _remote_functions[key] = ray.remote(**remote_options)(body) if remote_options else ray.remote(body)
+    return remote
+
+
 class FastRayTaskRunner(RayTaskRunner):
     def duplicate(self) -> "FastRayTaskRunner":
         return type(self)(address=self.address, init_kwargs=self.init_kwargs)
+
+    def submit(self, task, parameters, wait_for=None, dependencies=None):
+        """prefect-ray's `submit`, with the remote function built once instead of per call."""
+        from uuid import uuid4
+
+        from prefect.context import serialize_context
+        from prefect.utilities.engine import collect_task_run_inputs_sync
+        from prefect_ray.context import RemoteOptionsContext
+        from prefect_ray.task_runners import PrefectRayFuture
+
+        if not self._started:
+            raise RuntimeError("The task runner must be started before submitting work.")
+        task_run_id = uuid4()
+        task_inputs = {k: collect_task_run_inputs_sync(v, future_cls=PrefectRayFuture) for k, v in parameters.items()}
+        context = serialize_context(
+            asset_ctx_kwargs={"task": task, "task_run_id": task_run_id, "task_inputs": task_inputs, "copy_to_child_ctx": True}
+        )
+        parameters, upstream_ray_obj_refs = self._exchange_prefect_for_ray_futures(parameters)
+        remote = _remote_task_body(RemoteOptionsContext.get().current_remote_options)
+        object_ref = remote.options(name=task.name).remote(
+            *upstream_ray_obj_refs, task=task, task_run_id=task_run_id, parameters=parameters,
+            wait_for=wait_for, dependencies=dependencies, context=context,
+        )
+        return PrefectRayFuture(task_run_id=task_run_id, wrapped_future=object_ref)
 
     @staticmethod
     def _run_prefect_task(*upstream_ray_obj_refs: Any, context: dict[str, Any], **kwargs: Any) -> Any:

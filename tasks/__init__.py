@@ -1,6 +1,5 @@
 from tasks.psro_tasks import (
     evaluate_payoffs,
-    expand_population,
     measure_exploitability,
     solve_meta_game,
     train_best_response,
@@ -8,7 +7,6 @@ from tasks.psro_tasks import (
 
 __all__ = [
     "evaluate_payoffs",
-    "expand_population",
     "measure_exploitability",
     "solve_meta_game",
     "train_best_response",

@@ -52,16 +52,12 @@ def train_best_response(config, player: int, populations, meta_strategy, iterati
     return psro.best_response(config, player, populations, meta_strategy, iteration, pool)
 
 
-@task(name="expand-population", **_options)
-def expand_population(populations, responses):
-    _log_ray_node()
-    return psro.expand_population(populations, responses)
-
-
 @task(name="evaluate-payoffs", **_retrying)
-def evaluate_payoffs(config, populations, profiles):
+def evaluate_payoffs(config, populations, responses, profiles):
+    """`responses` join `populations` here, in the task that first needs them: a task of its own
+    would add a round trip through Ray and Prefect to every iteration for a concatenation."""
     _log_ray_node()
-    return psro.evaluate_payoffs(config, populations, profiles)
+    return psro.evaluate_payoffs(config, psro.expand_population(populations, responses), profiles)
 
 
 @task(name="solve-meta-game", **_options)
@@ -71,6 +67,6 @@ def solve_meta_game(config, payoffs, chunks, evaluations):
 
 
 @task(name="measure-exploitability", **_options)
-def measure_exploitability(config, populations, meta_game):
+def measure_exploitability(config, populations, responses, meta_game):
     _log_ray_node()
-    return psro.measure(config, populations, meta_game)
+    return psro.measure(config, psro.expand_population(populations, responses), meta_game)

@@ -1,0 +1,93 @@
+"""The orchestrated run computes what the in-process loop computes.
+
+`psro run`'s path (a real Prefect server, a real local Ray, MLflow in SQLite, one subflow per
+iteration that starts while the previous one works) and `marl_core.psro.iterate_psro_local` run
+the same config; their payoff tables and meta-strategies must be identical, iteration by
+iteration. The flow's iterations must also be visible in Prefect as they ran: one completed
+`psro-iteration` subflow per iteration, and where the run stopped early, the subflow already
+started for the next iteration ends Cancelled rather than computing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from marl_core.config import PSROConfig
+from marl_core.psro import iterate_psro_local
+
+pytestmark = pytest.mark.slow
+
+
+def _local(config: PSROConfig):
+    return [(record, _snapshot(state)) for record, state in iterate_psro_local(config)]
+
+
+def _snapshot(state):
+    return state.payoffs.mean.copy(), [m.copy() for m in state.meta_strategy], [p.copy() for p in state.populations]
+
+
+def _iteration_flow_runs(api_url: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["psro-iteration"])))
+
+    return asyncio.run(read())
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    """One real Prefect server for this module's own home (Prefect's clients in this process keep
+    the first server they talk to), and an MLflow store in the module's folder."""
+    from flows.runtime import prefect_api
+
+    work = tmp_path_factory.mktemp("flow-vs-local")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PREFECT_HOME", str(work / "prefect-home"))
+        patch.delenv("PREFECT_API_URL", raising=False)
+        with prefect_api() as api:
+            api[1]()  # wait until it answers
+            yield api, f"sqlite:///{work}/mlflow.db"
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        # stops early: the subflow started for the next iteration must end Cancelled
+        dict(game="kuhn_poker", oracle="exact", eval="exact", iterations=12, stop_exploitability=0.05),
+        # sampled evaluation fans out over the cores in the flow and runs as one chunk locally
+        dict(game="kuhn_poker", oracle="exact", eval="sampled", episodes=200, iterations=3),
+    ],
+    ids=["exact-stops-early", "sampled"],
+)
+def test_flow_and_local_loop_agree(services, settings):
+    from flows.psro_flow import run_psro
+
+    api, tracking_uri = services
+    config = PSROConfig(meta_solver="nash", seed=3, tracking_uri=tracking_uri, num_cpus=2, **settings)
+    expected = _local(config)
+    earlier = {run.id for run in _iteration_flow_runs(api[0])}
+    seen = []
+    run_psro(config, lambda record, state: seen.append((record, _snapshot(state))), api=api)
+
+    assert [r.iteration for r, _ in seen] == [r.iteration for r, _ in expected]
+    for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(seen, expected):
+        np.testing.assert_array_equal(payoffs, local_payoffs, err_msg=f"iteration {record.iteration}")
+        for a, b in zip(meta, local_meta):
+            np.testing.assert_array_equal(a, b, err_msg=f"iteration {record.iteration}")
+        for a, b in zip(populations, local_populations):
+            np.testing.assert_array_equal(a, b, err_msg=f"iteration {record.iteration}")
+        assert record.report.nash_conv == local_record.report.nash_conv
+
+    runs = [run for run in _iteration_flow_runs(api[0]) if run.id not in earlier]
+    states = sorted(run.state.type.value for run in runs)
+    iterations = len(seen)
+    stopped_early = iterations < config.iterations + 1
+    assert states == sorted(["COMPLETED"] * iterations + (["CANCELLED"] if stopped_early else []))
+    if settings.get("stop_exploitability") is not None:
+        assert stopped_early, "the stop threshold was meant to end this run before its last iteration"
