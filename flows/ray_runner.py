@@ -14,6 +14,7 @@ task still runs through Prefect's own engine.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -31,6 +32,7 @@ def _memoize_settings_serialization() -> None:
         return
     cache: dict[int, tuple[SettingsContext, dict[str, Any]]] = {}
 
+    @functools.wraps(original)  # __wrapped__: tests/test_patch_canaries.py checks Prefect's signature
     def serialize(self: SettingsContext, include_secrets: bool = True) -> dict[str, Any]:
         key = hash((id(self), include_secrets))
         hit = cache.get(key)
