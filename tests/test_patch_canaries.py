@@ -87,9 +87,14 @@ def test_a_worker_takes_a_settings_instance_where_prefect_sends_a_dict():
 
     from flows.ray_runner import _with_cached_settings
 
-    context = _with_cached_settings(serialize_context())
+    serialized = serialize_context()
+    assert isinstance(serialized["settings_context"].get("settings"), dict), (
+        "prefect's serialized context no longer carries settings as a dict under settings_context: "
+        "flows/ray_runner.py's _with_cached_settings leaves it alone"
+    )
+    context = _with_cached_settings(serialized)
     settings = context["settings_context"]["settings"]
-    assert isinstance(settings, Settings), "prefect's serialized context no longer carries settings as a dict under settings_context"
+    assert isinstance(settings, Settings), "flows/ray_runner.py's _with_cached_settings no longer builds a Settings instance"
     with hydrated_context(context, client=object()):  # no flow run in the context: the client goes unused
         assert SettingsContext.get().settings is settings, (
             "prefect's hydrated_context rebuilt the settings: flows/ray_runner.py's per-worker cache no longer saves anything"
