@@ -2,7 +2,7 @@
 
 After a short `psro run` (a real Prefect server, Ray and an MLflow store, as in
 tests/test_end_to_end.py), `mlflow ui` and `prefect server start` serve what the run recorded,
-both on 127.0.0.1, and Playwright drives Debian's Chromium (never a downloaded browser) through
+both on 127.0.0.1, and Playwright drives the machine's Chromium (it downloads none itself) through
 the pages the README points to. Both UIs are single-page apps: the HTML arrives empty and the
 content renders after API calls, so every check waits for text to appear rather than for the
 page load. Screenshots land in test-artifacts/screenshots/ for a person to look at.
