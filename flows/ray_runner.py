@@ -15,6 +15,7 @@ Prefect's own engine. `tests/test_patch_canaries.py` fails if an upgrade moves w
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -32,6 +33,7 @@ def _memoize_settings_serialization() -> None:
         return
     cache: dict[int, tuple[SettingsContext, dict[str, Any]]] = {}
 
+    @functools.wraps(original)  # __wrapped__: tests/test_patch_canaries.py checks Prefect's signature
     def serialize(self: SettingsContext, include_secrets: bool = True) -> dict[str, Any]:
         key = hash((id(self), include_secrets))
         hit = cache.get(key)

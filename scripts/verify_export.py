@@ -16,7 +16,9 @@ Usage::
 
 Export layout read from ``DIR``:
 
-* ``summary.json``: ``{"game": ..., "num_players": n, "nash_conv": x, "exploitability": x / n, ...}``
+* ``summary.json``: ``{"game": ..., "num_players": n, "nash_conv": x, "exploitability": x / n, ...}``;
+  ``game`` loads with ``pyspiel.load_game`` alone (a simultaneous-move game is named by its
+  turn-based conversion, ``turn_based_simultaneous_game(game=...)``, which PSRO plays).
 * ``meta_strategy.json``: ``{"0": [w, ...], "1": [...]}``, per player weights in population order.
 * ``policies/player_<p>/member_<k>.json``: ``{info state string: [prob of action 0..A-1]}``.
 
@@ -64,17 +66,20 @@ def read_json(path: pathlib.Path):
 
 
 def load_game(game_string: str) -> pyspiel.Game:
-    """Load the game exactly as the framework does.
+    """The game the policies are keyed by, loaded from summary.json's string as it is.
 
-    Simultaneous-move games are converted to turn-based ones, because the framework trains
-    and exports policies over the turn-based game's information states.
+    A simultaneous-move game has no information states to key a policy by here: PSRO plays its
+    turn-based conversion, and the export names that conversion.
     """
     try:
         game = pyspiel.load_game(game_string)
     except pyspiel.SpielError as exc:
         raise ExportError(f"OpenSpiel cannot load game {game_string!r}: {exc}") from None
     if game.get_type().dynamics == pyspiel.GameType.Dynamics.SIMULTANEOUS:
-        game = pyspiel.convert_to_turn_based(game)
+        raise ExportError(
+            f"game {game_string!r} is a simultaneous-move game; an export names the turn-based "
+            f"game its policies are keyed by, turn_based_simultaneous_game(game={game})"
+        )
     return game
 
 

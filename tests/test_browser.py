@@ -2,10 +2,17 @@
 
 After a short `psro run` (a real Prefect server, Ray and an MLflow store, as in
 tests/test_end_to_end.py), `mlflow ui` and `prefect server start` serve what the run recorded,
-both on 127.0.0.1, and Playwright drives Debian's Chromium (never a downloaded browser) through
+both on 127.0.0.1, and Playwright drives the machine's Chromium (it downloads none itself) through
 the pages the README points to. Both UIs are single-page apps: the HTML arrives empty and the
 content renders after API calls, so every check waits for text to appear rather than for the
 page load. Screenshots land in test-artifacts/screenshots/ for a person to look at.
+
+Chromium is a system package pip cannot install; `bash .ci/run` installs it (apt) before running
+the suite. It is looked up where Debian, Ubuntu and Playwright put it, or taken from
+PSRO_CHROMIUM=/path/to/chromium. A machine without it fails these tests with the install command:
+a suite that skipped them would look green without ever opening a UI. The one opt-out is
+explicit: with PSRO_TESTS_WITHOUT_BROWSER=1 they skip instead on a machine without Chromium
+(or Playwright), and the skip reason says so.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,11 +32,18 @@ from pathlib import Path
 import pytest
 from processes import assert_all_exited
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
-CHROMIUM = Path("/usr/bin/chromium")
+# Where Chromium lives when installed by apt (Debian: chromium, its launcher script and the binary;
+# Ubuntu: chromium-browser) or downloaded by `playwright install chromium`.
+CHROMIUM_NAMES = ("chromium", "chromium-browser")
+CHROMIUM_PATHS = (
+    Path("/usr/bin/chromium"), Path("/usr/bin/chromium-browser"), Path("/usr/lib/chromium/chromium"),
+    Path("/usr/lib/chromium-browser/chromium-browser"), Path("/snap/bin/chromium"),
+)
+PLAYWRIGHT_BROWSERS = Path(os.environ.get("PLAYWRIGHT_BROWSERS_PATH", Path.home() / ".cache" / "ms-playwright"))
+OPT_OUT = "PSRO_TESTS_WITHOUT_BROWSER"
+INSTALL_HINT = "bash .ci/run installs it (apt-get install -y chromium), or set PSRO_CHROMIUM=/path/to/chromium"
 ITERATIONS = 3
 EXPERIMENT = "browser"
 # Headless and quiet: the network is closed here, and Chromium's background services would keep
@@ -39,16 +55,96 @@ CHROMIUM_FLAGS = [
 RENDER_TIMEOUT_MS = 30_000
 
 
-def _require_browser() -> None:
-    """Without Chromium or Playwright: skip on a developer's machine, fail in CI (.ci/run installs both)."""
-    missing = [str(CHROMIUM)] if not CHROMIUM.exists() else []
+def find_chromium() -> Path | None:
+    """The first executable Chromium: PSRO_CHROMIUM if set, then PATH, then the usual places."""
+    if explicit := os.environ.get("PSRO_CHROMIUM"):
+        return Path(explicit)
+    for name in CHROMIUM_NAMES:
+        if found := shutil.which(name):
+            return Path(found)
+    downloaded = sorted(PLAYWRIGHT_BROWSERS.glob("chromium-*/chrome-linux*/chrome"), reverse=True)
+    for path in (*CHROMIUM_PATHS, *downloaded):
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _require_browser() -> Path:
+    """Chromium's path, or a failure saying how to install what is missing.
+
+    Skipping is only for someone who asked for it by name (OPT_OUT=1): anything else would let
+    a machine without a browser pass the suite without testing the UIs."""
+    opt_out = os.environ.get(OPT_OUT, "")
+    if opt_out not in ("", "0", "1"):
+        pytest.fail(f"{OPT_OUT}={opt_out!r}: use 1 to skip the browser tests or 0 (or unset) to run them")
+    chromium = find_chromium()
+    missing = []
+    if chromium is None:
+        missing.append(f"Chromium (looked for {' and '.join(CHROMIUM_NAMES)} on PATH, "
+                       f"{', '.join(map(str, CHROMIUM_PATHS))} and {PLAYWRIGHT_BROWSERS}): {INSTALL_HINT}")
+    elif not (chromium.is_file() and os.access(chromium, os.X_OK)):
+        missing.append(f"Chromium: PSRO_CHROMIUM={chromium} is not an executable file")
     if importlib.util.find_spec("playwright") is None:
-        missing.append("the playwright package")
-    if missing:
-        message = f"missing {', '.join(missing)}: apt-get install -y chromium chromium-driver; pip install -e '.[test]' (bash .ci/run does both)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing.append("the playwright package: pip install -e '.[test]'")
+    if not missing:
+        return chromium
+    if opt_out == "1":
+        pytest.skip(f"{OPT_OUT}=1 skips the browser tests; missing {'; '.join(missing)}")
+    pytest.fail(f"missing {'; '.join(missing)}. To skip the browser tests on purpose, set {OPT_OUT}=1.")
+
+
+@pytest.fixture
+def machine_without_chromium(tmp_path, monkeypatch):
+    """Nothing on PATH, none of the usual places, no Playwright download, no override."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM_PATHS", (tmp_path / "chromium",))
+    monkeypatch.setattr(sys.modules[__name__], "PLAYWRIGHT_BROWSERS", tmp_path)
+    monkeypatch.delenv("PSRO_CHROMIUM", raising=False)
+    monkeypatch.delenv(OPT_OUT, raising=False)
+    return tmp_path
+
+
+def _outcome_of_require_browser() -> BaseException:
+    """What _require_browser raised, caught here: pytest.raises would let a skip through, and
+    the test asserting a failure would then skip itself."""
+    try:
+        _require_browser()
+    except BaseException as outcome:  # pytest's fail and skip are BaseExceptions
+        return outcome
+    raise AssertionError("_require_browser() returned on a machine without Chromium")
+
+
+def test_without_chromium_the_browser_tests_fail_with_the_install_command(machine_without_chromium):
+    outcome = _outcome_of_require_browser()
+    assert isinstance(outcome, pytest.fail.Exception), f"{type(outcome).__name__}: {outcome}"
+    assert re.search(r"^missing Chromium .*bash \.ci/run installs it.*set PSRO_TESTS_WITHOUT_BROWSER=1\.$", str(outcome)), outcome
+
+
+def test_the_opt_out_turns_the_failure_into_a_skip_that_says_why(machine_without_chromium, monkeypatch):
+    monkeypatch.setenv(OPT_OUT, "1")
+    outcome = _outcome_of_require_browser()
+    assert isinstance(outcome, pytest.skip.Exception), f"{type(outcome).__name__}: {outcome}"
+    assert str(outcome).startswith("PSRO_TESTS_WITHOUT_BROWSER=1 skips the browser tests; missing Chromium"), outcome
+    monkeypatch.setenv(OPT_OUT, "yes")
+    outcome = _outcome_of_require_browser()
+    assert isinstance(outcome, pytest.fail.Exception), f"{type(outcome).__name__}: {outcome}"
+    assert str(outcome) == "PSRO_TESTS_WITHOUT_BROWSER='yes': use 1 to skip the browser tests or 0 (or unset) to run them"
+
+
+@pytest.mark.parametrize("where", ["PATH", "Debian's binary", "Playwright's download"])
+def test_chromium_is_found_wherever_it_is_installed(machine_without_chromium, monkeypatch, where):
+    home = machine_without_chromium
+    path = {
+        "PATH": home / "bin" / "chromium-browser",
+        "Debian's binary": home / "usr-lib-chromium" / "chromium",
+        "Playwright's download": home / "chromium-1187" / "chrome-linux" / "chrome",
+    }[where]
+    path.parent.mkdir(parents=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    monkeypatch.setenv("PATH", str(home / "bin"))
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM_PATHS", (home / "usr-lib-chromium" / "chromium",))
+    assert find_chromium() == path
 
 
 def _healthy(url: str) -> bool:
@@ -117,13 +213,13 @@ def served_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    _require_browser()
+    chromium = _require_browser()
     from playwright.sync_api import sync_playwright
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM), headless=True,
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(chromium), headless=True,
             args=CHROMIUM_FLAGS, viewport={"width": 1440, "height": 1000},
         )
         context.set_default_timeout(RENDER_TIMEOUT_MS)
@@ -145,6 +241,7 @@ def _text(page, text: str, exact: bool = False):
     return locator
 
 
+@pytest.mark.slow
 def test_mlflow_ui_shows_the_run_its_exploitability_and_the_registered_population(served_run, browser):
     run, mlflow_url, _ = served_run
     page = browser
@@ -196,6 +293,7 @@ def _dismiss_mlflow_dialog(page) -> None:
         dialog.first.wait_for(state="hidden")
 
 
+@pytest.mark.slow
 def test_prefect_ui_shows_the_flow_run_its_iterations_and_their_tasks(served_run, browser):
     _, _, prefect_url = served_run
     page = browser

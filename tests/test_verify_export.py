@@ -1,8 +1,10 @@
 """Tests for scripts/verify_export.py, the OpenSpiel-only checker of exported PSRO results.
 
-The exports here are written by hand (not by the framework), and the expected NashConv of
+Most exports here are written by hand (not by the framework), and the expected NashConv of
 every case comes from a source independent of the script: a known closed-form value, or
-OpenSpiel's exploitability.nash_conv on a mixture built here without PolicyAggregator.
+OpenSpiel's exploitability.nash_conv on a mixture built here without PolicyAggregator. The
+framework's own exports of simultaneous-move games are checked with OpenSpiel alone, from
+summary.json's game string as written.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ KUHN_UNIFORM_NASH_CONV = 11 / 12  # 2-player Kuhn, both players uniform: exploit
 # --------------------------------------------------------------------------------------------
 # Building exports and reference values
 # --------------------------------------------------------------------------------------------
+
+
+TURN_BASED_RPS = "turn_based_simultaneous_game(game=matrix_rps())"
 
 
 def load_turn_based(game_string: str) -> pyspiel.Game:
@@ -168,13 +173,61 @@ def pure_rps_members(game, player):
     ([[1 / 3, 1 / 3, 1 / 3], [1 / 3, 1 / 3, 1 / 3]], 0.0),  # the equilibrium
     ([[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]], 1.0),  # player 1 gains 1 by playing paper
 ])
-def test_simultaneous_game_is_converted(tmp_path, weights, expected):
-    game = load_turn_based("matrix_rps")
+def test_turn_based_conversion_of_a_simultaneous_game(tmp_path, weights, expected):
+    game = pyspiel.load_game(TURN_BASED_RPS)
     populations = [pure_rps_members(game, 0), pure_rps_members(game, 1)]
-    write_export(tmp_path, "matrix_rps", populations, weights, expected)
+    write_export(tmp_path, TURN_BASED_RPS, populations, weights, expected)
     result = verify_export.verify(tmp_path, 1e-9)
     assert result["openspiel_nash_conv"] == pytest.approx(expected, abs=1e-9)
     assert result["passed"]
+
+
+def test_a_simultaneous_game_string_is_refused_naming_its_conversion(tmp_path):
+    """Turn-based policies under a simultaneous game's name: the script does not guess the
+    conversion, it says which string the export should have named."""
+    game = pyspiel.load_game(TURN_BASED_RPS)
+    write_export(tmp_path, "matrix_rps", [pure_rps_members(game, 0), pure_rps_members(game, 1)],
+                 [[1 / 3] * 3, [1 / 3] * 3], 0.0)
+    with pytest.raises(verify_export.ExportError, match=r"'matrix_rps' is a simultaneous-move game; .* "
+                       r"turn_based_simultaneous_game\(game=matrix_rps\(\)\)"):
+        verify_export.verify(tmp_path)
+
+
+@pytest.mark.parametrize("game_string", ["matrix_rps", "goofspiel(num_cards=4,imp_info=True)"])
+def test_psro_export_of_a_simultaneous_game_checks_with_openspiel_alone(tmp_path, game_string):
+    """summary.json's game string, loaded by OpenSpiel alone, is the game the exported policies
+    are keyed by: every member is a full TabularPolicy of it, and the mixture's NashConv is the
+    one PSRO reported."""
+    from marl_core.config import PSROConfig
+    from marl_core.export import write_export as psro_export
+    from marl_core.psro import run_psro_local
+
+    config = PSROConfig(game=game_string, iterations=2)
+    records = []
+    state = run_psro_local(config, on_iteration=lambda record, _: records.append(record))
+    psro_export(tmp_path, config, state.populations, state.meta_strategy, records[-1].report, records[-1].iteration, 0.0)
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["configured_game"] == game_string
+    game = pyspiel.load_game(summary["game"])
+    assert game.get_type().dynamics == pyspiel.GameType.Dynamics.SEQUENTIAL, (
+        f"summary.json names {summary['game']!r}, a simultaneous-move game; the policies are keyed by its turn-based conversion"
+    )
+    weights = json.loads((tmp_path / "meta_strategy.json").read_text())
+    populations = []
+    for player in range(game.num_players()):
+        members = []
+        for k in range(len(weights[str(player)])):
+            table = json.loads((tmp_path / "policies" / f"player_{player}" / f"member_{k}.json").read_text())
+            member = policy_lib.TabularPolicy(game)
+            assert sorted(table) == sorted(member.states_per_player[player])
+            for key, row in table.items():
+                member.action_probability_array[member.state_lookup[key]] = row
+            members.append(member)
+        populations.append(members)
+    mixture = hand_mixture(game, populations, [weights[str(p)] for p in range(game.num_players())])
+    assert exploitability.nash_conv(game, mixture) == pytest.approx(summary["nash_conv"], abs=1e-9)
+    assert verify_export.verify(tmp_path, 1e-9)["passed"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,232 @@
+"""Canaries for the private code this project patches or leans on: one per patch.
+
+flows/ray_runner.py memoizes Prefect's SettingsContext.serialize and overrides prefect-ray's
+RayTaskRunner._run_prefect_task; flows/prefect_server.py patches Prefect's SQLite configuration;
+flows/cli.py catches the exceptions of the click that typer bundles (typer._click);
+flows/runtime.py drains Prefect's log and event workers and quiets one of Ray's private loggers.
+None of that is public API, so pyproject.toml pins those packages. An upgrade changes the pin;
+these tests then say which patch no longer holds, before a PSRO run finds out the slow way (a
+patch that stops applying fails silently: runs just get slower, or chattier).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import importlib.util
+import inspect
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# package -> the files whose patches rely on its internals
+PATCHED = {
+    "prefect": "flows/ray_runner.py, flows/prefect_server.py, flows/runtime.py",
+    "prefect-ray": "flows/ray_runner.py",
+    "ray": "flows/runtime.py",
+    "typer": "flows/cli.py",
+}
+
+
+def _pins() -> dict[str, str]:
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = {}
+    for requirement in dependencies:
+        if match := re.fullmatch(r"([A-Za-z0-9_.-]+)==([^;\s]+)", requirement.strip()):
+            pins[match[1].lower()] = match[2]
+    return pins
+
+
+@pytest.mark.parametrize("package", sorted(PATCHED))
+def test_each_patched_package_is_pinned_and_installed_at_its_pin(package):
+    pin = _pins().get(package)
+    assert pin, f"pyproject.toml must pin {package} exactly ({PATCHED[package]} patches its private code)"
+    installed = importlib.metadata.version(package)
+    assert installed == pin, (
+        f"{package} {installed} is installed but pyproject.toml pins {pin}: "
+        f"reinstall (pip install -e '.[test]'), or, when upgrading, run these canaries and recheck {PATCHED[package]}"
+    )
+
+
+# --- flows/ray_runner.py ----------------------------------------------------------------------
+
+
+def test_settings_serialization_is_memoized_on_prefects_own_path():
+    """The patch replaces SettingsContext.serialize(self, include_secrets=True); prefect-ray's
+    submit reaches it through prefect.context.serialize_context, which must hand back the one
+    memoized dict per settings context."""
+    from prefect.context import SettingsContext, serialize_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.ray_runner  # noqa: F401  (applies the patch)
+
+    patched = SettingsContext.serialize
+    assert getattr(patched, "_memoized", False), "flows/ray_runner.py no longer patches SettingsContext.serialize"
+    parameters = inspect.signature(patched.__wrapped__).parameters
+    assert list(parameters) == ["self", "include_secrets"] and parameters["include_secrets"].default is True, (
+        f"prefect changed SettingsContext.serialize to {inspect.signature(patched.__wrapped__)}; "
+        "flows/ray_runner.py's memoized serialize passes (self, include_secrets) only"
+    )
+    first, second = serialize_context()["settings_context"], serialize_context()["settings_context"]
+    assert first is second, "serialize_context() no longer goes through SettingsContext.serialize: the memo in flows/ray_runner.py has no effect"
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:1/api"}):
+        changed = serialize_context()["settings_context"]
+    assert changed is not first and changed["settings"]["api"]["url"] == "http://127.0.0.1:1/api", (
+        "a new settings context was served a stale serialization"
+    )
+
+
+def test_a_worker_takes_a_settings_instance_where_prefect_sends_a_dict():
+    """Workers swap the serialized settings for a Settings instance built once
+    (_with_cached_settings); Prefect's hydrated_context must accept it as given."""
+    from prefect.context import SettingsContext, hydrated_context, serialize_context
+    from prefect.settings import Settings
+
+    from flows.ray_runner import _with_cached_settings
+
+    serialized = serialize_context()
+    assert isinstance(serialized["settings_context"].get("settings"), dict), (
+        "prefect's serialized context no longer carries settings as a dict under settings_context: "
+        "flows/ray_runner.py's _with_cached_settings leaves it alone"
+    )
+    context = _with_cached_settings(serialized)
+    settings = context["settings_context"]["settings"]
+    assert isinstance(settings, Settings), "flows/ray_runner.py's _with_cached_settings no longer builds a Settings instance"
+    with hydrated_context(context, client=object()):  # no flow run in the context: the client goes unused
+        assert SettingsContext.get().settings is settings, (
+            "prefect's hydrated_context rebuilt the settings: flows/ray_runner.py's per-worker cache no longer saves anything"
+        )
+
+
+def test_prefect_ray_still_calls_the_overridden_task_function():
+    """FastRayTaskRunner._run_prefect_task wraps RayTaskRunner._run_prefect_task, passing
+    `context` by keyword; submit must call it through self, and duplicate must carry every
+    constructor argument (it rebuilds the runner from address and init_kwargs)."""
+    from prefect_ray import RayTaskRunner
+
+    from flows.ray_runner import FastRayTaskRunner
+
+    assert isinstance(inspect.getattr_static(RayTaskRunner, "_run_prefect_task"), staticmethod), (
+        "prefect-ray's RayTaskRunner._run_prefect_task is no longer a staticmethod; FastRayTaskRunner overrides it as one"
+    )
+    parameters = inspect.signature(RayTaskRunner._run_prefect_task).parameters
+    assert next(iter(parameters.values())).kind is inspect.Parameter.VAR_POSITIONAL, (
+        "prefect-ray's _run_prefect_task no longer takes upstream refs first; flows/ray_runner.py forwards them so"
+    )
+    assert parameters["context"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "self._run_prefect_task" in inspect.getsource(RayTaskRunner.submit), (
+        "prefect-ray's submit no longer runs self._run_prefect_task: FastRayTaskRunner's override is bypassed"
+    )
+    assert list(inspect.signature(RayTaskRunner.__init__).parameters) == ["self", "address", "init_kwargs"], (
+        f"RayTaskRunner{inspect.signature(RayTaskRunner.__init__)}: FastRayTaskRunner.duplicate passes address and init_kwargs only"
+    )
+    runner = FastRayTaskRunner(address="ray://head:10001", init_kwargs={"num_cpus": 1})
+    copy = runner.duplicate()
+    assert type(copy) is FastRayTaskRunner and (copy.address, copy.init_kwargs) == (runner.address, runner.init_kwargs)
+
+
+def test_the_worker_client_context_is_the_one_prefects_engine_uses():
+    """Each worker sets SyncClientContext.__var__ to its long-lived client context; Prefect's
+    task engine must pick that up through SyncClientContext.get_or_create()."""
+    from prefect.context import SyncClientContext
+
+    assert "SyncClientContext.get_or_create()" in inspect.getsource(importlib.import_module("prefect.task_engine")), (
+        "prefect's task engine no longer gets its client from SyncClientContext.get_or_create(): "
+        "the per-worker client in flows/ray_runner.py is bypassed"
+    )
+    mine = SyncClientContext.model_construct()
+    token = SyncClientContext.__var__.set(mine)
+    try:
+        with SyncClientContext.get_or_create() as used:
+            assert used is mine, "SyncClientContext.get_or_create() ignores the context set in SyncClientContext.__var__"
+    finally:
+        SyncClientContext.__var__.reset(token)
+
+
+# --- flows/prefect_server.py ------------------------------------------------------------------
+
+
+def _sqlite_statements(tmp_path: Path) -> list[str]:
+    """The SQL a Prefect write transaction sends, on a fresh SQLite database."""
+    import sqlalchemy as sa
+    from prefect.server.database import configurations
+
+    tmp_path.mkdir()
+
+    async def run() -> list[str]:
+        config = configurations.AioSqliteConfiguration(connection_url=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}")
+        engine = await config.engine()
+        seen: list[str] = []
+        sa.event.listen(engine.sync_engine, "before_cursor_execute", lambda conn, cursor, statement, *_: seen.append(statement))
+        try:
+            async with await config.session(engine) as session, config.begin_transaction(session):
+                await session.execute(sa.text("select 1"))
+        finally:
+            await engine.dispose()
+        return seen
+
+    return asyncio.run(run())
+
+
+def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch):
+    from prefect.server.database import configurations, interface
+
+    from flows.prefect_server import _begin_write_transactions_immediate
+
+    sqlite = configurations.AioSqliteConfiguration
+    monkeypatch.setattr(sqlite, "begin_transaction", sqlite.begin_transaction)  # restored after the test
+    assert "self.database_config.begin_transaction(" in inspect.getsource(interface.PrefectDBInterface.session_context), (
+        "prefect's server no longer opens transactions through database_config.begin_transaction: flows/prefect_server.py's patch is bypassed"
+    )
+    assert _sqlite_statements(tmp_path / "before")[0] == "BEGIN DEFERRED", (
+        "prefect now begins SQLite write transactions some other way: flows/prefect_server.py's patch may be obsolete"
+    )
+    _begin_write_transactions_immediate()
+    assert _sqlite_statements(tmp_path / "after")[0] == "BEGIN IMMEDIATE", (
+        "flows/prefect_server.py's patch no longer makes prefect's SQLite write transactions BEGIN IMMEDIATE"
+    )
+
+
+# --- flows/runtime.py -------------------------------------------------------------------------
+
+
+def test_prefects_log_and_event_workers_still_drain_with_a_timeout():
+    """flows/runtime.py calls drain_all(timeout=5) under contextlib.suppress: a changed method
+    would lose the run's last logs without a word."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        assert "timeout" in inspect.signature(worker.drain_all).parameters, f"{worker.__name__}.drain_all(timeout=...) is gone"
+
+
+def test_rays_token_notice_logger_still_has_the_quieted_name():
+    """Read, not imported: importing a piece of ray._private on its own upsets ray's exit hook."""
+    source = Path(importlib.util.find_spec("ray").origin).parent / "_private" / "authentication" / "authentication_token_setup.py"
+    assert source.is_file() and "logging.getLogger(__name__)" in source.read_text(), (
+        "ray._private.authentication.authentication_token_setup no longer logs under its module name: "
+        "flows/runtime.py quiets a logger nothing uses"
+    )
+
+
+# --- flows/cli.py -----------------------------------------------------------------------------
+
+
+def test_typers_bundled_click_errors_are_what_a_bad_flag_raises():
+    """flows/cli.py turns typer._click's BadParameter and UsageError into one `error:` line."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    runner = CliRunner()
+    bad_type = runner.invoke(app, ["run", "--iterations", "many"])
+    assert bad_type.exit_code == 2 and bad_type.output.strip().splitlines()[0].startswith("error: iterations='many'"), (
+        f"typer's bad-parameter error no longer reaches flows/cli.py's handler (typer._click.exceptions.BadParameter):\n{bad_type.output}"
+    )
+    unknown = runner.invoke(app, ["run", "--no-such-flag"])
+    assert unknown.exit_code == 2 and unknown.output.strip().splitlines() == ["error: No such option: --no-such-flag"], (
+        f"typer's usage error no longer reaches flows/cli.py's handler (typer._click.exceptions.UsageError):\n{unknown.output}"
+    )
