@@ -319,6 +319,6 @@ def test_prefect_ui_shows_the_flow_run_its_iterations_and_their_tasks(served_run
     last = max(iterations, key=lambda r: r["start_time"])
     page.goto(f"{prefect_url}/runs/flow-run/{last['id']}")
     page.get_by_text("Task Runs", exact=True).click()
-    for task in ("train-best-response", "expand-population", "evaluate-payoffs", "solve-meta-game", "measure-exploitability"):
+    for task in ("train-best-response", "evaluate-payoffs", "solve-meta-game", "measure-exploitability"):
         _text(page, task)
     _shoot(page, "08-prefect-iteration-tasks")

@@ -128,6 +128,32 @@ def test_prefect_ray_still_calls_the_overridden_task_function():
     assert type(copy) is FastRayTaskRunner and (copy.address, copy.init_kwargs) == (runner.address, runner.init_kwargs)
 
 
+# prefect-ray 0.6.0's RayTaskRunner.submit, which FastRayTaskRunner.submit re-states with the
+# remote function built once; any change upstream must be carried over by hand.
+PREFECT_RAY_SUBMIT_SHA256 = "fd5a1b4f775ef044"
+
+
+def test_prefect_rays_submit_is_the_one_fast_submit_re_states():
+    """FastRayTaskRunner.submit is prefect-ray's submit minus a `ray.remote` per call: it must
+    change when prefect-ray's does, and the pieces it calls must keep their shapes."""
+    import hashlib
+
+    from prefect.context import serialize_context
+    from prefect.utilities.engine import collect_task_run_inputs_sync
+    from prefect_ray import RayTaskRunner
+    from prefect_ray.task_runners import PrefectRayFuture
+
+    digest = hashlib.sha256(inspect.getsource(RayTaskRunner.submit).encode()).hexdigest()[:16]
+    assert digest == PREFECT_RAY_SUBMIT_SHA256, (
+        "prefect-ray's RayTaskRunner.submit changed: carry the change into flows/ray_runner.py's "
+        "FastRayTaskRunner.submit, then update PREFECT_RAY_SUBMIT_SHA256"
+    )
+    assert "asset_ctx_kwargs" in inspect.signature(serialize_context).parameters
+    assert "future_cls" in inspect.signature(collect_task_run_inputs_sync).parameters
+    assert {"task_run_id", "wrapped_future"} <= set(inspect.signature(PrefectRayFuture).parameters)
+    assert callable(getattr(RayTaskRunner, "_exchange_prefect_for_ray_futures", None))
+
+
 def test_the_worker_client_context_is_the_one_prefects_engine_uses():
     """Each worker sets SyncClientContext.__var__ to its long-lived client context; Prefect's
     task engine must pick that up through SyncClientContext.get_or_create()."""
