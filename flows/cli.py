@@ -118,7 +118,11 @@ def _run(config, resume_run_id: Optional[str] = None) -> None:
     # progress lines); its API handler keeps every level, so the UI still has all logs.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     with reap_on_crash(), prefect_api() as api:
-        console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}", highlight=False)
+        from flows.server import find_running_server
+
+        running = find_running_server()
+        reuse = f" (the running psro server's; Ray at {running.ray_address})" if running and running.prefect_api_url == api[0] else ""
+        console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}{reuse}", highlight=False)
         _run_with(config, api, resume_run_id)
 
 
@@ -306,3 +310,31 @@ def serve(
 
 if __name__ == "__main__":
     app()
+
+
+@app.command("server", cls=_OneLineErrors)
+def server_command(
+    port: int = typer.Option(4200, help="port of the Prefect server and its UI, on 127.0.0.1"),
+    num_cpus: Optional[int] = typer.Option(None, help="CPUs for the Ray instance (default: all of this machine's)"),
+) -> None:
+    """Keep a Prefect server and a Ray instance up: later runs reuse both (Ctrl-C stops them)."""
+    import socket
+
+    from flows.server import find_running_server, prefect_home, serve
+
+    if not 1024 <= port <= 65535:
+        _fail(f"port={port}: choose a port from 1024 to 65535")
+    if num_cpus is not None and num_cpus < 1:
+        _fail(f"num_cpus={num_cpus}: needs 1 or more")
+    running = find_running_server()
+    if running:
+        _fail(f"a psro server already runs for {prefect_home()} (pid {running.pid}, Prefect at {running.prefect_api_url})")
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            _fail(f"port={port}: something already listens on 127.0.0.1:{port}; choose another with --port")
+
+    def ready(server) -> None:
+        console.print(f"Prefect UI: {server.prefect_api_url.removesuffix('/api')}   Ray: {server.ray_address}", highlight=False)
+        console.print("`psro run` in another terminal reuses both; Ctrl-C stops them.", highlight=False)
+
+    serve(port, num_cpus, ready)

@@ -121,6 +121,17 @@ def _iteration_work(config: PSROConfig, iteration: int, previous: PSROState, run
     return IterationRecord.finish(state, report, clock, run_started, responses), state
 
 
+def _ray_to_use(config: PSROConfig, api_url: str) -> tuple[Optional[str], dict[str, str]]:
+    """The Ray to start or join, and the variables its workers need: a running `psro server`'s
+    Ray, when the run uses that server's Prefect API, already gives its workers the address."""
+    from flows.server import find_running_server
+
+    running = None if config.ray_address else find_running_server()
+    if running and running.prefect_api_url == api_url:
+        return running.ray_address, {}
+    return config.ray_address, {"PREFECT_API_URL": api_url}
+
+
 def _cluster_cpus() -> float:
     return ray.cluster_resources().get("CPU", 1)
 
@@ -245,7 +256,8 @@ def run_psro(
         # the outer run's heartbeat too (psro_flow turns off only its iterations'): a CLI run has its terminal
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         store = stack.enter_context(ThreadPoolExecutor(max_workers=1)).submit(prepare_store, config.tracking_uri)
-        stack.enter_context(ray_session(config.ray_address, config.num_cpus, {"PREFECT_API_URL": api_url}))
+        address, worker_env = _ray_to_use(config, api_url)
+        stack.enter_context(ray_session(address, config.num_cpus, worker_env))
         warm_up_workers(config.game)
         wait_for_api()
         store.result()

@@ -56,8 +56,8 @@ def _stop(process: subprocess.Popen) -> None:
 class LocalPrefectServer:
     """A `prefect server start` process on 127.0.0.1; `wait()` blocks until it answers."""
 
-    def __init__(self, home: Path):
-        self.port = free_port()
+    def __init__(self, home: Path, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/api"
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
@@ -117,16 +117,28 @@ def reap_on_crash() -> Iterator[None]:
 def prefect_api(home: Path | None = None) -> Iterator[tuple[str, Callable[[], None]]]:
     """Yield the Prefect API URL and a function that waits until it answers.
 
-    Uses ``PREFECT_API_URL`` when set; otherwise starts a server and stops it on exit. The
-    server boots while the caller starts other things; call the wait function before use.
+    Uses ``PREFECT_API_URL`` when set, else the server of a running `psro server` for this
+    Prefect home; otherwise starts a server and stops it on exit. The server boots while the
+    caller starts other things; call the wait function before use.
     """
+    from flows.server import find_running_server, prefect_home
+
     configured = os.environ.get("PREFECT_API_URL")
     if configured:
         yield configured, lambda: None
         return
     # Prefect's own default home (~/.prefect): a plain `prefect server start` later shows these
-    # runs, and the database migrations (16 s here) happen once per machine, not once per run.
-    home = Path(home or os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser().resolve()
+    # runs, and the database migrations happen once per machine, not once per run.
+    home = Path(home).expanduser().resolve() if home else prefect_home()
+    running = find_running_server(home)
+    if running:
+        os.environ["PREFECT_API_URL"] = running.prefect_api_url
+        try:
+            yield running.prefect_api_url, lambda: None
+        finally:
+            _flush_prefect_clients()
+            os.environ.pop("PREFECT_API_URL", None)
+        return
     server = LocalPrefectServer(home)
     os.environ["PREFECT_API_URL"] = server.url
     try:
@@ -160,7 +172,13 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
     # a console line between the run's own lines (`ray get-auth-token` prints the token).
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=False)
+        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+        # What `ray.init(address="auto")` does and an explicit address skips: a cluster started
+        # here (`psro server`, `ray start`) requires the token Ray saved for this user.
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        runtime_env = {"env_vars": env_vars} if env_vars else None
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
     else:
         os.environ.update(env_vars)
         ray.init(

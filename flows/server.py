@@ -1,0 +1,99 @@
+"""`psro server`: a Prefect server and a local Ray instance that outlive single runs.
+
+A cold `psro run` starts a Prefect server and a Ray instance and stops both when it ends. With
+`psro server` running in another terminal, runs find it (through a small file in Prefect's home)
+and reuse both: no server boot, no Ray start. The server process owns what it started and stops
+all of it on Ctrl-C or SIGTERM; nothing runs in the background after it exits.
+
+Ray's workers see the server's Prefect API address from their environment, inherited from this
+process, so a run that joins this Ray needs no runtime environment of its own (which would cost
+an agent round trip for every worker it starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Callable, Optional
+
+STATE_FILE = "psro-server.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningServer:
+    prefect_api_url: str
+    ray_address: str
+    pid: int
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser().resolve()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _answers(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def find_running_server(home: Optional[Path] = None) -> Optional[RunningServer]:
+    """The `psro server` of this Prefect home, if one is up and answering; else None."""
+    path = (home or prefect_home()) / STATE_FILE
+    try:
+        server = RunningServer(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return server if _alive(server.pid) and _answers(server.prefect_api_url) else None
+
+
+def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer], None]) -> None:
+    """Start both services, announce them, and block until Ctrl-C or SIGTERM; then stop both."""
+    import ray
+
+    from flows.runtime import LocalPrefectServer
+
+    home = prefect_home()
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    server = LocalPrefectServer(home, port=port)
+    state_path = home / STATE_FILE
+    try:
+        os.environ["PREFECT_API_URL"] = server.url  # Ray's workers inherit it
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        context = ray.init(
+            address="local", num_cpus=num_cpus or os.cpu_count(), object_store_memory=512 * 1024 * 1024,
+            include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level=logging.WARNING,
+        )
+        server.wait()
+        running = RunningServer(server.url, context.address_info["gcs_address"], os.getpid())
+        temporary = state_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(dataclasses.asdict(running)))
+        temporary.replace(state_path)
+        on_ready(running)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            state_path.unlink()
+        ray.shutdown()
+        server.stop()
