@@ -122,7 +122,7 @@ def _run(config, resume_run_id: Optional[str] = None) -> None:
 
         running = find_running_server()
         reuse = f" (the running psro server's; Ray at {running.ray_address})" if running and running.prefect_api_url == api[0] else ""
-        console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}{reuse}", highlight=False)
+        console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}{reuse}", highlight=False, soft_wrap=True)
         _run_with(config, api, resume_run_id)
 
 
@@ -314,7 +314,7 @@ if __name__ == "__main__":
 
 @app.command("server", cls=_OneLineErrors)
 def server_command(
-    port: int = typer.Option(4200, help="port of the Prefect server and its UI, on 127.0.0.1"),
+    port: int = typer.Option(4200, help="port of the Prefect server and its UI, on 127.0.0.1 (0: a free one)"),
     num_cpus: Optional[int] = typer.Option(None, help="CPUs for the Ray instance (default: all of this machine's)"),
 ) -> None:
     """Keep a Prefect server and a Ray instance up: later runs reuse both (Ctrl-C stops them)."""
@@ -322,15 +322,15 @@ def server_command(
 
     from flows.server import find_running_server, prefect_home, serve
 
-    if not 1024 <= port <= 65535:
-        _fail(f"port={port}: choose a port from 1024 to 65535")
+    if port != 0 and not 1024 <= port <= 65535:
+        _fail(f"port={port}: choose a port from 1024 to 65535, or 0 for a free one")
     if num_cpus is not None and num_cpus < 1:
         _fail(f"num_cpus={num_cpus}: needs 1 or more")
     running = find_running_server()
     if running:
         _fail(f"a psro server already runs for {prefect_home()} (pid {running.pid}, Prefect at {running.prefect_api_url})")
     with socket.socket() as probe:
-        if probe.connect_ex(("127.0.0.1", port)) == 0:
+        if port and probe.connect_ex(("127.0.0.1", port)) == 0:
             _fail(f"port={port}: something already listens on 127.0.0.1:{port}; choose another with --port")
 
     def ready(server) -> None:

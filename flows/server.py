@@ -73,8 +73,6 @@ def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer]
 
     home = prefect_home()
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
     server = LocalPrefectServer(home, port=port)
     state_path = home / STATE_FILE
     try:
@@ -84,6 +82,8 @@ def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer]
             address="local", num_cpus=num_cpus or os.cpu_count(), object_store_memory=512 * 1024 * 1024,
             include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level=logging.WARNING,
         )
+        for signum in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+            signal.signal(signum, lambda *_: stop.set())
         server.wait()
         running = RunningServer(server.url, context.address_info["gcs_address"], os.getpid())
         temporary = state_path.with_suffix(".tmp")

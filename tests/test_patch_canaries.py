@@ -256,3 +256,14 @@ def test_typers_bundled_click_errors_are_what_a_bad_flag_raises():
     assert unknown.exit_code == 2 and unknown.output.strip().splitlines() == ["error: No such option: --no-such-flag"], (
         f"typer's usage error no longer reaches flows/cli.py's handler (typer._click.exceptions.UsageError):\n{unknown.output}"
     )
+
+
+def test_rays_token_loader_for_joining_a_cluster_is_still_there():
+    """flows/runtime.py joins a cluster the way `ray.init(address="auto")` does, through Ray's
+    private `maybe_enable_token_auth_if_token_available`; without it a `psro server` (token auth
+    on) refuses every run that tries to reuse it."""
+    from ray._private.authentication import authentication_token_setup
+
+    function = getattr(authentication_token_setup, "maybe_enable_token_auth_if_token_available", None)
+    assert function is not None, "ray moved maybe_enable_token_auth_if_token_available: flows/runtime.py's ray_session must follow"
+    assert "warn_if_disabled" in inspect.signature(function).parameters

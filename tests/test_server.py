@@ -1,0 +1,93 @@
+"""`psro server`: later runs reuse its Prefect server and Ray, and Ctrl-C/SIGTERM leaves nothing.
+
+Everything started here carries the test's own PREFECT_HOME in its environment; that marker,
+not process names, is how leftovers are found (tests/processes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from processes import assert_all_exited
+
+pytestmark = pytest.mark.slow
+
+PSRO = str(Path(sys.executable).with_name("psro"))
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_ADDRESS"))}
+    env["PREFECT_HOME"] = str(home)
+    return env
+
+
+def _wait_for(condition, what: str, deadline_seconds: float = 180):
+    deadline = time.monotonic() + deadline_seconds
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return value
+
+
+@pytest.fixture
+def psro_server(tmp_path):
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([PSRO, "server", "--port", "0", "--num-cpus", "2"], env=_env(home), cwd=tmp_path,
+                              stdout=log, stderr=subprocess.STDOUT)
+    state = home / "psro-server.json"
+    try:
+        _wait_for(lambda: state.exists() or server.poll() is not None, "the psro server to come up")
+        assert server.poll() is None, (tmp_path / "server.log").read_text()
+        yield server, home, json.loads(state.read_text())
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=60)
+        log.close()
+
+
+def test_a_run_reuses_the_servers_prefect_and_ray_and_sigterm_stops_everything(psro_server, tmp_path):
+    server, home, state = psro_server
+    run = subprocess.run(
+        [PSRO, "run", "--game", "kuhn_poker", "--iterations", "2", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],
+        env=_env(home), cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} (the running psro server's; Ray at {state['ray_address']})" in run.stdout
+    assert "done: 2 iterations" in run.stdout
+    assert server.poll() is None, "the run must leave the server it reused running"
+
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 0
+    assert not (home / "psro-server.json").exists()
+    assert_all_exited(f"PREFECT_HOME={home}")
+
+
+def test_a_second_server_for_the_same_home_is_refused(psro_server):
+    _, home, state = psro_server
+    second = subprocess.run([PSRO, "server"], env=_env(home), capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines() == [
+        f"error: a psro server already runs for {home.resolve()} (pid {state['pid']}, Prefect at {state['prefect_api_url']})"
+    ]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "80"], "error: port=80: choose a port from 1024 to 65535, or 0 for a free one"),
+    (["--num-cpus", "0"], "error: num_cpus=0: needs 1 or more"),
+])
+def test_bad_server_settings_fail_in_one_line(tmp_path, args, message):
+    result = subprocess.run([PSRO, "server", *args], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [message]
+    assert not (tmp_path / "psro-server.json").exists()
