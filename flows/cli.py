@@ -112,21 +112,21 @@ def resume_run(
 def _run(config, resume_run_id: Optional[str] = None) -> None:
     import os
 
-    from flows.runtime import prefect_api, reap_on_crash  # standard library only: start the server first
+    # standard library only: the server and Ray start before the slow imports
+    from flows.runtime import prefect_api, ray_in_background, ray_to_use, reap_on_crash
 
     # Prefect's console shows warnings only (three INFO lines per iteration would bury the
     # progress lines); its API handler keeps every level, so the UI still has all logs.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     with reap_on_crash(), prefect_api() as api:
-        from flows.server import find_running_server
+        address, worker_env = ray_to_use(config.ray_address, api[0])
+        with ray_in_background(address, config.num_cpus, worker_env, config.game) as ray_ready:
+            reuse = f" (the running psro server's; Ray at {address})" if not worker_env else ""
+            console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}{reuse}", highlight=False, soft_wrap=True)
+            _run_with(config, api, resume_run_id, ray_ready)
 
-        running = find_running_server()
-        reuse = f" (the running psro server's; Ray at {running.ray_address})" if running and running.prefect_api_url == api[0] else ""
-        console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}{reuse}", highlight=False, soft_wrap=True)
-        _run_with(config, api, resume_run_id)
 
-
-def _run_with(config, api, resume_run_id: Optional[str] = None) -> None:
+def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) -> None:
     from flows.psro_flow import run_psro  # slow imports (Prefect, Ray) while the server boots
     from marl_core.export import write_export
 
@@ -157,7 +157,7 @@ def _run_with(config, api, resume_run_id: Optional[str] = None) -> None:
             )
             progress.update(bar, advance=1, exploitability=f"{record.report.exploitability:.4f}")
 
-        state = run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id)
+        state = run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id, ray_ready=ray_ready)
     wall = time.perf_counter() - started
     if "record" not in last:
         console.print(f"nothing to do: the run already completed {config.iterations} iterations", highlight=False)

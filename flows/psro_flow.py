@@ -25,7 +25,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 
 import tasks
 from flows.ray_runner import FastRayTaskRunner
-from flows.runtime import prefect_api, ray_session, reap_on_crash, warm_up_workers
+from flows.runtime import prefect_api, ray_in_background, ray_session, ray_to_use, reap_on_crash
 from marl_core import psro
 from marl_core.config import PSROConfig
 from marl_core.game_tree import build_tree
@@ -119,17 +119,6 @@ def _iteration_work(config: PSROConfig, iteration: int, previous: PSROState, run
     clock.lap("exploitability")
     state.iteration = iteration
     return IterationRecord.finish(state, report, clock, run_started, responses), state
-
-
-def _ray_to_use(config: PSROConfig, api_url: str) -> tuple[Optional[str], dict[str, str]]:
-    """The Ray to start or join, and the variables its workers need: a running `psro server`'s
-    Ray, when the run uses that server's Prefect API, already gives its workers the address."""
-    from flows.server import find_running_server
-
-    running = None if config.ray_address else find_running_server()
-    if running and running.prefect_api_url == api_url:
-        return running.ray_address, {}
-    return config.ray_address, {"PREFECT_API_URL": api_url}
 
 
 def _cluster_cpus() -> float:
@@ -241,12 +230,14 @@ def run_psro(
     on_iteration: Optional[IterationCallback] = None,
     api: Optional[tuple[str, Callable[[], None]]] = None,
     resume_run_id: Optional[str] = None,
+    ray_ready: Optional[Callable[[], None]] = None,
 ) -> PSROState:
     """Start what the run needs (Prefect server, Ray, MLflow store), run the `psro` flow, stop all.
 
     They start in parallel: the server boots in its own process while Ray starts and warms its
     workers and the MLflow store is prepared on a thread. ``api`` is an already started
-    `prefect_api()`, for callers that start the server before their own slow imports.
+    `prefect_api()` and ``ray_ready`` waits for an already starting `ray_in_background()`, for
+    callers that start both before their own slow imports (as `psro run` does).
     """
     from marl_core.tracking import prepare_store
 
@@ -256,9 +247,10 @@ def run_psro(
         # the outer run's heartbeat too (psro_flow turns off only its iterations'): a CLI run has its terminal
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         store = stack.enter_context(ThreadPoolExecutor(max_workers=1)).submit(prepare_store, config.tracking_uri)
-        address, worker_env = _ray_to_use(config, api_url)
-        stack.enter_context(ray_session(address, config.num_cpus, worker_env))
-        warm_up_workers(config.game)
+        if ray_ready is None:
+            address, worker_env = ray_to_use(config.ray_address, api_url)
+            ray_ready = stack.enter_context(ray_in_background(address, config.num_cpus, worker_env, config.game))
         wait_for_api()
         store.result()
+        ray_ready()
         return psro_flow(config, on_iteration, resume_run_id)

@@ -166,6 +166,16 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
     A local instance's workers inherit this process's environment; a cluster's workers get the
     variables through Ray's runtime environment, which costs an agent round trip per worker.
     """
+    _start_ray(address, num_cpus, env_vars)
+    try:
+        yield
+    finally:
+        import ray
+
+        ray.shutdown()
+
+
+def _start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> None:
     import ray
 
     # Ray's token authentication stays on; its start-up notice that it is on is not news worth
@@ -190,10 +200,39 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
             log_to_driver=False,
             logging_level=logging.WARNING,
         )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+
+
+def ray_to_use(config_address: str | None, api_url: str) -> tuple[str | None, dict[str, str]]:
+    """The Ray to start or join, and the variables its workers need: a running `psro server`'s
+    Ray, when the run uses that server's Prefect API, already gives its workers the address."""
+    from flows.server import find_running_server
+
+    running = None if config_address else find_running_server()
+    if running and running.prefect_api_url == api_url:
+        return running.ray_address, {}
+    return config_address, {"PREFECT_API_URL": api_url}
+
+
+@contextlib.contextmanager
+def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[str, str], game: str) -> Iterator[Callable[[], None]]:
+    """`ray_session`, started on a thread, with its workers warming up: the caller goes on with
+    its own slow imports meanwhile. Yields a function that waits until Ray is up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def start() -> None:
+        _start_ray(address, num_cpus, env_vars)
+        warm_up_workers(game)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as thread:
+        started = thread.submit(start)
+        try:
+            yield started.result
+        finally:
+            with contextlib.suppress(Exception):
+                started.result()  # never shut down under a start still in flight
+            import ray
+
+            ray.shutdown()
 
 
 def warm_up_workers(game: str) -> list:

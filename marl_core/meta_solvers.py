@@ -15,7 +15,6 @@ from typing import Callable
 
 import highspy
 import numpy as np
-import scipy.optimize
 import scipy.sparse
 import scipy.sparse.linalg
 from scipy.sparse import csgraph

@@ -7,8 +7,12 @@ iteration costs O(new profiles) evaluations rather than re-playing the whole tab
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a frame is made: the table itself is numpy only
 
 
 class PayoffTable:
@@ -84,6 +88,8 @@ class PayoffTable:
         for p in range(self.num_players):
             columns[f"stderr_{p}"] = self.stderr[p].reshape(-1)[known]
         columns["episodes"] = self.episodes.reshape(-1)[known]
+        import pandas as pd
+
         return pd.DataFrame(columns)
 
     @classmethod
