@@ -1,6 +1,7 @@
 """Payoff evaluators: fill payoff-table entries for a list of profiles.
 
-`exact` computes expected returns over the whole game tree (sequence form, one matrix product).
+`exact` computes expected returns over the whole game tree (sequence form), each profile summed on
+its own so that its payoff is the same float whichever batch it is evaluated in.
 `sampled` plays N episodes of the real game per profile and records the standard error of the
 mean, as an estimate would be made for a game too large to walk. Each profile draws from its own
 seeded stream, so results do not depend on how profiles are split across workers.
@@ -41,7 +42,7 @@ def evaluate_exact(tree: GameTree, populations, profiles, **_unused) -> ProfileP
         player_tree = tree.players[player]
         terminal_reach = sequence_reach(player_tree, members)[:, player_tree.terminal_seq]
         weight *= terminal_reach[position]
-    mean = weight @ tree.weighted_utilities()
+    mean = tree.expected_returns(weight)
     zeros = np.zeros(len(profiles), dtype=np.int64)
     return ProfilePayoffs(mean=mean, stderr=np.zeros_like(mean), episodes=zeros)
 

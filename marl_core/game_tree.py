@@ -78,6 +78,20 @@ class GameTree:
         """[Z, n] chance(z) * u(z): the part of every payoff that no player controls."""
         return self.chance_reach[:, None] * self.utilities
 
+    def expected_returns(self, weight: np.ndarray) -> np.ndarray:
+        """[m, n] expected returns from [m, Z] terminal weights (the players' reach products).
+
+        Each row is summed on its own, by numpy's pairwise sum over the terminals, and never by
+        a BLAS matrix product: BLAS picks its kernel (and with it the order of the additions)
+        by the number of rows and by the CPU, so the same profile evaluated in a batch of one
+        (iteration 0 of a run) and in a batch of four (`psro evaluate`) differed in the last
+        bit on some machines. Summed row by row, a profile's payoff depends only on its own
+        reaches, so every path that evaluates it stores the same float.
+        """
+        weight = np.atleast_2d(np.asarray(weight, dtype=np.float64))
+        utilities = np.ascontiguousarray(self.weighted_utilities().T)  # [n, Z]
+        return np.stack([(weight * row).sum(axis=1) for row in utilities], axis=1)
+
 
 class _PlayerBuilder:
     def __init__(self, num_actions: int):
@@ -194,7 +208,7 @@ def profile_values(tree: GameTree, reaches: list[np.ndarray]) -> np.ndarray:
     weight = np.ones_like(tree.chance_reach)
     for player_tree, reach in zip(tree.players, reaches):
         weight = weight * reach[player_tree.terminal_seq]
-    return weight @ tree.weighted_utilities()
+    return tree.expected_returns(weight[None])[0]
 
 
 def best_response(

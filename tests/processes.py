@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
 def processes_with_env(entry: str) -> list[str]:
@@ -27,3 +30,12 @@ def assert_all_exited(entry: str, timeout: float = 30) -> None:
     while (leftovers := processes_with_env(entry)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not leftovers, leftovers
+
+
+def poll(read: Callable[[], T], done: Callable[[T], bool], timeout: float = 30) -> T:
+    """Read until `done` holds or the deadline passes; returns the last reading either way, so
+    the caller's assertion on it names what was still missing."""
+    deadline = time.monotonic() + timeout
+    while not done(value := read()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return value

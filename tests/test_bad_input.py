@@ -250,10 +250,6 @@ def test_a_real_terminal_sees_exactly_that_line(row, store, workdir, not_ray):
     assert _marked_processes(os.environ[MARKER]) == []
 
 
-def test_the_table_covers_at_least_15_kinds():
-    assert len(ROWS) >= 15 and len({_row_id(r) for r in ROWS}) == len(ROWS)
-
-
 # --- NaN and infinite rewards ------------------------------------------------------------------
 
 

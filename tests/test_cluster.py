@@ -28,12 +28,11 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from processes import assert_all_exited
+from processes import assert_all_exited, poll
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 2
@@ -129,8 +128,10 @@ def test_psro_runs_on_both_nodes_of_a_cluster(prefect_server, two_node_cluster, 
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"Connecting to existing Ray cluster at address: {two_node_cluster['address']}" in result.stdout + result.stderr
-    time.sleep(2)  # the workers' log batches (2 s interval) reach the server
-    nodes = _nodes_of_tasks(server.url)
+    # Task logs reach the server in batches after the tasks end: read until every line is in.
+    nodes = poll(lambda: _nodes_of_tasks(server.url),
+                 lambda nodes: nodes.get("rollout-workers") == set(two_node_cluster["nodes"])
+                 and {"train-best-response", "evaluate-payoffs"} <= set(nodes))
     report = "\n".join(f"{task:24} {', '.join(sorted(n[:12] for n in ids))}" for task, ids in sorted(nodes.items()))
     artifact = ROOT / "test-artifacts" / "cluster-task-nodes.txt"
     artifact.parent.mkdir(exist_ok=True)

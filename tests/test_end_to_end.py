@@ -14,6 +14,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+from processes import assert_all_exited
 
 pytestmark = pytest.mark.slow
 
@@ -21,15 +22,14 @@ ITERATIONS = 3
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _service_processes() -> list[str]:
-    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in listing.splitlines() if "raylet" in line or "flows.prefect_server" in line]
+def _marker(prefect_home: Path) -> str:
+    """What every process a run starts (its Prefect server, Ray's raylet and workers) inherits."""
+    return f"PREFECT_HOME={prefect_home}"
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("e2e")
-    assert not _service_processes(), "Ray or Prefect already running; the leak check needs a quiet machine"
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
     env["PREFECT_HOME"] = str(work / "prefect-home")
     command = [
@@ -45,11 +45,11 @@ def finished_run(tmp_path_factory):
 
 
 def test_prints_one_line_per_iteration_and_leaves_no_process(finished_run):
-    _, result, _, _ = finished_run
+    work, result, _, _ = finished_run
     lines = [line for line in result.stdout.splitlines() if line.startswith("iter ")]
     assert [int(line.split()[1]) for line in lines] == list(range(ITERATIONS + 1))
     assert "done:" in result.stdout
-    assert not _service_processes()
+    assert_all_exited(_marker(work / "prefect-home"))
 
 
 def test_mlflow_holds_params_metrics_and_artifacts(finished_run):
@@ -170,4 +170,4 @@ def test_sampled_evaluation_fans_out_through_the_flow(tmp_path):
         tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
     assert len(table) == 9 and (table["episodes"] == 200).all()
     assert (table["stderr_0"] > 0).all() and (table["stderr_0"] < 0.2).all()
-    assert not _service_processes()
+    assert_all_exited(_marker(tmp_path / "prefect-home"))

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 
+import mpmath
 import numpy as np
 import pytest
+from open_spiel.python.algorithms import projected_replicator_dynamics as openspiel_prd
+from open_spiel.python.egt import alpharank as openspiel_alpharank
 
 from marl_core import meta_solvers
 from marl_core.meta_solvers import (
@@ -301,7 +304,6 @@ def test_alpharank_coordination_game_prefers_the_hardest_to_leave_equilibrium():
 
 def high_precision_alpharank(payoffs: np.ndarray, alpha: float, m: int) -> list[np.ndarray]:
     """alpha-Rank marginals from a 400-digit linear solve of pi Q = 0 (small games only)."""
-    mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 400
     shape = payoffs.shape[1:]
     profiles = list(itertools.product(*map(range, shape)))
@@ -356,7 +358,6 @@ def test_alpharank_large_table_path_matches_exact_path(monkeypatch):
     [((2, 4, 5), 1.0), ((2, 4, 5), 5.0), ((3, 3, 3, 4), 1.0), ((3, 3, 3, 4), 5.0)],
 )
 def test_alpharank_matches_openspiel(shape, alpha):
-    openspiel_alpharank = pytest.importorskip("open_spiel.python.egt.alpharank")
     rng = np.random.default_rng(int(alpha) + len(shape))
     for _ in range(2):
         payoffs = rng.uniform(0, 1, shape)
@@ -371,9 +372,6 @@ def test_alpharank_matches_openspiel(shape, alpha):
 
 @pytest.mark.parametrize("shape", [(2, 5, 5), (3, 4, 4, 4)])
 def test_prd_matches_openspiel(shape):
-    openspiel_prd = pytest.importorskip(
-        "open_spiel.python.algorithms.projected_replicator_dynamics"
-    )
     payoffs = np.random.default_rng(7).uniform(0, 1, shape)
     payoffs = (payoffs - payoffs.min()) / np.ptp(payoffs)  # range 1: our dt equals theirs
     k, gamma = shape[1], 1e-3

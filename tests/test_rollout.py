@@ -77,18 +77,50 @@ def test_a_request_is_deterministic_and_returns_exactly_the_asked_episodes():
     assert np.all(experience.mask[np.arange(len(experience)), experience.action])
 
 
-def test_workers_pull_weights_once_per_request_from_the_store():
-    store = ParameterStore()
-    spec = _dqn_learner()
-    worker = RolloutWorker(lambda: psro_env("kuhn_poker"), 2, store)
+class CountingStore(ParameterStore):
+    """The parameter store, recording every pull a worker makes (key, version it had)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pulls: list[tuple[str, int]] = []
+
+    def pull(self, key: str, have_version: int):
+        self.pulls.append((key, have_version))
+        return super().pull(key, have_version)
+
+
+def test_workers_pull_weights_once_per_request_and_only_when_newer():
     tree = build_tree("kuhn_poker")
     uniform = TabularPopulation("kuhn_poker", 1, tree.players[1].uniform_policy()[None], np.array([1.0]))
-    policy = ALGORITHMS["dqn"].policy(11, 2, spec.config)
-    for version in (1, 2):
-        store.push("test", version, policy.get_weights())
-        request = RolloutRequest(spec, ("player_0",), {"player_1": uniform}, 4, seed=(version,), weights_version=version)
-        assert worker.collect(request).weights_version == version
-    assert store.pull("test", 2) is None  # nothing newer: nothing is copied
+    spec = _dqn_learner()
+    store = CountingStore()
+    worker = RolloutWorker(lambda: psro_env("kuhn_poker"), 2, store)
+
+    def request(version: int) -> RolloutRequest:
+        return RolloutRequest(spec, ("player_0",), {"player_1": uniform}, 40, seed=(5,), weights_version=version, explore=False)
+
+    torch.manual_seed(1)
+    store.push("test", 1, ALGORITHMS["dqn"].policy(11, 2, spec.config).get_weights())
+    first = worker.collect(request(1))
+    assert first.weights_version == 1
+    assert store.pulls == [("test", -1)]  # 40 episodes, a learner step or more in each: one pull
+    worker.collect(request(1))
+    assert store.pulls == [("test", -1)]  # the worker already holds version 1: no pull at all
+
+    torch.manual_seed(2)
+    newer = ALGORITHMS["dqn"].policy(11, 2, spec.config).get_weights()
+    store.push("test", 2, newer)
+    updated = worker.collect(request(2))
+    assert store.pulls == [("test", -1), ("test", 1)] and updated.weights_version == 2
+    # It acts with what it pulled: other actions than under version 1, and the same as a worker
+    # that only ever saw version 2.
+    fresh = CountingStore()
+    fresh.push("test", 2, newer)
+    reference = RolloutWorker(lambda: psro_env("kuhn_poker"), 2, fresh).collect(request(2))
+    assert not np.array_equal(first.experience.action, updated.experience.action)
+    np.testing.assert_array_equal(updated.experience.action, reference.experience.action)
+    stale = worker.collect(request(1))  # an older request after the update: no pull, newer weights kept
+    assert stale.weights_version == 2 and len(store.pulls) == 2
 
 
 def _exact_best_response_value(tree, player, populations, meta):

@@ -1,15 +1,26 @@
 """Rollout workers that die mid-request are restarted by Ray and their requests replayed: the
-learner still gets exactly the episodes it asked for, and the same ones it would have got."""
+learner still gets exactly the episodes it asked for, and the same ones it would have got.
+
+The death is not timed from outside: the workers play an environment that kills its own process
+at a fixed step of the first request played while an `armed` file exists, and records the pid
+it killed. So the kill always lands in the middle of a request, on whichever worker gets there
+first, and the test knows which request was replayed.
+"""
 
 from __future__ import annotations
 
-import threading
-import time
+import functools
+import os
+import signal
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
+import ray.cloudpickle
 
+from marl_core.envs import OpenSpielEnv
 from marl_core.game_tree import build_tree
 from marl_core.rl import ALGORITHMS
 from marl_core.rollout import LearnerSpec, RolloutRequest, TabularPopulation
@@ -17,13 +28,57 @@ from marl_core.worker_pool import PoolConfig, RayWorkerPool
 
 pytestmark = pytest.mark.slow
 
+EPISODES = 800  # per request: 100 per environment copy, some 400 steps each
+KILL_AT_STEP = 150  # of one copy, counted from the arming: well inside the request
+
+
+class DiesOnce(OpenSpielEnv):
+    """Leduc poker that, while `armed` exists, kills its worker process at its `at`-th step;
+    only the first copy to get there (of any worker) does, and writes the pid to `fired`."""
+
+    def __init__(self, armed: Path, fired: Path, at: int):
+        super().__init__("leduc_poker")
+        self.armed, self.fired, self.at = armed, fired, at
+        self.armed_steps = 0
+
+    def step(self, actions):
+        if self.armed.exists():
+            self.armed_steps += 1
+            if self.armed_steps == self.at:
+                try:
+                    fired = os.open(self.fired, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    pass  # a worker died already; this one plays on
+                else:
+                    os.write(fired, str(os.getpid()).encode())
+                    os.close(fired)
+                    os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(actions)
+
+
+class FailsEveryStep(OpenSpielEnv):
+    """Leduc poker whose first step of a request raises; each attempt appends a line to `attempts`."""
+
+    def __init__(self, attempts: Path):
+        super().__init__("leduc_poker")
+        self.attempts = attempts
+
+    def step(self, actions):
+        with self.attempts.open("a") as log:
+            log.write(f"{os.getpid()}\n")
+        raise ValueError("deterministic failure in the environment")
+
 
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
+    # The environments above live in this test module, which Ray's workers cannot import:
+    # ship them by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20,
              _temp_dir=str(tmp_path_factory.mktemp("ray")), log_to_driver=False)
     yield
     ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _requests(episodes: int) -> list[RolloutRequest]:
@@ -36,38 +91,49 @@ def _requests(episodes: int) -> list[RolloutRequest]:
     ]
 
 
-def test_a_worker_killed_during_rollout_is_replaced_and_no_episode_is_lost_or_doubled(local_ray):
-    pool = RayWorkerPool(PoolConfig("leduc_poker", workers=2, envs_per_worker=8))
+def _pids(pool: RayWorkerPool) -> list[int]:
+    return ray.get([worker.pid.remote() for worker in pool.workers])
+
+
+def test_a_worker_killed_during_rollout_is_replaced_and_its_request_replayed_exactly(local_ray, tmp_path):
+    armed, fired = tmp_path / "armed", tmp_path / "fired"
+    pool = RayWorkerPool(PoolConfig(functools.partial(DiesOnce, armed, fired, KILL_AT_STEP), workers=2, envs_per_worker=8))
     policy = ALGORITHMS["dqn"].policy(30, 3, ALGORITHMS["dqn"].config())
     pool.push("learner", 1, policy.get_weights())
-    expected = pool.collect(_requests(300))  # undisturbed: the reference
-    first_pid = ray.get(pool.workers[0].pid.remote())
+    pids = _pids(pool)
+    uninterrupted = pool.collect(_requests(EPISODES))
+    assert not fired.exists() and _pids(pool) == pids
 
-    requests = _requests(20_000)  # long enough to be killed in the middle
-    killer = threading.Timer(3.0, lambda: ray.kill(pool.workers[0], no_restart=False))
-    killer.start()
-    started = time.perf_counter()
+    armed.touch()
+    requests = _requests(EPISODES)
     results = pool.collect(requests)
-    killer.join()
-    assert time.perf_counter() - started > 3.0, "the request finished before the kill: nothing was tested"
-    assert ray.get(pool.workers[0].pid.remote()) != first_pid  # a new process took the request
+
+    assert fired.exists(), "no worker was killed: nothing was tested"
+    killed = pids.index(int(fired.read_text()))
+    after = _pids(pool)
+    assert after[killed] != pids[killed] and after[1 - killed] == pids[1 - killed]  # only the killed one was replaced
     for request, result in zip(requests, results):
         assert len(result.episode_returns) == request.episodes
         assert result.experience.done.sum() == request.episodes
-    # The replayed request is the same request: same episodes as a worker that never died.
-    again = pool.collect(_requests(300))
-    for before, after in zip(expected, again):
-        np.testing.assert_array_equal(before.episode_returns, after.episode_returns)
+    # The replayed request gives the episodes the same request gave without a kill.
+    replayed, reference = results[killed], uninterrupted[killed]
+    np.testing.assert_array_equal(replayed.episode_returns, reference.episode_returns)
+    np.testing.assert_array_equal(replayed.experience.action, reference.experience.action)
+    np.testing.assert_array_equal(replayed.opponent_draws, reference.opponent_draws)
     pool.close()
 
 
-def test_a_deterministic_error_fails_fast_with_its_message(local_ray):
-    pool = RayWorkerPool(PoolConfig("leduc_poker", workers=1, envs_per_worker=2))
-    bad = RolloutRequest(LearnerSpec("missing", "no_such_algorithm", None), ("player_0",), {}, 5, seed=(0,))
-    started = time.perf_counter()
-    with pytest.raises(Exception, match="no_such_algorithm"):
-        pool.collect([bad])
-    assert time.perf_counter() - started < 10
+def test_a_deterministic_error_fails_at_once_with_its_message(local_ray, tmp_path):
+    """Ray replays a request after a worker dies, never after the request itself raised: the
+    error comes back from the first attempt and the worker process stays."""
+    attempts = tmp_path / "attempts"
+    pool = RayWorkerPool(PoolConfig(functools.partial(FailsEveryStep, attempts), workers=1, envs_per_worker=1))
+    pool.push("learner", 1, ALGORITHMS["dqn"].policy(30, 3, ALGORITHMS["dqn"].config()).get_weights())
+    pid = _pids(pool)[0]
+    with pytest.raises(Exception, match="deterministic failure in the environment"):
+        pool.collect(_requests(5)[:1])
+    assert attempts.read_text().splitlines() == [str(pid)]  # one attempt, in the original process
+    assert _pids(pool) == [pid]
     pool.close()
 
 
