@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import ray
 from prefect import flow
+from prefect.runtime import flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 import tasks
@@ -27,6 +28,8 @@ from marl_core.game_tree import build_tree
 from marl_core.psro import IterationRecord, PSROState, StageClock
 
 IterationCallback = Callable[[IterationRecord, PSROState], None]
+# Tags the MLflow run with the Prefect flow run that created it: a retried flow run finds it by this.
+FLOW_RUN_TAG = "prefect.flow_run_id"
 
 
 @flow(name="psro-iteration", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
@@ -88,7 +91,9 @@ def psro_flow(
 ) -> PSROState:
     """The whole run: the deployable entry point (its parameters are a plain config mapping).
 
-    With `resume_run_id` it continues that MLflow run after its last committed iteration.
+    With `resume_run_id` it continues that MLflow run after its last committed iteration; so does
+    a retry of a flow run (see `_earlier_attempt`). The export, if configured, is written here,
+    so a deployment's run writes it as `psro run` does.
     """
     from marl_core.resume import load_checkpoint
     from marl_core.tracking import RunTracker
@@ -97,6 +102,7 @@ def psro_flow(
 
     config = PSROConfig(**config) if isinstance(config, dict) else config
     preflight(config)  # deployments start here, not at the CLI: same checks before any work
+    resume_run_id = resume_run_id or _earlier_attempt(config)
     run_started = time.perf_counter()
     checkpoint = load_checkpoint(config.tracking_uri, resume_run_id) if resume_run_id else None
     state = psro.resumed_state(checkpoint) if checkpoint else psro.initial_state(build_tree(config.game))
@@ -111,7 +117,8 @@ def psro_flow(
             worker_env = {"PREFECT_API_URL": api_url} if api_url else {}
             stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
         pool = _start_rollout_workers(config, stack)
-        tracker = stack.enter_context(RunTracker(config, resume=checkpoint))
+        tracker = stack.enter_context(RunTracker(config, resume=checkpoint, tags={FLOW_RUN_TAG: str(flow_run.id)}))
+        record = None
         for iteration in range(first, config.iterations + 1):
             record, state = psro_iteration(config, iteration, ray.put(state), run_started, pool)
             tracker.log_iteration(record, state)
@@ -120,7 +127,31 @@ def psro_flow(
             if psro.should_stop(config, record):
                 break
         tracker.finish(state)
+    if config.export:
+        _write_export(config, state, record, time.perf_counter() - run_started)
     return state
+
+
+def _earlier_attempt(config: PSROConfig) -> Optional[str]:
+    """The MLflow run that an earlier attempt of this flow run committed to, when this is a retry.
+
+    Prefect's UI retries a crashed or failed run (a killed worker process, a lost node) by
+    scheduling the same flow run again, state "AwaitingRetry", and a worker or `psro serve` runs
+    it again with the same parameters and a higher run count. It continues the MLflow run it
+    created, as `psro resume` would, instead of starting another.
+    """
+    from marl_core.resume import find_tagged
+
+    return find_tagged(config, FLOW_RUN_TAG, str(flow_run.id)) if flow_run.run_count > 1 else None
+
+
+def _write_export(config: PSROConfig, state: PSROState, last: Optional[IterationRecord], wall: float) -> None:
+    """The OpenSpiel-checkable export; `last` is None when a resumed run had nothing left to do."""
+    from marl_core.exploitability import nash_conv
+    from marl_core.export import write_export
+
+    report = last.report if last else nash_conv(build_tree(config.game), state.populations, state.meta_strategy)
+    write_export(config.export, config, state.populations, state.meta_strategy, report, state.iteration, wall)
 
 
 def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):
