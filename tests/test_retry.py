@@ -131,9 +131,11 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
 
         reference = trigger("reference")
         assert final_state(reference).is_completed(), serving.log_path.read_text()[-3000:]
-        (retried,) = client.search_runs([client.get_experiment_by_name("retried").experiment_id])
+        runs = client.search_runs([client.get_experiment_by_name("retried").experiment_id])
+        assert [r.info.run_id for r in runs] == [run.info.run_id], "the retry did not continue the crashed attempt's MLflow run"
+        retried = client.get_run(run.info.run_id)
         (uninterrupted,) = client.search_runs([client.get_experiment_by_name("reference").experiment_id])
-        assert retried.info.run_id == run.info.run_id and retried.info.status == "FINISHED"
+        assert retried.info.status == "FINISHED"
         assert _final(client, retried.info.run_id) == _final(client, uninterrupted.info.run_id)
         for player in range(2):  # each member exactly once, the redone one included
             assert _registered(client, "retried", player) == [(m, m) for m in range(ITERATIONS + 1)]
