@@ -96,30 +96,39 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     assert_all_exited(f"PREFECT_HOME={home}")
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[Path, str]:
+    """One MLflow store for the refused runs (a new SQLite store takes seconds to create)."""
+    directory = tmp_path_factory.mktemp("stored")
+    (directory / "previous").mkdir()
+    (directory / "previous" / "summary.json").write_text("{}")
+    uri = f"sqlite:///{directory}/mlflow.db"
+    mlflow.MlflowClient(tracking_uri=uri).create_experiment("stored", artifact_location=str(directory / "mlruns"))
+    return directory, uri
+
+
 @pytest.mark.parametrize("stored, named", [
     ({"ray_address": "127.0.0.1:1"}, "ray_address='127.0.0.1:1': nothing answers"),
     ({"export": "previous"}, "export='previous': directory 'previous' exists and is not empty"),
     ({"meta_solver": "retired"}, "'retired'"),
 ], ids=["unreachable-ray", "used-export-dir", "unknown-meta-solver"])
-def test_resume_refuses_a_stored_setting_that_no_longer_works(tmp_path, monkeypatch, stored, named):
+def test_resume_refuses_a_stored_setting_that_no_longer_works(store, monkeypatch, stored, named):
     """The settings come from the run's logged config, so they get the checks `psro run` makes."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "previous").mkdir()
-    (tmp_path / "previous" / "summary.json").write_text("{}")
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    client = mlflow.MlflowClient(tracking_uri=store)
-    run_id = client.create_run(client.create_experiment("stored")).info.run_id
-    settings = build_config({"game": "kuhn_poker", "tracking_uri": store, "experiment": "stored"}).model_dump(mode="json")
+    directory, uri = store
+    monkeypatch.chdir(directory)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.get_experiment_by_name("stored").experiment_id).info.run_id
+    settings = build_config({"game": "kuhn_poker", "tracking_uri": uri, "experiment": "stored"}).model_dump(mode="json")
     client.log_dict(run_id, {**settings, **stored}, CONFIG_ARTIFACT)
     client.set_tag(run_id, COMMITTED_TAG, "0")
-    files, run = sorted(tmp_path.rglob("*")), client.get_run(run_id)
+    files, run = sorted(directory.rglob("*")), client.get_run(run_id)
     started = []
     monkeypatch.setattr(cli, "_run", lambda *args: started.append(args))  # the work: server, Ray, the flow
 
-    result = CliRunner().invoke(cli.app, ["resume", run_id, "--tracking-uri", store])
+    result = CliRunner().invoke(cli.app, ["resume", run_id, "--tracking-uri", uri])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert result.output.startswith("error: ") and named in result.output, result.output
     assert not started
-    assert sorted(tmp_path.rglob("*")) == files
+    assert sorted(directory.rglob("*")) == files
     after = client.get_run(run_id)
     assert (after.info.status, after.data.tags) == (run.info.status, run.data.tags)
