@@ -95,6 +95,7 @@ def resume_run(
     iterations: Optional[int] = typer.Option(None, help="run to this many iterations (default: the run's own)"),
 ) -> None:
     """Continue a run after its last completed iteration (e.g. after a crash)."""
+    from flows.preflight import preflight
     from marl_core.config import ConfigError, build_config
     from marl_core.resume import ResumeError, resume_settings
 
@@ -103,6 +104,7 @@ def resume_run(
         if iterations is not None:
             values["iterations"] = iterations
         config = build_config(values)
+        preflight(config)  # the stored settings may point at what is gone by now, as for `psro run`
     except (ResumeError, ConfigError) as error:
         _fail(str(error))
     console.print(f"resuming run {run_id}", highlight=False)
@@ -128,7 +130,6 @@ def _run(config, resume_run_id: Optional[str] = None) -> None:
 
 def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) -> None:
     from flows.psro_flow import run_psro  # slow imports (Prefect, Ray) while the server boots
-    from marl_core.export import write_export
 
     console.print(
         f"PSRO on [bold]{config.game}[/]: oracle={config.oracle} meta-solver={config.meta_solver} "
@@ -147,7 +148,7 @@ def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) 
         bar = progress.add_task("psro", total=config.iterations + 1, exploitability="-")
 
         def on_iteration(record, state) -> None:
-            last.update(record=record, state=state)
+            last["record"] = record
             progress.console.print(
                 f"iter {record.iteration:4d}  pop {'x'.join(map(str, record.population_sizes)):>9}  "
                 f"exploitability {record.report.exploitability:9.6f}  nash_conv {record.report.nash_conv:9.6f}  "
@@ -157,19 +158,18 @@ def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) 
             )
             progress.update(bar, advance=1, exploitability=f"{record.report.exploitability:.4f}")
 
-        state = run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id, ray_ready=ray_ready)
+        run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id, ray_ready=ray_ready)
     wall = time.perf_counter() - started
     if "record" not in last:
         console.print(f"nothing to do: the run already completed {config.iterations} iterations", highlight=False)
-        return
-    record = last["record"]
-    console.print(
-        f"done: {record.iteration} iterations, exploitability {record.report.exploitability:.6g} "
-        f"(NashConv {record.report.nash_conv:.6g}) in {wall:.1f}s",
-        highlight=False,
-    )
-    if config.export:
-        write_export(config.export, config, state.populations, state.meta_strategy, record.report, record.iteration, wall)
+    else:
+        record = last["record"]
+        console.print(
+            f"done: {record.iteration} iterations, exploitability {record.report.exploitability:.6g} "
+            f"(NashConv {record.report.nash_conv:.6g}) in {wall:.1f}s",
+            highlight=False,
+        )
+    if config.export:  # written by the flow
         console.print(
             f"exported to {config.export}; check it with: python scripts/verify_export.py {config.export}",
             highlight=False,

@@ -1,4 +1,4 @@
-"""Checks of the outside world that `psro run` makes before it starts or writes anything.
+"""Checks of the outside world made before any work: by `psro run`, `psro resume` and every flow run.
 
 The config model (`marl_core.config`) checks what a value *is*; these check what it *points at*:
 a Ray cluster, an MLflow store, an export directory. Each would otherwise fail late and at a

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import ray
 from prefect import flow
 from prefect.exceptions import CancelledRun
+from prefect.runtime import flow_run
 from prefect.states import Cancelled
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
@@ -32,6 +33,8 @@ from marl_core.game_tree import build_tree
 from marl_core.psro import IterationRecord, PSROState, StageClock
 
 IterationCallback = Callable[[IterationRecord, PSROState], None]
+# Tags the MLflow run with the Prefect flow run that created it: a retried flow run finds it by this.
+FLOW_RUN_TAG = "prefect.flow_run_id"
 
 
 class Handoff:
@@ -131,7 +134,9 @@ def psro_flow(
 ) -> PSROState:
     """The whole run: the deployable entry point (its parameters are a plain config mapping).
 
-    With `resume_run_id` it continues that MLflow run after its last committed iteration.
+    With `resume_run_id` it continues that MLflow run after its last committed iteration; so does
+    a retry of a flow run (see `_earlier_attempt`). The export, if configured, is written here,
+    so a deployment's run writes it as `psro run` does.
     """
     from marl_core.resume import load_checkpoint
     from marl_core.tracking import RunTracker
@@ -140,6 +145,7 @@ def psro_flow(
 
     config = PSROConfig(**config) if isinstance(config, dict) else config
     preflight(config)  # deployments start here, not at the CLI: same checks before any work
+    resume_run_id = resume_run_id or _earlier_attempt(config)
     run_started = time.perf_counter()
     checkpoint = load_checkpoint(config.tracking_uri, resume_run_id) if resume_run_id else None
     state = psro.resumed_state(checkpoint) if checkpoint else psro.initial_state(build_tree(config.game))
@@ -154,13 +160,15 @@ def psro_flow(
             worker_env = {"PREFECT_API_URL": api_url} if api_url else {}
             stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
         pool = _start_rollout_workers(config, stack)
-        tracker = stack.enter_context(RunTracker(config, resume=checkpoint))
-        state = _run_iterations(config, state, first, run_started, pool, tracker, on_iteration)
+        tracker = stack.enter_context(RunTracker(config, resume=checkpoint, tags={FLOW_RUN_TAG: str(flow_run.id)}))
+        state, record = _run_iterations(config, state, first, run_started, pool, tracker, on_iteration)
         tracker.finish(state)
+    if config.export:
+        _write_export(config, state, record, time.perf_counter() - run_started)
     return state
 
 
-def _run_iterations(config, state, first, run_started, pool, tracker, on_iteration) -> PSROState:
+def _run_iterations(config, state, first, run_started, pool, tracker, on_iteration) -> tuple[PSROState, Optional[IterationRecord]]:
     """One subflow per iteration, in order; each next subflow starts while this one works.
 
     Starting a subflow (creating its run, proposing Running) and finishing one (proposing
@@ -168,9 +176,10 @@ def _run_iterations(config, state, first, run_started, pool, tracker, on_iterati
     overlap the neighbouring iteration's tasks instead of sitting between two iterations. The
     work itself stays strictly sequential: an iteration's body waits for the previous state,
     which it copies before changing anything, so a state handed to `on_iteration` stays as it was.
+    Returns the last state and the last iteration's record (None when nothing was left to run).
     """
     if first > config.iterations:
-        return state
+        return state, None
     threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="psro-iteration")
 
     def start(iteration: int) -> tuple[Handoff, Future]:
@@ -210,7 +219,29 @@ def _run_iterations(config, state, first, run_started, pool, tracker, on_iterati
         threads.shutdown(wait=False, cancel_futures=True)
         raise
     threads.shutdown()
-    return state
+    return state, record
+
+
+def _earlier_attempt(config: PSROConfig) -> Optional[str]:
+    """The MLflow run that an earlier attempt of this flow run committed to, when this is a retry.
+
+    Prefect's UI retries a crashed or failed run (a killed worker process, a lost node) by
+    scheduling the same flow run again, state "AwaitingRetry", and a worker or `psro serve` runs
+    it again with the same parameters and a higher run count. It continues the MLflow run it
+    created, as `psro resume` would, instead of starting another.
+    """
+    from marl_core.resume import find_tagged
+
+    return find_tagged(config, FLOW_RUN_TAG, str(flow_run.id)) if flow_run.run_count > 1 else None
+
+
+def _write_export(config: PSROConfig, state: PSROState, last: Optional[IterationRecord], wall: float) -> None:
+    """The OpenSpiel-checkable export; `last` is None when a resumed run had nothing left to do."""
+    from marl_core.exploitability import nash_conv
+    from marl_core.export import write_export
+
+    report = last.report if last else nash_conv(build_tree(config.game), state.populations, state.meta_strategy)
+    write_export(config.export, config, state.populations, state.meta_strategy, report, state.iteration, wall)
 
 
 def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):

@@ -89,6 +89,19 @@ def find_resumable(config) -> str | None:
     return None
 
 
+def find_tagged(config, key: str, value: str) -> str | None:
+    """The run of the config's experiment tagged ``key=value`` that committed an iteration.
+
+    A run that committed nothing has nothing to continue from; whoever looks it up starts anew.
+    """
+    client = _client(config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.experiment)
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{key}` = '{value}'")
+    return next((run.info.run_id for run in runs if committed_iteration(run) is not None), None)
+
+
 def _committed_run(client, run_id: str):
     from mlflow.exceptions import MlflowException
 

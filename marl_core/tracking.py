@@ -13,7 +13,9 @@ already means the newest version), so the newest member also gets the alias ``ne
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -24,6 +26,9 @@ from marl_core.policies import policy_to_dict
 from marl_core.resume import COMMITTED_TAG, CONFIG_ARTIFACT, FINAL_PAYOFFS
 
 NEWEST_ALIAS = "newest"
+# Fault injection for tests: SIGKILL the process that tracks the run once iteration N's members
+# are registered and before N is committed, the window whose leftovers resume must clean up.
+KILL_BEFORE_COMMIT = "PSRO_KILL_BEFORE_COMMIT"
 
 
 def registered_model_name(experiment: str, game: str, player: int) -> str:
@@ -50,11 +55,15 @@ def prepare_store(tracking_uri: str) -> None:
 
 
 class RunTracker:
-    """Tracks a new run, or with `resume` (a `marl_core.resume.Checkpoint`) continues one."""
+    """Tracks a new run, or with `resume` (a `marl_core.resume.Checkpoint`) continues one.
 
-    def __init__(self, config, resume=None):
+    `tags` go on a new run: what its caller needs to find it again (see `marl_core.resume.find_tagged`).
+    """
+
+    def __init__(self, config, resume=None, tags: dict[str, str] | None = None):
         self.config = config
         self.resume = resume
+        self.tags = tags or {}
         self.run_id: str | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracking")
         self._pending: list[Future] = []
@@ -129,7 +138,7 @@ class RunTracker:
         run = self.client.create_run(
             experiment_id,
             run_name=f"psro-{self.config.game}-{self.config.meta_solver}",
-            tags={"game": self.config.game, "oracle": self.config.oracle, "meta_solver": self.config.meta_solver},
+            tags={"game": self.config.game, "oracle": self.config.oracle, "meta_solver": self.config.meta_solver, **self.tags},
         )
         self.artifact_uri = run.info.artifact_uri
         params = [Param(key, str(value)) for key, value in flat_params(self.config.model_dump()).items()]
@@ -190,6 +199,8 @@ class RunTracker:
                 self._register(player, member, step, record.meta_strategy[player][member], path)
         metrics = [mlflow.entities.Metric(k, float(v), 0, step) for k, v in record.metrics().items()]
         self.client.log_batch(self.run_id, metrics=metrics)
+        if os.environ.get(KILL_BEFORE_COMMIT) == str(step):
+            os.kill(os.getpid(), signal.SIGKILL)
         self.client.set_tag(self.run_id, COMMITTED_TAG, str(step))  # last: the iteration's commit
 
     def _log_network(self, player: int, weights, path: str) -> None:

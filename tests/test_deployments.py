@@ -1,8 +1,9 @@
 """prefect.yaml's deployments, served by `psro serve` against a real Prefect server.
 
 The test does what the README tells a user to do: start a server on 127.0.0.1, run
-`psro serve`, trigger the Kuhn smoke deployment with `prefect deployment run` (fewer iterations
-and a temporary MLflow store as the parameter override), and watch the run complete. It then
+`psro serve`, trigger the Kuhn smoke deployment with `prefect deployment run` (fewer iterations,
+a temporary MLflow store and an export directory as the parameter override), and watch the run
+complete. It then
 reads through Prefect's client what the UI shows: the run, its `psro-iteration` subflows and
 their tasks, and the nightly deployment with its cron schedule.
 """
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 2
-TASKS = {"train-best-response", "expand-population", "evaluate-payoffs", "solve-meta-game", "measure-exploitability"}
+TASKS = {"train-best-response", "evaluate-payoffs", "solve-meta-game", "measure-exploitability"}
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -106,7 +107,7 @@ def triggered_run(served):
     """A kuhn-smoke run triggered from the command line, as the README shows, run to completion."""
     work, env, prefect, _ = served
     config = {"game": "kuhn_poker", "meta_solver": "nash", "iterations": ITERATIONS, "num_cpus": 2,
-              "tracking_uri": f"sqlite:///{work}/mlflow.db", "experiment": "smoke"}
+              "tracking_uri": f"sqlite:///{work}/mlflow.db", "experiment": "smoke", "export": str(work / "export")}
     command = [str(Path(sys.executable).with_name("prefect")), "deployment", "run", "psro/kuhn-smoke",
                "--params", json.dumps({"config": config})]
     out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=120)
@@ -130,6 +131,16 @@ def test_triggered_run_has_its_iterations_and_their_tasks(served, triggered_run)
     tasks = Counter(t.name.rsplit("-", 1)[0] for t in task_runs if t.flow_run_id in {r.id for r in iterations})
     assert set(tasks) == TASKS, tasks
     assert tasks["train-best-response"] == 2 * ITERATIONS  # two players, none at iteration 0
+
+
+def test_triggered_run_writes_the_export_it_was_given(served, triggered_run):
+    """The flow writes the export, not the CLI: a deployment's run with `export` set writes one too."""
+    work = served[0]
+    summary = json.loads((work / "export" / "summary.json").read_text())
+    assert summary["game"] == "kuhn_poker" and summary["iterations"] == ITERATIONS
+    verified = subprocess.run([sys.executable, str(ROOT / "scripts" / "verify_export.py"), str(work / "export")],
+                              capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def test_scheduled_deployment_is_listed_with_its_cron(served):

@@ -147,7 +147,7 @@ def test_prefect_recorded_the_flow_its_iterations_and_their_tasks(finished_run):
     assert seen["flows"] == {"psro": 1, "psro-iteration": ITERATIONS + 1}
     assert seen["states"] == ["Completed"]
     names = " ".join(seen["tasks"])
-    for task in ("train_best_response", "expand_population", "evaluate_payoffs", "solve_meta_game", "measure_exploitability"):
+    for task in ("train_best_response", "evaluate_payoffs", "solve_meta_game", "measure_exploitability"):
         assert task in names, seen["tasks"]
 
 

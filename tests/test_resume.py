@@ -1,5 +1,12 @@
-"""A run killed with SIGKILL mid-iteration resumes from its last committed iteration and ends
-exactly where an uninterrupted run ends, with every member registered exactly once."""
+"""`psro resume`: a run killed after an iteration's members are registered and before that
+iteration is committed resumes from its last committed iteration and ends exactly where an
+uninterrupted run ends, with every member registered exactly once; a run whose stored settings
+point at something unusable is refused before any work.
+
+The kill point is fixed by the tracker's fault-injection hook (`PSRO_KILL_BEFORE_COMMIT=N`):
+the driver dies by SIGKILL in the one window whose leftovers (registry versions of the
+uncommitted iteration) resume has to remove.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +15,27 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
 import pytest
 
+from typer.testing import CliRunner
+
+from flows import cli
 from marl_core.config import build_config
-from marl_core.resume import COMMITTED_TAG, find_resumable
-from marl_core.tracking import registered_model_name
+from marl_core.resume import COMMITTED_TAG, CONFIG_ARTIFACT, find_resumable
+from marl_core.tracking import KILL_BEFORE_COMMIT, registered_model_name
 from processes import assert_all_exited
 
-pytestmark = pytest.mark.slow
-
-ITERATIONS = 16
+ITERATIONS = 6
+KILLED_AT = 3  # its members are registered, its commit never written
 PSRO = str(Path(sys.executable).with_name("psro"))
 
 
-def _env(home: Path) -> dict:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(home)
-    return env
+def _env(home: Path, **extra: str) -> dict:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+    return {**env, "PREFECT_HOME": str(home), **extra}
 
 
 def _settings(store: str, experiment: str) -> list[str]:
@@ -47,19 +54,14 @@ def _final(client, run_id: str) -> tuple[str, dict]:
     return payoffs, meta
 
 
-def _wait_for_commit(client, experiment: str, at_least: int, process, timeout: float = 300) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the run ended before it could be killed"
-        found = client.get_experiment_by_name(experiment)
-        runs = client.search_runs([found.experiment_id]) if found else []
-        if runs and int(runs[0].data.tags.get(COMMITTED_TAG, -1)) >= at_least:
-            return runs[0].info.run_id
-        time.sleep(0.1)
-    raise AssertionError(f"no iteration {at_least} committed within {timeout} s")
+def _registered(client, experiment: str, player: int) -> list[tuple[int, int]]:
+    """(member, iteration) of every registry version of the player's model."""
+    name = registered_model_name(experiment, "kuhn_poker", player)
+    return sorted((int(v.tags["member"]), int(v.tags["iteration"])) for v in client.search_model_versions(f"name='{name}'"))
 
 
-def test_a_run_killed_mid_iteration_resumes_to_the_uninterrupted_result(tmp_path):
+@pytest.mark.slow
+def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     home = tmp_path / "prefect-home"
@@ -68,13 +70,13 @@ def test_a_run_killed_mid_iteration_resumes_to_the_uninterrupted_result(tmp_path
                                capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr[-3000:]
 
-    crashing = subprocess.Popen([PSRO, "run", *_settings(store, "crash")], cwd=tmp_path, env=_env(home),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run_id = _wait_for_commit(client, "crash", at_least=5, process=crashing)
-    os.kill(crashing.pid, signal.SIGKILL)  # the driver only: no clean-up code runs
-    crashing.wait()
-    killed_at = int(client.get_run(run_id).data.tags[COMMITTED_TAG])
-    assert killed_at < ITERATIONS, "the run finished before the kill"
+    crashed = subprocess.run([PSRO, "run", *_settings(store, "crash")], cwd=tmp_path,
+                             env=_env(home, **{KILL_BEFORE_COMMIT: str(KILLED_AT)}), capture_output=True, text=True, timeout=600)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    run_id = _only_run(client, "crash").info.run_id
+    assert client.get_run(run_id).data.tags[COMMITTED_TAG] == str(KILLED_AT - 1)
+    for player in range(2):  # the uncommitted iteration's member is in the registry
+        assert _registered(client, "crash", player) == [(member, member) for member in range(KILLED_AT + 1)]
     # The server stops itself once its driver is gone, and Ray's reaper stops Ray.
     assert_all_exited(f"PREFECT_HOME={home}", timeout=60)
 
@@ -85,12 +87,48 @@ def test_a_run_killed_mid_iteration_resumes_to_the_uninterrupted_result(tmp_path
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"resuming run {run_id}" in resumed.stdout
     first_line = next(line for line in resumed.stdout.splitlines() if line.startswith("iter "))
-    assert int(first_line.split()[1]) == killed_at + 1  # nothing committed was recomputed
+    assert int(first_line.split()[1]) == KILLED_AT  # the uncommitted iteration is redone, nothing committed is
 
     assert _final(client, run_id) == _final(client, _only_run(client, "reference").info.run_id)
     assert client.get_run(run_id).info.status == "FINISHED"
-    for player in range(2):
-        name = registered_model_name("crash", "kuhn_poker", player)
-        members = [int(v.tags["member"]) for v in client.search_model_versions(f"name='{name}'")]
-        assert sorted(members) == list(range(ITERATIONS + 1))  # each member exactly once
+    for player in range(2):  # each member exactly once, the redone one included
+        assert _registered(client, "crash", player) == [(member, member) for member in range(ITERATIONS + 1)]
     assert_all_exited(f"PREFECT_HOME={home}")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[Path, str]:
+    """One MLflow store for the refused runs (a new SQLite store takes seconds to create)."""
+    directory = tmp_path_factory.mktemp("stored")
+    (directory / "previous").mkdir()
+    (directory / "previous" / "summary.json").write_text("{}")
+    uri = f"sqlite:///{directory}/mlflow.db"
+    mlflow.MlflowClient(tracking_uri=uri).create_experiment("stored", artifact_location=str(directory / "mlruns"))
+    return directory, uri
+
+
+@pytest.mark.parametrize("stored, named", [
+    ({"ray_address": "127.0.0.1:1"}, "ray_address='127.0.0.1:1': nothing answers"),
+    ({"export": "previous"}, "export='previous': directory 'previous' exists and is not empty"),
+    ({"meta_solver": "retired"}, "'retired'"),
+], ids=["unreachable-ray", "used-export-dir", "unknown-meta-solver"])
+def test_resume_refuses_a_stored_setting_that_no_longer_works(store, monkeypatch, stored, named):
+    """The settings come from the run's logged config, so they get the checks `psro run` makes."""
+    directory, uri = store
+    monkeypatch.chdir(directory)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.get_experiment_by_name("stored").experiment_id).info.run_id
+    settings = build_config({"game": "kuhn_poker", "tracking_uri": uri, "experiment": "stored"}).model_dump(mode="json")
+    client.log_dict(run_id, {**settings, **stored}, CONFIG_ARTIFACT)
+    client.set_tag(run_id, COMMITTED_TAG, "0")
+    files, run = sorted(directory.rglob("*")), client.get_run(run_id)
+    started = []
+    monkeypatch.setattr(cli, "_run", lambda *args: started.append(args))  # the work: server, Ray, the flow
+
+    result = CliRunner().invoke(cli.app, ["resume", run_id, "--tracking-uri", uri])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith("error: ") and named in result.output, result.output
+    assert not started
+    assert sorted(directory.rglob("*")) == files
+    after = client.get_run(run_id)
+    assert (after.info.status, after.data.tags) == (run.info.status, run.data.tags)

@@ -1,0 +1,154 @@
+"""Retrying a crashed deployment run from Prefect's UI continues its MLflow run.
+
+`psro serve` serves the kuhn-smoke deployment with the tracker's fault-injection hook set, so
+the triggered run's process dies by SIGKILL after iteration KILLED_AT's members are registered
+and before that iteration is committed (Prefect marks the run Crashed). The serving process is
+restarted without the hook, as after a crashed node, and the run is retried exactly as the UI's
+Retry button does it: the same flow run is set to a Scheduled state named "AwaitingRetry", and
+the serving process runs it again with the same parameters. The retry must continue the same
+MLflow run from its last committed iteration and end with an uninterrupted run's payoff table
+and meta-strategy, each member registered once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from processes import assert_all_exited
+
+from marl_core.resume import COMMITTED_TAG
+from marl_core.tracking import KILL_BEFORE_COMMIT, registered_model_name
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ITERATIONS = 4
+KILLED_AT = 2
+DEPLOYMENT = "psro/kuhn-smoke"
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Served:
+    """`psro serve` of the kuhn-smoke deployment against the test's Prefect server."""
+
+    def __init__(self, work: Path, env: dict, name: str):
+        self.log_path = work / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("psro")), "serve", "--deployment", "kuhn-smoke",
+             "--prefect-yaml", str(ROOT / "prefect.yaml")],
+            cwd=work, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self._log.close()
+
+
+def _prefect(api_url: str, method: str, *args, **kwargs):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        with get_client(sync_client=True) as client:
+            return getattr(client, method)(*args, **kwargs)
+
+
+def _final(client, run_id: str) -> tuple[str, dict]:
+    payoffs = Path(client.download_artifacts(run_id, "payoffs/final.csv")).read_text()
+    meta = json.loads(Path(client.download_artifacts(run_id, f"meta_strategy/iteration_{ITERATIONS:04d}.json")).read_text())
+    return payoffs, meta
+
+
+def _registered(client, experiment: str, player: int) -> list[tuple[int, int]]:
+    name = registered_model_name(experiment, "kuhn_poker", player)
+    return sorted((int(v.tags["member"]), int(v.tags["iteration"])) for v in client.search_model_versions(f"name='{name}'"))
+
+
+def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_run(tmp_path):
+    from prefect.states import Scheduled
+
+    from flows.runtime import LocalPrefectServer
+
+    home = tmp_path / "prefect-home"
+    marker = f"PREFECT_HOME={home}"
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
+    server = LocalPrefectServer(home)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+    env.update(PREFECT_HOME=str(home), PREFECT_API_URL=server.url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    serving = Served(tmp_path, {**env, KILL_BEFORE_COMMIT: str(KILLED_AT)}, "serve-crashing")
+    try:
+        server.wait()
+        deployment = _wait(lambda: _deployment(server.url), 120, "psro serve to register kuhn-smoke")
+
+        def trigger(experiment: str):
+            config = {"game": "kuhn_poker", "meta_solver": "nash", "iterations": ITERATIONS, "num_cpus": 2,
+                      "tracking_uri": store, "experiment": experiment}
+            return _prefect(server.url, "create_flow_run_from_deployment", deployment.id, parameters={"config": config}).id
+
+        def final_state(flow_run_id, timeout: float = 300):
+            return _wait(lambda: (s := _prefect(server.url, "read_flow_run", flow_run_id).state).is_final() and s,
+                         timeout, f"flow run {flow_run_id} to end")
+
+        crashed = trigger("retried")
+        state = final_state(crashed)
+        assert state.is_crashed(), (state, serving.log_path.read_text()[-3000:])
+        (run,) = client.search_runs([client.get_experiment_by_name("retried").experiment_id])
+        assert run.data.tags[COMMITTED_TAG] == str(KILLED_AT - 1)
+        for player in range(2):  # the uncommitted iteration's member is in the registry
+            assert _registered(client, "retried", player) == [(m, m) for m in range(KILLED_AT + 1)]
+
+        serving.stop()  # the crashed node comes back: served again, without the fault
+        serving = Served(tmp_path, env, "serve")
+        _prefect(server.url, "set_flow_run_state", crashed, Scheduled(name="AwaitingRetry", message="Retry from the UI"), force=True)
+        state = final_state(crashed)
+        assert state.is_completed(), (state, serving.log_path.read_text()[-3000:])
+        assert _prefect(server.url, "read_flow_run", crashed).run_count == 2
+
+        reference = trigger("reference")
+        assert final_state(reference).is_completed(), serving.log_path.read_text()[-3000:]
+        runs = client.search_runs([client.get_experiment_by_name("retried").experiment_id])
+        assert [r.info.run_id for r in runs] == [run.info.run_id], "the retry did not continue the crashed attempt's MLflow run"
+        retried = client.get_run(run.info.run_id)
+        (uninterrupted,) = client.search_runs([client.get_experiment_by_name("reference").experiment_id])
+        assert retried.info.status == "FINISHED"
+        assert _final(client, retried.info.run_id) == _final(client, uninterrupted.info.run_id)
+        for player in range(2):  # each member exactly once, the redone one included
+            assert _registered(client, "retried", player) == [(m, m) for m in range(ITERATIONS + 1)]
+    finally:
+        serving.stop()
+        server.stop()
+        assert_all_exited(marker, timeout=60)
+
+
+def _deployment(api_url: str):
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return _prefect(api_url, "read_deployment_by_name", DEPLOYMENT)
+    except ObjectNotFound:
+        return None
