@@ -115,12 +115,12 @@ def _run(config, resume_run_id: Optional[str] = None) -> None:
     import os
 
     # standard library only: the server and Ray start before the slow imports
-    from flows.runtime import prefect_api, ray_in_background, ray_to_use, reap_on_crash
+    from flows.runtime import prefect_api, ray_in_background, ray_to_use, reap_on_crash, stop_on_sigterm
 
     # Prefect's console shows warnings only (three INFO lines per iteration would bury the
     # progress lines); its API handler keeps every level, so the UI still has all logs.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    with reap_on_crash(), prefect_api() as api:
+    with stop_on_sigterm(), reap_on_crash(), prefect_api() as api:
         address, worker_env = ray_to_use(config.ray_address, api[0])
         with ray_in_background(address, config.num_cpus, worker_env, config.game) as ray_ready:
             reuse = f" (the running psro server's; Ray at {address})" if not worker_env else ""

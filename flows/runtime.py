@@ -182,13 +182,18 @@ def _start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, st
     # a console line between the run's own lines (`ray get-auth-token` prints the token).
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if address:
-        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+        from flows.server import find_running_server
 
-        # What `ray.init(address="auto")` does and an explicit address skips: a cluster started
-        # here (`psro server`, `ray start`) requires the token Ray saved for this user.
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        running = find_running_server()
+        if running and running.ray_address == address:
+            from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+            # A `psro server`'s Ray was started by `ray.init()`, which turns token authentication
+            # on; joining it by address needs what `ray.init(address="auto")` would do: take
+            # the token Ray saved for this user. Other clusters keep Ray's own rules.
+            maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         runtime_env = {"env_vars": env_vars} if env_vars else None
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     else:
         os.environ.update(env_vars)
         ray.init(
@@ -213,6 +218,26 @@ def ray_to_use(config_address: str | None, api_url: str) -> tuple[str | None, di
     return config_address, {"PREFECT_API_URL": api_url}
 
 
+class _NoSigtermNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("SIGTERM handler is not set")
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM ends the run as Ctrl-C does: by an exception in the main thread, so every context
+    unwinds (Ray, the Prefect server, the MLflow run marked failed) and the run stays resumable."""
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[str, str], game: str) -> Iterator[Callable[[], None]]:
     """`ray_session`, started on a thread, with its workers warming up: the caller goes on with
@@ -223,6 +248,9 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
         _start_ray(address, num_cpus, env_vars)
         warm_up_workers(game)
 
+    # Off the main thread Ray installs no SIGTERM handler and says so; the caller's main thread
+    # handles signals (`stop_on_sigterm`), so the notice is noise.
+    logging.getLogger("ray._private.worker").addFilter(_NoSigtermNotice())
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as thread:
         started = thread.submit(start)
         try:
