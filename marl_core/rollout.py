@@ -22,6 +22,7 @@ being reset.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Union
 
@@ -181,7 +182,7 @@ class RolloutWorker:
             for (i, episode), chosen_here in zip(stepping, actions):
                 step = self.envs[i].step(chosen_here)
                 env_steps += 1
-                episode.rewarded(step.rewards, agent_index)
+                episode.rewarded(step.rewards, agent_index, decisions.reward)
                 if step.done:
                     episode.end(step.terminations)
                     finished.append(episode)
@@ -215,6 +216,8 @@ class _Decisions:
         self.mask: list[np.ndarray] = []
         self.action: list[np.ndarray] = []
         self.extras: list[dict[str, np.ndarray]] = []
+        # Per decision, the rewards its agent received from then until its next decision.
+        self.reward: list[float] = []
 
     def add(self, obs: np.ndarray, mask: np.ndarray, action: np.ndarray, extras: dict[str, np.ndarray]) -> int:
         """Record a batch; the number of its first decision."""
@@ -224,44 +227,36 @@ class _Decisions:
         self.mask.append(mask)
         self.action.append(action)
         self.extras.append(extras)
+        self.reward += [0.0] * len(action)
         return first
 
 
 class _Episode:
-    """One episode's bookkeeping: the learner agents' decisions, their rewards, everyone's returns.
+    """One episode's bookkeeping: the learner agents' decisions and everyone's returns.
 
     A learner transition runs from one of its decisions to its next one (or the episode's end)
     and collects every reward the agent receives in between, so other agents' moves are part
-    of the environment from its point of view. Per agent the episode keeps the decisions'
-    numbers and one reward sum per decision; the transitions are assembled once, in
-    `_to_experience`.
+    of the environment from its point of view. The episode keeps each agent's decision numbers;
+    the transitions are assembled once, in `_to_experience`.
     """
 
-    __slots__ = ("draws", "returns", "step", "decisions", "rewards", "order", "terminated")
+    __slots__ = ("draws", "returns", "step", "decisions", "terminated")
 
     def __init__(self, draws: list[int], num_agents: int, step: TimeStep):
         self.draws = draws
         self.returns = [0.0] * num_agents
         self.step = step  # the TimeStep the next actions answer
         self.decisions: dict[AgentID, list[int]] = {}  # per agent, in time order
-        self.rewards: dict[AgentID, list[float]] = {}  # per agent, what followed each decision
-        # Agents in the order their first transition closed (at their second decision, or at the
-        # end): the order in which their streams go into the experience.
-        self.order: list[AgentID] = []
-        self.terminated: dict[AgentID, bool] = {}
+        self.terminated: dict[AgentID, bool] = {}  # filled at the end
 
     def acted(self, agent: AgentID, decision: int) -> None:
         decisions = self.decisions.get(agent)
         if decisions is None:
             self.decisions[agent] = [decision]
-            self.rewards[agent] = [0.0]
-            return
-        if len(decisions) == 1:
-            self.order.append(agent)
-        decisions.append(decision)
-        self.rewards[agent].append(0.0)
+        else:
+            decisions.append(decision)
 
-    def rewarded(self, rewards: dict[AgentID, float], agent_index: dict[AgentID, int]) -> None:
+    def rewarded(self, rewards: dict[AgentID, float], agent_index: dict[AgentID, int], reward_of: list[float]) -> None:
         for agent, reward in rewards.items():
             # Adding zero changes no sum (they start at +0.0), and most steps pay nothing.
             if reward:
@@ -269,18 +264,20 @@ class _Episode:
                 if index is None:
                     continue
                 self.returns[index] += float(reward)
-                following = self.rewards.get(agent)
-                if following is not None:
-                    following[-1] += reward
+                decisions = self.decisions.get(agent)
+                if decisions is not None:
+                    reward_of[decisions[-1]] += reward
 
     def end(self, terminations: dict[AgentID, bool]) -> None:
-        for agent, decisions in self.decisions.items():
-            if len(decisions) == 1:
-                self.order.append(agent)
-            # A terminated agent's future is worth nothing. A truncated one would bootstrap from
-            # its final observation, which the API does not expose; its own is the stand-in.
-            self.terminated[agent] = bool(terminations.get(agent, True))
+        # A terminated agent's future is worth nothing. A truncated one would bootstrap from
+        # its final observation, which the API does not expose; its own is the stand-in.
+        self.terminated = {agent: bool(terminations.get(agent, True)) for agent in self.decisions}
         self.step = None
+
+    def stream_order(self) -> list[AgentID]:
+        """The agents in the order their first transitions closed: at their second decision, or
+        at the end (then in the order they first acted). Decision numbers grow with time."""
+        return sorted(self.decisions, key=lambda agent: (d[1] if len(d := self.decisions[agent]) > 1 else math.inf))
 
 
 def _to_experience(episodes: list[_Episode], decisions: _Decisions) -> Experience:
@@ -293,14 +290,13 @@ def _to_experience(episodes: list[_Episode], decisions: _Decisions) -> Experienc
             reward=empty.astype(np.float32), next_obs=empty.astype(np.float32), next_mask=empty.astype(bool),
             done=empty.astype(bool), last=empty.astype(bool),
         )
-    taken, following, rewards, ends, terminated = [], [], [], [], []
+    taken, following, ends, terminated = [], [], [], []
     for episode in episodes:
-        for agent in episode.order:
+        for agent in episode.stream_order():
             stream = episode.decisions[agent]
             taken += stream
             following += stream[1:]
             following.append(stream[-1])  # the last transition's next observation is its own
-            rewards += episode.rewards[agent]
             ends.append(len(taken) - 1)
             terminated.append(episode.terminated[agent])
     n = len(taken)
@@ -312,7 +308,7 @@ def _to_experience(episodes: list[_Episode], decisions: _Decisions) -> Experienc
         obs=np.asarray(obs[taken], dtype=np.float32),
         mask=np.asarray(mask[taken], dtype=bool),
         action=np.asarray(np.concatenate(decisions.action)[taken], dtype=np.int64),
-        reward=np.array(rewards, dtype=np.float32),
+        reward=np.array(decisions.reward, dtype=np.float32)[taken],
         next_obs=np.asarray(obs[following], dtype=np.float32),
         next_mask=np.asarray(mask[following], dtype=bool),
         done=done,
