@@ -277,7 +277,10 @@ class _Episode:
     def stream_order(self) -> list[AgentID]:
         """The agents in the order their first transitions closed: at their second decision, or
         at the end (then in the order they first acted). Decision numbers grow with time."""
-        return sorted(self.decisions, key=lambda agent: (d[1] if len(d := self.decisions[agent]) > 1 else math.inf))
+        decisions = self.decisions
+        if len(decisions) == 1:
+            return list(decisions)
+        return sorted(decisions, key=lambda agent: decisions[agent][1] if len(decisions[agent]) > 1 else math.inf)
 
 
 def _to_experience(episodes: list[_Episode], decisions: _Decisions) -> Experience:
@@ -300,6 +303,7 @@ def _to_experience(episodes: list[_Episode], decisions: _Decisions) -> Experienc
             ends.append(len(taken) - 1)
             terminated.append(episode.terminated[agent])
     n = len(taken)
+    taken, following = np.array(taken), np.array(following)  # index arrays, converted once
     done, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     done[ends], last[ends] = terminated, True
     obs, mask = np.concatenate(decisions.obs), np.concatenate(decisions.mask)
