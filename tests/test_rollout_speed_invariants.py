@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from marl_core.envs import make_env
+from marl_core.envs import EnvSpec, MultiAgentEnv, TimeStep, make_env
+from marl_core.envs.api import check_actions
 from marl_core.game_tree import build_tree
 from marl_core.policies import sample_rows
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout import LearnerSpec, RolloutRequest, RolloutResult, RolloutWorker, TabularPopulation
+from marl_core.rollout import EnvSource, LearnerSpec, RolloutRequest, RolloutResult, RolloutWorker, TabularPopulation
 from marl_core.worker_pool import ParameterStore
 
 torch.set_num_threads(1)
@@ -27,9 +28,9 @@ torch.set_num_threads(1)
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 
 
-def _reference_collect(env: str, envs_per_worker: int, policy, request: RolloutRequest) -> RolloutResult:
+def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: RolloutRequest) -> RolloutResult:
     """The rollout loop as first written: a dict per transition, arrays built from lists."""
-    envs = [make_env(env) for _ in range(envs_per_worker)]
+    envs = [make_env(env) if isinstance(env, str) else env() for _ in range(envs_per_worker)]
     agents = envs[0].spec.agents
     rng = np.random.default_rng(request.seed)
     opponents = list(request.opponents.items())
@@ -145,8 +146,8 @@ def _assert_identical(result: RolloutResult, reference: RolloutResult) -> None:
     assert result.weights_version == reference.weights_version
 
 
-def _run_both(env: str, envs_per_worker: int, algorithm: str, request_args: dict, **config) -> RolloutResult:
-    spec = make_env(env).spec
+def _run_both(env: EnvSource, envs_per_worker: int, algorithm: str, request_args: dict, **config) -> RolloutResult:
+    spec = (make_env(env) if isinstance(env, str) else env()).spec
     agent = spec.agents[0]
     learner = LearnerSpec("invariants", algorithm, ALGORITHMS[algorithm].config(**config))
     torch.manual_seed(7)
@@ -157,6 +158,45 @@ def _run_both(env: str, envs_per_worker: int, algorithm: str, request_args: dict
     result = RolloutWorker(env, envs_per_worker, store).collect(request)
     _assert_identical(result, _reference_collect(env, envs_per_worker, policy, request))
     return result
+
+
+class _ScriptedTurns(MultiAgentEnv):
+    """Two agents whose turns, rewards and endings come from the env's seed, unlike any real game
+    here: "b" often acts several times before "a" acts again (so streams close out of first-act
+    order), rewards come every step, also before an agent's first turn, and about half the
+    episodes end truncated instead of terminated."""
+
+    spec = EnvSpec("scripted", ("a", "b"), {"a": 4, "b": 4}, {"a": 3, "b": 3}, simultaneous=False)
+
+    def __init__(self):
+        self._rng = np.random.default_rng(0)
+        self._masks: dict = {}
+        self._left = 0
+
+    def reset(self, seed=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._left = int(self._rng.integers(1, 7))
+        return self._timestep({"a": 0.0, "b": 0.0})
+
+    def step(self, actions):
+        check_actions("scripted", self._masks, actions)
+        self._left -= 1
+        return self._timestep({agent: float(self._rng.integers(-2, 3)) for agent in ("a", "b")})
+
+    def _timestep(self, rewards):
+        if self._left == 0:
+            truncated = bool(self._rng.random() < 0.5)
+            self._masks = {}
+            ends, cuts = dict.fromkeys("ab", not truncated), dict.fromkeys("ab", truncated)
+            return TimeStep({}, {}, rewards, ends, cuts, {})
+        agent = "a" if self._rng.random() < 0.3 else "b"
+        mask = self._rng.random(3) < 0.6
+        mask[self._rng.integers(3)] = True
+        self._masks = {agent: mask}
+        observation = self._rng.random(4).astype(np.float32)
+        return TimeStep({agent: observation}, {agent: mask}, rewards, dict.fromkeys("ab", False),
+                        dict.fromkeys("ab", False), {agent: {}})
 
 
 def _leduc_population(player: int, members: int, seed: int) -> TabularPopulation:
@@ -211,3 +251,9 @@ def test_parallel_pettingzoo_env_matches_the_reference_loop(algorithm):
         dict(learner_agents=("agent_0", "agent_1", "agent_2"), opponents={}, episodes=5, seed=(8, 0)),
     )
     assert len(result.experience) == 5 * 25 * 3 and result.experience.reward.min() < 0
+
+
+def test_irregular_turns_truncations_and_early_rewards_match_the_reference_loop():
+    result = _run_both(_ScriptedTurns, 4, "dqn", dict(learner_agents=("a", "b"), opponents={}, episodes=30, seed=(6,)),
+                       epsilon_start=0.5)
+    assert 0 < result.experience.done.sum() < result.experience.last.sum()  # some streams end truncated
