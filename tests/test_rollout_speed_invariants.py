@@ -257,3 +257,16 @@ def test_irregular_turns_truncations_and_early_rewards_match_the_reference_loop(
     result = _run_both(_ScriptedTurns, 4, "dqn", dict(learner_agents=("a", "b"), opponents={}, episodes=30, seed=(6,)),
                        epsilon_start=0.5)
     assert 0 < result.experience.done.sum() < result.experience.last.sum()  # some streams end truncated
+
+
+@pytest.mark.parametrize("algorithm", ["dqn", "ppo"])
+def test_acting_still_rejects_a_mask_row_without_legal_actions_and_wrong_shapes(algorithm):
+    # The checks moved from torch to numpy to save dispatch time per step; they must still hold.
+    policy = ALGORITHMS[algorithm].policy(4, 3, ALGORITHMS[algorithm].config())
+    rng = np.random.default_rng(0)
+    obs, mask = np.zeros((2, 4), np.float32), np.ones((2, 3), bool)
+    mask[1] = False
+    with pytest.raises(ValueError, match="every mask row needs at least one legal action"):
+        policy.act(obs, mask, True, rng)
+    with pytest.raises(ValueError, match=r"expected obs \[B, 4\] and mask \[B, 3\], got \(2, 5\) and \(2, 3\)"):
+        policy.act(np.zeros((2, 5), np.float32), np.ones((2, 3), bool), True, rng)
