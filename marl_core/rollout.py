@@ -22,6 +22,7 @@ being reset.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Union
 
@@ -120,18 +121,18 @@ class RolloutWorker:
         opponent_index = {agent: k for k, (agent, _) in enumerate(opponents)}  # looked up every step
         rows = {agent: self._infostate_rows(population) for agent, population in opponents}
         agents = self.spec.agents
+        agent_index = {agent: index for index, agent in enumerate(agents)}
         learners = set(request.learner_agents)
 
-        quota = np.full(len(self.envs), request.episodes // len(self.envs))
-        quota[: request.episodes % len(self.envs)] += 1
-        episodes: list[_Episode] = []
-        transitions: list[dict] = []
-        live: dict[int, _Episode] = {}
-        steps: dict[int, TimeStep] = {}
+        quota = [request.episodes // len(self.envs)] * len(self.envs)
+        for i in range(request.episodes % len(self.envs)):
+            quota[i] += 1
+        finished: list[_Episode] = []
+        decisions = _Decisions()
+        live: dict[int, _Episode] = {}  # in stepping order: a copy that starts an episode goes last
 
         def begin(i: int, step: TimeStep) -> None:
-            draws = [population.draw(rng) for _, population in opponents]
-            live[i], steps[i] = _Episode(draws, len(agents)), step
+            live[i] = _Episode([population.draw(rng) for _, population in opponents], len(agents), step)
 
         # Each copy's chance stream is seeded once per request; later episodes continue it.
         for i, env in enumerate(self.envs):
@@ -141,120 +142,180 @@ class RolloutWorker:
         env_steps = 0
         while live:
             # Batch every acting agent by who plays it: one forward pass for the learner,
-            # one vectorized draw per opponent population.
-            actions: dict[int, dict[AgentID, int]] = {i: {} for i in live}
+            # one vectorized draw per opponent population. Each copy's actions go in its own dict.
+            stepping = list(live.items())
+            actions: list[dict[AgentID, int]] = []
             learner_at, learner_obs, learner_mask = [], [], []
-            opponent_at: dict[int, list] = {k: [] for k in range(len(opponents))}
-            for i, episode in live.items():
-                step = steps[i]
-                for agent in step.acting:
+            opponent_at: list[list] = [[] for _ in opponents]
+            for _, episode in stepping:
+                step = episode.step
+                chosen_here: dict[AgentID, int] = {}
+                actions.append(chosen_here)
+                for agent, observation in step.observations.items():
                     if agent in learners:
-                        learner_at.append((i, agent))
-                        learner_obs.append(step.observations[agent])
+                        learner_at.append((chosen_here, episode, agent))
+                        learner_obs.append(observation)
                         learner_mask.append(step.action_masks[agent])
                     else:
-                        if agent not in opponent_index:
+                        k = opponent_index.get(agent)
+                        if k is None:
                             raise ValueError(f"agent {agent!r} is neither a learner nor has an opponent population")
-                        opponent_at[opponent_index[agent]].append((i, agent, rows[agent][step.infos[agent]["infostate"]]))
+                        row = rows[agent][step.infos[agent]["infostate"]]
+                        opponent_at[k].append((chosen_here, episode, agent, row))
             if learner_at:
-                obs, mask = np.stack(learner_obs), np.stack(learner_mask)
+                # np.array copies the rows, so an env that reuses its arrays cannot change them later.
+                obs, mask = np.array(learner_obs), np.array(learner_mask)
                 chosen, extras = policy.act(obs, mask, request.explore, rng)
-                for j, (i, agent) in enumerate(learner_at):
-                    actions[i][agent] = int(chosen[j])
-                    live[i].acted(agent, obs[j], mask[j], int(chosen[j]), {k: v[j] for k, v in extras.items()})
-            for k, at in opponent_at.items():
+                decision = decisions.add(obs, mask, chosen, extras)
+                for (chosen_here, episode, agent), action in zip(learner_at, chosen.tolist()):
+                    chosen_here[agent] = action
+                    episode.acted(agent, decision)
+                    decision += 1
+            for k, at in enumerate(opponent_at):
                 if at:
                     population = opponents[k][1]
-                    member = np.array([live[i].draws[k] for i, _, _ in at])
-                    probs = population.members[member, [row for _, _, row in at]]
-                    chosen = sample_rows(probs, rng)
-                    for j, (i, agent, _) in enumerate(at):
-                        actions[i][agent] = int(chosen[j])
+                    member = np.array([episode.draws[k] for _, episode, _, _ in at])
+                    probs = population.members[member, [row for _, _, _, row in at]]
+                    for (chosen_here, _, agent, _), action in zip(at, sample_rows(probs, rng).tolist()):
+                        chosen_here[agent] = action
 
-            for i in list(live):
-                step = self.envs[i].step(actions[i])
+            for (i, episode), chosen_here in zip(stepping, actions):
+                step = self.envs[i].step(chosen_here)
                 env_steps += 1
-                episode = live[i]
-                episode.rewarded(step, agents)
+                episode.rewarded(step.rewards, agent_index, decisions.reward)
                 if step.done:
-                    episode.end(step)
-                    episodes.append(episode)
-                    transitions.extend(episode.finished_transitions())
+                    episode.end(step.terminations)
+                    finished.append(episode)
                     quota[i] -= 1
-                    del live[i], steps[i]
+                    del live[i]
                     if quota[i] > 0:
                         begin(i, self.envs[i].reset())
                 else:
-                    steps[i] = step
+                    episode.step = step
 
         return RolloutResult(
-            experience=_to_experience(transitions),
-            episode_returns=np.array([e.returns for e in episodes], dtype=np.float64).reshape(-1, len(agents)),
-            opponent_draws=np.array([e.draws for e in episodes], dtype=np.int64).reshape(len(episodes), len(opponents)),
+            experience=_to_experience(finished, decisions),
+            episode_returns=np.array([e.returns for e in finished], dtype=np.float64).reshape(-1, len(agents)),
+            opponent_draws=np.array([e.draws for e in finished], dtype=np.int64).reshape(len(finished), len(opponents)),
             env_steps=env_steps,
             weights_version=version,
             seconds=time.perf_counter() - started,
         )
 
 
+class _Decisions:
+    """Every learner decision of a request, as the batches the policy acted on.
+
+    A decision is known by its number, its row in the concatenated batches; episodes keep only
+    these numbers, and `_to_experience` gathers the transitions' arrays with them at the end.
+    """
+
+    def __init__(self):
+        self.count = 0
+        self.obs: list[np.ndarray] = []
+        self.mask: list[np.ndarray] = []
+        self.action: list[np.ndarray] = []
+        self.extras: list[dict[str, np.ndarray]] = []
+        # Per decision, the rewards its agent received from then until its next decision.
+        self.reward: list[float] = []
+
+    def add(self, obs: np.ndarray, mask: np.ndarray, action: np.ndarray, extras: dict[str, np.ndarray]) -> int:
+        """Record a batch; the number of its first decision."""
+        first = self.count
+        self.count += len(action)
+        self.obs.append(obs)
+        self.mask.append(mask)
+        self.action.append(action)
+        self.extras.append(extras)
+        self.reward += [0.0] * len(action)
+        return first
+
+
 class _Episode:
-    """One episode's bookkeeping: the learner agents' open transitions and everyone's returns.
+    """One episode's bookkeeping: the learner agents' decisions and everyone's returns.
 
     A learner transition runs from one of its decisions to its next one (or the episode's end)
     and collects every reward the agent receives in between, so other agents' moves are part
-    of the environment from its point of view.
+    of the environment from its point of view. The episode keeps each agent's decision numbers;
+    the transitions are assembled once, in `_to_experience`.
     """
 
-    def __init__(self, draws: list[int], num_agents: int):
+    __slots__ = ("draws", "returns", "step", "decisions", "terminated")
+
+    def __init__(self, draws: list[int], num_agents: int, step: TimeStep):
         self.draws = draws
-        self.returns = np.zeros(num_agents)
-        self.transitions: dict[AgentID, list[dict]] = {}  # per agent, in time order
-        self._open: dict[AgentID, dict] = {}
+        self.returns = [0.0] * num_agents
+        self.step = step  # the TimeStep the next actions answer
+        self.decisions: dict[AgentID, list[int]] = {}  # per agent, in time order
+        self.terminated: dict[AgentID, bool] = {}  # filled at the end
 
-    def acted(self, agent, obs, mask, action, extras) -> None:
-        previous = self._open.get(agent)
-        if previous is not None:
-            self._close(agent, previous, obs, mask, done=False)
-        self._open[agent] = dict(obs=obs, mask=mask, action=action, reward=0.0, extras=extras)
+    def acted(self, agent: AgentID, decision: int) -> None:
+        decisions = self.decisions.get(agent)
+        if decisions is None:
+            self.decisions[agent] = [decision]
+        else:
+            decisions.append(decision)
 
-    def rewarded(self, step: TimeStep, agents) -> None:
-        for index, agent in enumerate(agents):
-            reward = step.rewards.get(agent, 0.0)
-            self.returns[index] += reward
-            if agent in self._open:
-                self._open[agent]["reward"] += reward
+    def rewarded(self, rewards: dict[AgentID, float], agent_index: dict[AgentID, int], reward_of: list[float]) -> None:
+        for agent, reward in rewards.items():
+            # Adding zero changes no sum (they start at +0.0), and most steps pay nothing.
+            if reward:
+                index = agent_index.get(agent)
+                if index is None:
+                    continue
+                self.returns[index] += float(reward)
+                decisions = self.decisions.get(agent)
+                if decisions is not None:
+                    reward_of[decisions[-1]] += reward
 
-    def end(self, step: TimeStep) -> None:
-        for agent, transition in self._open.items():
-            # A terminated agent's future is worth nothing. A truncated one would bootstrap from
-            # its final observation, which the API does not expose; its own is the stand-in.
-            done = bool(step.terminations.get(agent, True))
-            self._close(agent, transition, transition["obs"], transition["mask"], done=done)
-        self._open.clear()
+    def end(self, terminations: dict[AgentID, bool]) -> None:
+        # A terminated agent's future is worth nothing. A truncated one would bootstrap from
+        # its final observation, which the API does not expose; its own is the stand-in.
+        self.terminated = {agent: bool(terminations.get(agent, True)) for agent in self.decisions}
+        self.step = None
 
-    def _close(self, agent, transition: dict, next_obs, next_mask, done: bool) -> None:
-        closed = dict(transition, next_obs=next_obs, next_mask=next_mask, done=done)
-        self.transitions.setdefault(agent, []).append(closed)
-
-    def finished_transitions(self) -> list[dict]:
-        """One contiguous segment per learner agent, so advantage estimates never mix streams."""
-        flat = []
-        for stream in self.transitions.values():
-            stream[-1]["last"] = True
-            flat.extend(stream)
-        return flat
+    def stream_order(self) -> list[AgentID]:
+        """The agents in the order their first transitions closed: at their second decision, or
+        at the end (then in the order they first acted). Decision numbers grow with time."""
+        decisions = self.decisions
+        if len(decisions) == 1:
+            return list(decisions)
+        return sorted(decisions, key=lambda agent: decisions[agent][1] if len(decisions[agent]) > 1 else math.inf)
 
 
-def _to_experience(t: list[dict]) -> Experience:
-    keys = t[0]["extras"].keys() if t else ()
+def _to_experience(episodes: list[_Episode], decisions: _Decisions) -> Experience:
+    """The learner transitions of whole episodes: one contiguous stream per episode and agent, so
+    advantage estimates never mix streams, in the order the episodes finished."""
+    if decisions.count == 0:
+        empty = np.array([])
+        return Experience(
+            obs=empty.astype(np.float32), mask=empty.astype(bool), action=empty.astype(np.int64),
+            reward=empty.astype(np.float32), next_obs=empty.astype(np.float32), next_mask=empty.astype(bool),
+            done=empty.astype(bool), last=empty.astype(bool),
+        )
+    taken, following, ends, terminated = [], [], [], []
+    for episode in episodes:
+        for agent in episode.stream_order():
+            stream = episode.decisions[agent]
+            taken += stream
+            following += stream[1:]
+            following.append(stream[-1])  # the last transition's next observation is its own
+            ends.append(len(taken) - 1)
+            terminated.append(episode.terminated[agent])
+    n = len(taken)
+    taken, following = np.array(taken), np.array(following)  # index arrays, converted once
+    done, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    done[ends], last[ends] = terminated, True
+    obs, mask = np.concatenate(decisions.obs), np.concatenate(decisions.mask)
+    keys = decisions.extras[0].keys()
     return Experience(
-        obs=np.array([x["obs"] for x in t], dtype=np.float32),
-        mask=np.array([x["mask"] for x in t], dtype=bool),
-        action=np.array([x["action"] for x in t], dtype=np.int64),
-        reward=np.array([x["reward"] for x in t], dtype=np.float32),
-        next_obs=np.array([x["next_obs"] for x in t], dtype=np.float32),
-        next_mask=np.array([x["next_mask"] for x in t], dtype=bool),
-        done=np.array([x["done"] for x in t], dtype=bool),
-        last=np.array([x.get("last", False) for x in t], dtype=bool),
-        extras={k: np.array([x["extras"][k] for x in t]) for k in keys},
+        obs=np.asarray(obs[taken], dtype=np.float32),
+        mask=np.asarray(mask[taken], dtype=bool),
+        action=np.asarray(np.concatenate(decisions.action)[taken], dtype=np.int64),
+        reward=np.array(decisions.reward, dtype=np.float32)[taken],
+        next_obs=np.asarray(obs[following], dtype=np.float32),
+        next_mask=np.asarray(mask[following], dtype=bool),
+        done=done,
+        last=last,
+        extras={k: np.concatenate([e[k] for e in decisions.extras])[taken] for k in keys},
     )

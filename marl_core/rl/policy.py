@@ -53,16 +53,16 @@ class Policy(nn.Module, abc.ABC):
 
     def _tensors(self, obs: np.ndarray, mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """numpy -> torch without copying when the input already has the right dtype."""
-        obs_t = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
-        mask_t = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.bool_))
-        if obs_t.shape != (len(obs_t), self.obs_size) or mask_t.shape != (len(obs_t), self.num_actions):
+        obs = np.ascontiguousarray(obs, dtype=np.float32)
+        mask = np.ascontiguousarray(mask, dtype=np.bool_)
+        if obs.shape != (len(obs), self.obs_size) or mask.shape != (len(obs), self.num_actions):
             raise ValueError(
-                f"expected obs [B, {self.obs_size}] and mask [B, {self.num_actions}], "
-                f"got {tuple(obs_t.shape)} and {tuple(mask_t.shape)}"
+                f"expected obs [B, {self.obs_size}] and mask [B, {self.num_actions}], got {obs.shape} and {mask.shape}"
             )
-        if not mask_t.any(dim=1).all():
+        # Checked in numpy: every torch call costs dispatch overhead on the per-step path.
+        if not mask.any(axis=1).all():
             raise ValueError("every mask row needs at least one legal action")
-        return obs_t, mask_t
+        return torch.from_numpy(obs), torch.from_numpy(mask)
 
 
 def _uniform_legal(mask: np.ndarray, generator: np.random.Generator) -> np.ndarray:
