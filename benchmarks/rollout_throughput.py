@@ -18,6 +18,7 @@ Steps are environment steps (one `env.step` call, however many agents act in it)
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 
@@ -114,6 +115,7 @@ def main() -> None:
     parser.add_argument("--envs-per-worker", type=int, default=64)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs", flush=True)
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
     try:
         print(f"{'environment':34s} {'plain loop':>11s} {'raw library':>12s} {'1 worker':>10s} {'2 workers':>10s} {'2w/plain':>9s} {'2w/raw':>7s}")
@@ -127,6 +129,7 @@ def main() -> None:
                 flush=True,
             )
         print("steps per second (environment steps); 'plain loop' is the issue's peer: our env API, random actions, one process")
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         ray.shutdown()
 

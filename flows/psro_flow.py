@@ -157,8 +157,8 @@ def psro_flow(
         if not ray.is_initialized():  # run by a deployment: one Ray session for all iterations
             stack.enter_context(reap_on_crash())
             api_url = os.environ.get("PREFECT_API_URL")
-            worker_env = {"PREFECT_API_URL": api_url} if api_url else {}
-            stack.enter_context(ray_session(config.ray_address, config.num_cpus, worker_env))
+            address, worker_env = ray_to_use(config.ray_address, api_url) if api_url else (config.ray_address, {})
+            stack.enter_context(ray_session(address, config.num_cpus, worker_env))
         pool = _start_rollout_workers(config, stack)
         tracker = stack.enter_context(RunTracker(config, resume=checkpoint, tags={FLOW_RUN_TAG: str(flow_run.id)}))
         state, record = _run_iterations(config, state, first, run_started, pool, tracker, on_iteration)
