@@ -62,7 +62,8 @@ def descendants(root: int) -> dict[int, str]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -91,7 +92,7 @@ def reap(token: str, remembered: dict[int, str], grace: float = 5.0) -> None:
 
 def main(driver: int, token: str) -> None:
     remembered: dict[int, str] = {}
-    while _alive(driver):
+    while alive(driver):
         remembered.update(descendants(driver))
         time.sleep(0.5)
     reap(token, remembered)

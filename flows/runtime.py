@@ -31,7 +31,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """Whether the Prefect API at `url` answers its health check."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
             return response.status == 200
@@ -77,7 +78,7 @@ class LocalPrefectServer:
 
     def wait(self) -> None:
         deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while not _healthy(self.url):
+        while not healthy(self.url):
             if self.process.poll() is not None:
                 raise RuntimeError(f"Prefect server exited with code {self.process.returncode}; see {self.home / 'server.log'}")
             if time.monotonic() > deadline:

@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import threading
-import urllib.request
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -37,32 +36,17 @@ def prefect_home() -> Path:
     return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser().resolve()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _answers(api_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def find_running_server(home: Optional[Path] = None) -> Optional[RunningServer]:
     """The `psro server` of this Prefect home, if one is up and answering; else None."""
+    from flows.reaper import alive
+    from flows.runtime import healthy
+
     path = (home or prefect_home()) / STATE_FILE
     try:
         server = RunningServer(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    return server if _alive(server.pid) and _answers(server.prefect_api_url) else None
+    return server if alive(server.pid) and healthy(server.prefect_api_url) else None
 
 
 def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer], None]) -> None:

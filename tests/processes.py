@@ -39,3 +39,14 @@ def poll(read: Callable[[], T], done: Callable[[T], bool], timeout: float = 30) 
     while not done(value := read()) and time.monotonic() < deadline:
         time.sleep(0.5)
     return value
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
+    """Poll `predicate` until it returns something truthy, and return that; fail naming `what`
+    once the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

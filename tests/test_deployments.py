@@ -16,13 +16,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from processes import assert_all_exited, processes_with_env
+from processes import assert_all_exited, processes_with_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -39,16 +38,6 @@ def _stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class Prefect:
@@ -93,7 +82,7 @@ def served(tmp_path_factory):
     try:
         server.wait()
         prefect = Prefect(server.url)
-        _wait(lambda: prefect.deployment("psro/kuhn-smoke"), 90, "psro serve to register its deployments")
+        wait_until(lambda: prefect.deployment("psro/kuhn-smoke"), 90, "psro serve to register its deployments")
         yield work, env, prefect, serve
     finally:
         _stop(serve)
@@ -113,7 +102,7 @@ def triggered_run(served):
     out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout).group(1)
-    run = _wait(lambda: (r := prefect("read_flow_run", flow_run_id)).state.is_final() and r, 120, "the triggered run to finish")
+    run = wait_until(lambda: (r := prefect("read_flow_run", flow_run_id)).state.is_final() and r, 120, "the triggered run to finish")
     assert run.state.is_completed(), (run.state, (work / "serve.log").read_text()[-3000:])
     return run
 

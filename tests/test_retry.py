@@ -17,12 +17,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
 import pytest
-from processes import assert_all_exited
+from processes import assert_all_exited, wait_until
 
 from marl_core.resume import COMMITTED_TAG
 from marl_core.tracking import KILL_BEFORE_COMMIT, registered_model_name
@@ -33,16 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 4
 KILLED_AT = 2
 DEPLOYMENT = "psro/kuhn-smoke"
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class Served:
@@ -103,7 +92,7 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
     serving = Served(tmp_path, {**env, KILL_BEFORE_COMMIT: str(KILLED_AT)}, "serve-crashing")
     try:
         server.wait()
-        deployment = _wait(lambda: _deployment(server.url), 120, "psro serve to register kuhn-smoke")
+        deployment = wait_until(lambda: _deployment(server.url), 120, "psro serve to register kuhn-smoke")
 
         def trigger(experiment: str):
             config = {"game": "kuhn_poker", "meta_solver": "nash", "iterations": ITERATIONS, "num_cpus": 2,
@@ -111,7 +100,7 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
             return _prefect(server.url, "create_flow_run_from_deployment", deployment.id, parameters={"config": config}).id
 
         def final_state(flow_run_id, timeout: float = 300):
-            return _wait(lambda: (s := _prefect(server.url, "read_flow_run", flow_run_id).state).is_final() and s,
+            return wait_until(lambda: (s := _prefect(server.url, "read_flow_run", flow_run_id).state).is_final() and s,
                          timeout, f"flow run {flow_run_id} to end")
 
         crashed = trigger("retried")

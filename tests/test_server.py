@@ -11,12 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from processes import assert_all_exited
+from processes import assert_all_exited, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +28,6 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _wait_for(condition, what: str, deadline_seconds: float = 180):
-    deadline = time.monotonic() + deadline_seconds
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-    return value
-
-
 @pytest.fixture
 def psro_server(tmp_path):
     home = tmp_path / "prefect-home"
@@ -46,7 +37,7 @@ def psro_server(tmp_path):
                               stdout=log, stderr=subprocess.STDOUT)
     state = home / "psro-server.json"
     try:
-        _wait_for(lambda: state.exists() or server.poll() is not None, "the psro server to come up")
+        wait_until(lambda: state.exists() or server.poll() is not None, 180, "the psro server to come up")
         assert server.poll() is None, (tmp_path / "server.log").read_text()
         yield server, home, json.loads(state.read_text())
     finally:
