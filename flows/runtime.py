@@ -167,7 +167,7 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
     A local instance's workers inherit this process's environment; a cluster's workers get the
     variables through Ray's runtime environment, which costs an agent round trip per worker.
     """
-    _start_ray(address, num_cpus, env_vars)
+    start_ray(address, num_cpus, env_vars)
     try:
         yield
     finally:
@@ -176,7 +176,7 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
         ray.shutdown()
 
 
-def _start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> None:
+def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> None:
     import ray
 
     # Ray's token authentication stays on; its start-up notice that it is on is not news worth
@@ -246,7 +246,7 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
     from concurrent.futures import ThreadPoolExecutor
 
     def start() -> None:
-        _start_ray(address, num_cpus, env_vars)
+        start_ray(address, num_cpus, env_vars)
         warm_up_workers(game)
 
     # Off the main thread Ray installs no SIGTERM handler and says so; the caller's main thread

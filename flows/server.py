@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import signal
 import threading
@@ -53,23 +52,18 @@ def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer]
     """Start both services, announce them, and block until Ctrl-C or SIGTERM; then stop both."""
     import ray
 
-    from flows.runtime import LocalPrefectServer
+    from flows.runtime import LocalPrefectServer, start_ray
 
     home = prefect_home()
     stop = threading.Event()
     server = LocalPrefectServer(home, port=port)
     state_path = home / STATE_FILE
     try:
-        os.environ["PREFECT_API_URL"] = server.url  # Ray's workers inherit it
-        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-        context = ray.init(
-            address="local", num_cpus=num_cpus or os.cpu_count(), object_store_memory=512 * 1024 * 1024,
-            include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level=logging.WARNING,
-        )
+        start_ray(None, num_cpus, {"PREFECT_API_URL": server.url})  # the same local Ray a run starts
         for signum in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
             signal.signal(signum, lambda *_: stop.set())
         server.wait()
-        running = RunningServer(server.url, context.address_info["gcs_address"], os.getpid())
+        running = RunningServer(server.url, ray.get_runtime_context().gcs_address, os.getpid())
         temporary = state_path.with_suffix(".tmp")
         temporary.write_text(json.dumps(dataclasses.asdict(running)))
         temporary.replace(state_path)

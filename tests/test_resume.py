@@ -10,7 +10,6 @@ uncommitted iteration) resume has to remove.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,7 +24,8 @@ from typer.testing import CliRunner
 from flows import cli
 from marl_core.config import build_config
 from marl_core.resume import COMMITTED_TAG, CONFIG_ARTIFACT, find_resumable
-from marl_core.tracking import KILL_BEFORE_COMMIT, registered_model_name
+from marl_core.tracking import KILL_BEFORE_COMMIT
+from mlflow_reads import final_tables, registered_members
 from processes import assert_all_exited
 
 ITERATIONS = 6
@@ -48,19 +48,6 @@ def _only_run(client, experiment: str):
     return run
 
 
-def _final(client, run_id: str) -> tuple[str, dict]:
-    payoffs = Path(client.download_artifacts(run_id, "payoffs/final.csv")).read_text()
-    meta = json.loads(Path(client.download_artifacts(run_id, f"meta_strategy/iteration_{ITERATIONS:04d}.json")).read_text())
-    return payoffs, meta
-
-
-def _registered(client, experiment: str, player: int) -> list[tuple[int, int]]:
-    """(member, iteration) of every registry version of the player's model."""
-    name = registered_model_name(experiment, "kuhn_poker", player)
-    return sorted((int(v.tags["member"]), int(v.tags["iteration"])) for v in client.search_model_versions(f"name='{name}'"))
-
-
-@pytest.mark.slow
 def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
@@ -76,7 +63,7 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     run_id = _only_run(client, "crash").info.run_id
     assert client.get_run(run_id).data.tags[COMMITTED_TAG] == str(KILLED_AT - 1)
     for player in range(2):  # the uncommitted iteration's member is in the registry
-        assert _registered(client, "crash", player) == [(member, member) for member in range(KILLED_AT + 1)]
+        assert registered_members(client, "crash", player) == [(member, member) for member in range(KILLED_AT + 1)]
     # The server stops itself once its driver is gone, and Ray's reaper stops Ray.
     assert_all_exited(f"PREFECT_HOME={home}", timeout=60)
 
@@ -89,10 +76,10 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     first_line = next(line for line in resumed.stdout.splitlines() if line.startswith("iter "))
     assert int(first_line.split()[1]) == KILLED_AT  # the uncommitted iteration is redone, nothing committed is
 
-    assert _final(client, run_id) == _final(client, _only_run(client, "reference").info.run_id)
+    assert final_tables(client, run_id, ITERATIONS) == final_tables(client, _only_run(client, "reference").info.run_id, ITERATIONS)
     assert client.get_run(run_id).info.status == "FINISHED"
     for player in range(2):  # each member exactly once, the redone one included
-        assert _registered(client, "crash", player) == [(member, member) for member in range(ITERATIONS + 1)]
+        assert registered_members(client, "crash", player) == [(member, member) for member in range(ITERATIONS + 1)]
     assert_all_exited(f"PREFECT_HOME={home}")
 
 

@@ -12,7 +12,6 @@ and meta-strategy, each member registered once.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,10 +20,11 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from mlflow_reads import final_tables, registered_members
 from processes import assert_all_exited, wait_until
 
 from marl_core.resume import COMMITTED_TAG
-from marl_core.tracking import KILL_BEFORE_COMMIT, registered_model_name
+from marl_core.tracking import KILL_BEFORE_COMMIT
 
 pytestmark = pytest.mark.slow
 
@@ -66,17 +66,6 @@ def _prefect(api_url: str, method: str, *args, **kwargs):
             return getattr(client, method)(*args, **kwargs)
 
 
-def _final(client, run_id: str) -> tuple[str, dict]:
-    payoffs = Path(client.download_artifacts(run_id, "payoffs/final.csv")).read_text()
-    meta = json.loads(Path(client.download_artifacts(run_id, f"meta_strategy/iteration_{ITERATIONS:04d}.json")).read_text())
-    return payoffs, meta
-
-
-def _registered(client, experiment: str, player: int) -> list[tuple[int, int]]:
-    name = registered_model_name(experiment, "kuhn_poker", player)
-    return sorted((int(v.tags["member"]), int(v.tags["iteration"])) for v in client.search_model_versions(f"name='{name}'"))
-
-
 def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_run(tmp_path):
     from prefect.states import Scheduled
 
@@ -109,7 +98,7 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
         (run,) = client.search_runs([client.get_experiment_by_name("retried").experiment_id])
         assert run.data.tags[COMMITTED_TAG] == str(KILLED_AT - 1)
         for player in range(2):  # the uncommitted iteration's member is in the registry
-            assert _registered(client, "retried", player) == [(m, m) for m in range(KILLED_AT + 1)]
+            assert registered_members(client, "retried", player) == [(m, m) for m in range(KILLED_AT + 1)]
 
         serving.stop()  # the crashed node comes back: served again, without the fault
         serving = Served(tmp_path, env, "serve")
@@ -125,9 +114,9 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
         retried = client.get_run(run.info.run_id)
         (uninterrupted,) = client.search_runs([client.get_experiment_by_name("reference").experiment_id])
         assert retried.info.status == "FINISHED"
-        assert _final(client, retried.info.run_id) == _final(client, uninterrupted.info.run_id)
+        assert final_tables(client, retried.info.run_id, ITERATIONS) == final_tables(client, uninterrupted.info.run_id, ITERATIONS)
         for player in range(2):  # each member exactly once, the redone one included
-            assert _registered(client, "retried", player) == [(m, m) for m in range(ITERATIONS + 1)]
+            assert registered_members(client, "retried", player) == [(m, m) for m in range(ITERATIONS + 1)]
     finally:
         serving.stop()
         server.stop()
