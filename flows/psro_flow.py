@@ -212,10 +212,14 @@ def _run_iterations(config, state, first, run_started, pool, tracker, on_iterati
                 break
             current, iteration = upcoming, iteration + 1
     except BaseException:
-        # Ctrl-C or a failed iteration: never wait for a subflow blocked on Ray; stopping Ray
-        # (the caller's next step) ends it.
+        # Ctrl-C or a failed iteration. Subflows with no work left (the one started ahead, the
+        # one whose work is done) finish their Prefect bookkeeping now, while the server still
+        # answers: a thread left calling a stopped server would hold up the interpreter's exit.
+        # A subflow still working is not waited for; stopping Ray (the caller's next step) ends it.
         if upcoming and not upcoming[0].inbox.done():
             upcoming[0].inbox.set_result(None)
+        idle = [subflow for handoff, subflow in (current, upcoming or current) if handoff.outbox.done() or handoff.inbox.result() is None]
+        wait(idle, timeout=60)
         threads.shutdown(wait=False, cancel_futures=True)
         raise
     threads.shutdown()
