@@ -121,7 +121,7 @@ def main(argv=None) -> int:
 
         tracemalloc.start(12)
     from flows.psro_flow import run_psro  # after the environment is set: Prefect reads it on import
-    from marl_core.config import build_config
+    from marl_core.psro.config import build_config
 
     config = build_config({
         "game": args.game, "iterations": args.iterations, "num_cpus": args.num_cpus,

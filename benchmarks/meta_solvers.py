@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from marl_core.meta_solvers import META_SOLVERS
+from marl_core.empirical_game.meta_solvers import META_SOLVERS
 
 TABLES = {
     "2p 150x150 zero-sum": lambda rng: (lambda a: np.stack([a, -a]))(rng.uniform(-1, 1, (150, 150))),

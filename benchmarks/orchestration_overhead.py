@@ -2,7 +2,7 @@
 
 The same PSRO run (exact oracle, `nash`) is run twice in one process:
 
-1. the in-process loop (`marl_core.psro.iterate_psro_local`): the floor, pure computation, whose
+1. the in-process loop (`marl_core.psro.steps.iterate_psro_local`): the floor, pure computation, whose
    per-stage seconds are the compute time of each stage;
 2. `psro run`'s path (`flows.psro_flow.run_psro`): Prefect server, Ray, MLflow, one Prefect
    subflow per iteration whose tasks run on Ray.
@@ -63,8 +63,8 @@ class DriverProbe:
         from prefect.tasks import Task
 
         import flows.psro_flow as psro_flow
-        from marl_core.psro import IterationRecord, StageClock
-        from marl_core.tracking import RunTracker
+        from marl_core.psro.steps import IterationRecord, StageClock
+        from flows.tracking.run_tracker import RunTracker
 
         probe = self
 
@@ -134,8 +134,8 @@ class DriverProbe:
 
 
 def run_local(game: str, iterations: int):
-    from marl_core.config import PSROConfig
-    from marl_core.psro import iterate_psro_local
+    from marl_core.psro.config import PSROConfig
+    from marl_core.psro.steps import iterate_psro_local
 
     config = PSROConfig(game=game, meta_solver="nash", oracle="exact", iterations=iterations)
     started = time.perf_counter()
@@ -151,7 +151,7 @@ def run_flow(game: str, iterations: int, probe: DriverProbe):
         started = time.perf_counter()
         with prefect_api() as api:
             from flows.psro_flow import run_psro
-            from marl_core.config import PSROConfig
+            from marl_core.psro.config import PSROConfig
 
             probe.install()
             config = PSROConfig(

@@ -4,7 +4,7 @@ All run PSRO with exact best responses and a Nash meta-solver on the same game (
 leduc_poker). For each, the wall time until exploitability (NashConv / players) first reaches
 1.0, 0.5, 0.25, 0.1 and 0.05 is printed, with the ratios OpenSpiel / ours and ours / floor.
 
-- **floor**: `marl_core.psro.iterate_psro_local` in this process: the same computation with no
+- **floor**: `marl_core.psro.steps.iterate_psro_local` in this process: the same computation with no
   orchestration at all, timed from the call (tree building included).
 - **cold**: `psro run`'s path in a fresh process, timed from the start of what a run starts:
   the Prefect server, Ray, the MLflow store (SQLite, every member registered), the flow
@@ -58,8 +58,8 @@ def prepare_prefect_database() -> None:
 
 
 def run_floor(game: str, stop: float, time_cap: float) -> list[tuple[float, float]]:
-    from marl_core.config import PSROConfig
-    from marl_core.psro import iterate_psro_local
+    from marl_core.psro.config import PSROConfig
+    from marl_core.psro.steps import iterate_psro_local
 
     config = PSROConfig(game=game, meta_solver="nash", oracle="exact", iterations=400, stop_exploitability=stop)
     records, started = [], time.perf_counter()
@@ -85,7 +85,7 @@ def run_ours_here(game: str, stop: float, time_cap: float) -> None:
         address, worker_env = ray_to_use(None, api[0])
         with ray_in_background(address, None, worker_env, game) as ray_ready:
             from flows.psro_flow import run_psro
-            from marl_core.config import PSROConfig
+            from marl_core.psro.config import PSROConfig
 
             config = PSROConfig(
                 game=game, meta_solver="nash", oracle="exact", iterations=400,

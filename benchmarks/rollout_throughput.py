@@ -28,8 +28,8 @@ import torch
 
 from marl_core.envs import make_env
 from marl_core.rl import ALGORITHMS
-from marl_core.rollout import LearnerSpec, RolloutRequest
-from marl_core.worker_pool import PoolConfig, RayWorkerPool
+from marl_core.rollout.worker import LearnerSpec, RolloutRequest
+from marl_core.rollout.pool import PoolConfig, RayWorkerPool
 
 ENVIRONMENTS = {
     "leduc_poker": 2000,  # episodes per request

@@ -63,7 +63,7 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="continue the newest unfinished run with these settings, if any"),
 ) -> None:
     """Run PSRO. One line per iteration: population, exploitability, seconds."""
-    from marl_core.config import ConfigError, build_config, load_config_file
+    from marl_core.psro.config import ConfigError, build_config, load_config_file
 
     flags = dict(
         game=game, oracle=oracle, meta_solver=meta_solver, iterations=iterations, eval=eval,
@@ -81,7 +81,7 @@ def run(
         _fail(str(error))
     resume_run_id = None
     if resume:
-        from marl_core.resume import find_resumable
+        from flows.tracking.resume import find_resumable
 
         resume_run_id = find_resumable(config)
         console.print(f"resuming run {resume_run_id}" if resume_run_id else "nothing to resume: starting a new run", highlight=False)
@@ -96,8 +96,8 @@ def resume_run(
 ) -> None:
     """Continue a run after its last completed iteration (e.g. after a crash)."""
     from flows.preflight import preflight
-    from marl_core.config import ConfigError, build_config
-    from marl_core.resume import ResumeError, resume_settings
+    from marl_core.psro.config import ConfigError, build_config
+    from flows.tracking.resume import ResumeError, resume_settings
 
     try:
         values = resume_settings(tracking_uri, run_id)
@@ -180,7 +180,7 @@ def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) 
 @app.command()
 def games() -> None:
     """OpenSpiel games PSRO accepts (parameters go in parentheses: kuhn_poker(players=3))."""
-    from marl_core.games import supported_games
+    from marl_core.games.openspiel import supported_games
 
     table = Table("game", "players", "dynamics", "utility")
     for game_type in supported_games():
@@ -192,7 +192,7 @@ def games() -> None:
 @app.command()
 def solvers() -> None:
     """Meta-solvers, by the name --meta-solver takes."""
-    from marl_core.meta_solvers import META_SOLVERS
+    from marl_core.empirical_game.meta_solvers import META_SOLVERS
 
     table = Table("name", "summary")
     for name, solver in sorted(META_SOLVERS.items()):
@@ -203,7 +203,7 @@ def solvers() -> None:
 @app.command()
 def oracles() -> None:
     """Best-response oracles, by the name --oracle takes."""
-    from marl_core.oracles import ORACLES
+    from marl_core.psro.oracles import ORACLES
 
     table = Table("name", "summary")
     for name, oracle in sorted(ORACLES.items()):
@@ -222,7 +222,7 @@ def evaluate(
 ) -> None:
     """Play registry members against each other; print the payoff table and log it to MLflow."""
     from flows import population
-    from marl_core.evaluation import EVALUATORS
+    from marl_core.empirical_game.evaluation import EVALUATORS
 
     if eval not in EVALUATORS:
         _fail(f"unknown evaluator {eval!r}; choose one of: {', '.join(sorted(EVALUATORS))}")
@@ -276,7 +276,7 @@ def export_command(
     """Write a finished run's final population and meta-strategy in the export format."""
     from flows import population
     from flows.preflight import check_export_dir  # as for `psro run --export`: never overwrite
-    from marl_core.config import ConfigError
+    from marl_core.psro.config import ConfigError
 
     try:
         check_export_dir(directory)

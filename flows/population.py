@@ -80,8 +80,8 @@ def open_store(tracking_uri: str):
 
 
 def load_member(client, spec: MemberSpec) -> Member:
-    from marl_core.game_tree import build_tree
-    from marl_core.policies import policy_from_dict
+    from marl_core.games.tree import build_tree
+    from marl_core.policies.tabular import policy_from_dict
 
     version = _resolve_version(client, spec)
     tags = version.tags or {}
@@ -101,7 +101,7 @@ def load_member_network(client, version):
     that never had one (the uniform starting policy, exact best responses)."""
     import mlflow
 
-    from marl_core.checkpoints import SPEC_FILE, WEIGHTS_FILE, load_network
+    from marl_core.policies.checkpoints import SPEC_FILE, WEIGHTS_FILE, load_network
 
     stored = {Path(a.path).name for a in client.list_artifacts(version.run_id, _run_relative(version))}
     if not {SPEC_FILE, WEIGHTS_FILE} <= stored:
@@ -156,7 +156,7 @@ def _read_json(client, artifact_uri: str, what: str):
 def populations_of(members: list[Member]) -> tuple[str, list[list[Member]]]:
     """Group members by player (in the order given); all must come from one game and every
     player needs at least one."""
-    from marl_core.games import load_game
+    from marl_core.games.openspiel import load_game
 
     games = sorted({m.game for m in members})
     if len(games) > 1:
@@ -173,9 +173,9 @@ def populations_of(members: list[Member]) -> tuple[str, list[list[Member]]]:
 
 def evaluate(game: str, groups: list[list[Member]], evaluator: str, episodes: int, seed: int):
     """Every profile of the populations, by one of marl_core's evaluators; a PayoffTable."""
-    from marl_core.evaluation import EVALUATORS
-    from marl_core.game_tree import build_tree
-    from marl_core.payoffs import PayoffTable
+    from marl_core.empirical_game.evaluation import EVALUATORS
+    from marl_core.games.tree import build_tree
+    from marl_core.empirical_game.payoffs import PayoffTable
 
     tree = build_tree(game)
     populations = [np.stack([m.policy for m in group]) for group in groups]
@@ -220,10 +220,10 @@ def export_run(client, run_id: str, directory: Path) -> dict:
     so `scripts/verify_export.py` checks the run's own claim against OpenSpiel. Returns the
     summary plus the NashConv recomputed here from the same artifacts.
     """
-    from marl_core.exploitability import NashConvReport, nash_conv
-    from marl_core.export import write_export
-    from marl_core.game_tree import build_tree
-    from marl_core.resume import read_population
+    from marl_core.games.exploitability import NashConvReport, nash_conv
+    from marl_core.psro.export import write_export
+    from marl_core.games.tree import build_tree
+    from flows.tracking.resume import read_population
 
     run = _finished_run(client, run_id)
     game = run.data.params.get("game")

@@ -1,6 +1,6 @@
 """Checks of the outside world made before any work: by `psro run`, `psro resume` and every flow run.
 
-The config model (`marl_core.config`) checks what a value *is*; these check what it *points at*:
+The config model (`marl_core.psro.config`) checks what a value *is*; these check what it *points at*:
 a Ray cluster, an MLflow store, an export directory. Each would otherwise fail late and at a
 cost: `ray.init` retries an address nobody answers at for about ten minutes, MLflow creates its
 database and `./mlruns` before it finds it cannot write, and an export would mix its files with a
@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from marl_core.config import ConfigError
+from marl_core.psro.config import ConfigError
 
 TIMEOUT = 3.0  # seconds to connect and to answer; a reachable local service needs milliseconds
 

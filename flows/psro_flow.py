@@ -27,10 +27,10 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 import tasks
 from flows.ray_runner import FastRayTaskRunner
 from flows.runtime import prefect_api, ray_in_background, ray_session, ray_to_use, reap_on_crash
-from marl_core import psro
-from marl_core.config import PSROConfig
-from marl_core.game_tree import build_tree
-from marl_core.psro import IterationRecord, PSROState, StageClock
+from marl_core.psro import steps as psro
+from marl_core.psro.config import PSROConfig
+from marl_core.games.tree import build_tree
+from marl_core.psro.steps import IterationRecord, PSROState, StageClock
 
 IterationCallback = Callable[[IterationRecord, PSROState], None]
 # Tags the MLflow run with the Prefect flow run that created it: a retried flow run finds it by this.
@@ -138,8 +138,8 @@ def psro_flow(
     a retry of a flow run (see `_earlier_attempt`). The export, if configured, is written here,
     so a deployment's run writes it as `psro run` does.
     """
-    from marl_core.resume import load_checkpoint
-    from marl_core.tracking import RunTracker
+    from flows.tracking.resume import load_checkpoint
+    from flows.tracking.run_tracker import RunTracker
 
     from flows.preflight import preflight
 
@@ -234,15 +234,15 @@ def _earlier_attempt(config: PSROConfig) -> Optional[str]:
     it again with the same parameters and a higher run count. It continues the MLflow run it
     created, as `psro resume` would, instead of starting another.
     """
-    from marl_core.resume import find_tagged
+    from flows.tracking.resume import find_tagged
 
     return find_tagged(config, FLOW_RUN_TAG, str(flow_run.id)) if flow_run.run_count > 1 else None
 
 
 def _write_export(config: PSROConfig, state: PSROState, last: Optional[IterationRecord], wall: float) -> None:
     """The OpenSpiel-checkable export; `last` is None when a resumed run had nothing left to do."""
-    from marl_core.exploitability import nash_conv
-    from marl_core.export import write_export
+    from marl_core.games.exploitability import nash_conv
+    from marl_core.psro.export import write_export
 
     report = last.report if last else nash_conv(build_tree(config.game), state.populations, state.meta_strategy)
     write_export(config.export, config, state.populations, state.meta_strategy, report, state.iteration, wall)
@@ -253,7 +253,7 @@ def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):
     pool_config = psro.rollout_pool_config(config)
     if pool_config is None:
         return None
-    from marl_core.worker_pool import RayWorkerPool
+    from marl_core.rollout.pool import RayWorkerPool
 
     pool = RayWorkerPool(pool_config)
     stack.callback(pool.close)
@@ -274,7 +274,7 @@ def run_psro(
     `prefect_api()` and ``ray_ready`` waits for an already starting `ray_in_background()`, for
     callers that start both before their own slow imports (as `psro run` does).
     """
-    from marl_core.tracking import prepare_store
+    from flows.tracking.run_tracker import prepare_store
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(reap_on_crash())

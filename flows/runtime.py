@@ -275,7 +275,7 @@ def warm_up_workers(game: str) -> list:
     @ray.remote(num_cpus=1)
     def warm_up(game_string: str) -> None:
         import tasks  # noqa: F401  (imports Prefect, marl_core)
-        from marl_core.game_tree import build_tree
+        from marl_core.games.tree import build_tree
 
         build_tree(game_string)
         time.sleep(0.3)  # hold the CPU so the next warm-up lands on another worker

@@ -42,7 +42,7 @@ class Definition:
 def read_deployments(path: Path, only: list[str] | None = None) -> list[Definition]:
     """The `psro` deployments of prefect.yaml (all, or those named in ``only``), with their
     PSRO configs checked now rather than when the schedule fires at night."""
-    from marl_core.config import ConfigError, build_config
+    from marl_core.psro.config import ConfigError, build_config
 
     try:
         document = yaml.safe_load(Path(path).read_text()) or {}

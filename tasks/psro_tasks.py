@@ -1,7 +1,7 @@
 """Prefect tasks: thin wrappers that give each PSRO step a name, a state and a place on Ray.
 
 Caching is off: inputs are whole populations, and hashing them on every call would cost more
-than most steps. Every task computes through `marl_core.psro`, so the flow and the local loop
+than most steps. Every task computes through `marl_core.psro.steps`, so the flow and the local loop
 cannot drift apart.
 
 Retries: a worker process that dies under a task is retried by Ray itself; what reaches Prefect
@@ -15,7 +15,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from marl_core import psro
+from marl_core.psro import steps as psro
 
 _options = dict(cache_policy=NO_CACHE, persist_result=False)
 

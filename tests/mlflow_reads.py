@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from marl_core.tracking import registered_model_name
+from flows.tracking.run_tracker import registered_model_name
 
 
 def final_tables(client, run_id: str, iteration: int) -> tuple[str, dict]:

@@ -288,7 +288,7 @@ class BrokenRewards(ParallelEnv):
 def test_a_non_finite_reward_stops_the_rollout_naming_env_and_step(bad):
     from marl_core.envs import PettingZooParallelEnv
     from marl_core.rl import ALGORITHMS
-    from marl_core.rollout import LearnerSpec, RolloutRequest, RolloutWorker
+    from marl_core.rollout.worker import LearnerSpec, RolloutRequest, RolloutWorker
 
     worker = RolloutWorker(lambda: PettingZooParallelEnv(BrokenRewards(bad)), envs_per_worker=2)
     request = RolloutRequest(
@@ -301,7 +301,7 @@ def test_a_non_finite_reward_stops_the_rollout_naming_env_and_step(bad):
 
 
 def test_the_payoff_table_refuses_nan_and_keeps_what_it_had():
-    from marl_core.payoffs import PayoffTable
+    from marl_core.empirical_game.payoffs import PayoffTable
 
     table = PayoffTable(2)
     table.grow((1, 1))
@@ -337,9 +337,10 @@ class _NaNState:
 
 
 def test_sampled_evaluation_raises_on_a_nan_return_and_the_meta_game_keeps_its_table(monkeypatch):
-    from marl_core import evaluation, psro
-    from marl_core.config import build_config
-    from marl_core.game_tree import build_tree
+    from marl_core.empirical_game import evaluation
+    from marl_core.psro import steps as psro
+    from marl_core.psro.config import build_config
+    from marl_core.games.tree import build_tree
 
     tree = build_tree("kuhn_poker")
     state = psro.initial_state(tree)

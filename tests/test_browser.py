@@ -167,7 +167,7 @@ def served_run(tmp_path_factory):
     its database, both on 127.0.0.1. The Prefect server is started first and the run reports to
     it; `mlflow ui` boots while the run runs. Yields the run and both UIs' addresses."""
     from flows.runtime import LocalPrefectServer, free_port
-    from marl_core.tracking import prepare_store
+    from flows.tracking.run_tracker import prepare_store
 
     _require_browser()
     work = tmp_path_factory.mktemp("browser")

@@ -73,7 +73,7 @@ def test_missing_config_file(workdir):
 
 
 def test_listings_name_every_registered_entry():
-    from marl_core.meta_solvers import META_SOLVERS
+    from marl_core.empirical_game.meta_solvers import META_SOLVERS
 
     solvers = CliRunner().invoke(app, ["solvers"], terminal_width=200)
     assert solvers.exit_code == 0

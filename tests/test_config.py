@@ -5,9 +5,9 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from marl_core.config import ConfigError, PSROConfig, build_config, load_config_file
-from marl_core.meta_solvers import META_SOLVERS
-from marl_core.oracles import ORACLES
+from marl_core.psro.config import ConfigError, PSROConfig, build_config, load_config_file
+from marl_core.empirical_game.meta_solvers import META_SOLVERS
+from marl_core.psro.oracles import ORACLES
 
 
 def test_defaults_are_valid():

@@ -99,8 +99,8 @@ def test_every_member_is_registered_once_with_tags_and_alias(finished_run):
             artifact_uri=f"{newest.source}/policy.json")).read_text())
         assert len(policy) == 6  # Kuhn: six information states per player
         exported = json.loads((finished_run[0] / "export" / "policies" / f"player_{player}" / f"member_{ITERATIONS}.json").read_text())
-        from marl_core.game_tree import build_tree
-        from marl_core.policies import policy_from_dict
+        from marl_core.games.tree import build_tree
+        from marl_core.policies.tabular import policy_from_dict
 
         player_tree = build_tree("kuhn_poker").players[player]
         np.testing.assert_array_equal(policy_from_dict(player_tree, policy), policy_from_dict(player_tree, exported))

@@ -28,7 +28,7 @@ from marl_core.envs import (
     shared_population,
     to_pettingzoo,
 )
-from marl_core.games import GameError
+from marl_core.games.openspiel import GameError
 
 # PettingZoo's API tests warn about things that are fine here (unbounded Box, no render()).
 quiet_api_test = pytest.mark.filterwarnings("ignore::UserWarning")

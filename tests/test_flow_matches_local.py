@@ -1,7 +1,7 @@
 """The orchestrated run computes what the in-process loop computes.
 
 `psro run`'s path (a real Prefect server, a real local Ray, MLflow in SQLite, one subflow per
-iteration that starts while the previous one works) and `marl_core.psro.iterate_psro_local` run
+iteration that starts while the previous one works) and `marl_core.psro.steps.iterate_psro_local` run
 the same config; their payoff tables and meta-strategies must be identical, iteration by
 iteration. The flow's iterations must also be visible in Prefect as they ran: one completed
 `psro-iteration` subflow per iteration, and where the run stopped early, the subflow already
@@ -15,8 +15,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from marl_core.config import PSROConfig
-from marl_core.psro import iterate_psro_local
+from marl_core.psro.config import PSROConfig
+from marl_core.psro.steps import iterate_psro_local
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ from open_spiel.python.algorithms import best_response as os_best_response
 from open_spiel.python.algorithms import exploitability as os_exploitability
 from open_spiel.python.algorithms import policy_aggregator
 
-from marl_core.exploitability import mixed_reach, nash_conv
-from marl_core.game_tree import best_response, build_tree, profile_values, sequence_reach
-from marl_core.games import GameError, load_game
+from marl_core.games.exploitability import mixed_reach, nash_conv
+from marl_core.games.tree import best_response, build_tree, profile_values, sequence_reach
+from marl_core.games.openspiel import GameError, load_game
 
 GAMES = ["kuhn_poker", "leduc_poker", "kuhn_poker(players=3)", "goofspiel(num_cards=3)"]
 

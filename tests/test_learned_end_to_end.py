@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from flows.population import load_member, load_member_network, open_store, parse_member
-from marl_core.game_tree import build_tree
-from marl_core.tabularize import tabularize
-from marl_core.tracking import registered_model_name
+from marl_core.games.tree import build_tree
+from marl_core.games.tabularize import tabularize
+from flows.tracking.run_tracker import registered_model_name
 from processes import assert_all_exited
 
 pytestmark = pytest.mark.slow

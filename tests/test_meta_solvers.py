@@ -10,8 +10,8 @@ import pytest
 from open_spiel.python.algorithms import projected_replicator_dynamics as openspiel_prd
 from open_spiel.python.egt import alpharank as openspiel_alpharank
 
-from marl_core import meta_solvers
-from marl_core.meta_solvers import (
+from marl_core.empirical_game import meta_solvers
+from marl_core.empirical_game.meta_solvers import (
     META_SOLVERS,
     MetaSolverError,
     alpharank,

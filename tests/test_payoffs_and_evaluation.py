@@ -13,12 +13,12 @@ from open_spiel.python import policy as policy_lib
 from open_spiel.python.algorithms import exploitability as os_exploitability
 from open_spiel.python.algorithms import expected_game_score, policy_aggregator
 
-from marl_core import psro
-from marl_core.config import build_config
-from marl_core.evaluation import evaluate_exact, evaluate_sampled, play_episodes
-from marl_core.game_tree import build_tree
-from marl_core.games import load_game
-from marl_core.payoffs import PayoffTable
+from marl_core.psro import steps as psro
+from marl_core.psro.config import build_config
+from marl_core.empirical_game.evaluation import evaluate_exact, evaluate_sampled, play_episodes
+from marl_core.games.tree import build_tree
+from marl_core.games.openspiel import load_game
+from marl_core.empirical_game.payoffs import PayoffTable
 
 GAMES = ["kuhn_poker", "leduc_poker", "kuhn_poker(players=3)"]
 
@@ -271,7 +271,7 @@ def test_play_episodes_follows_deterministic_policies():
 def test_sampled_run_with_one_episode_is_refused_up_front():
     """One episode has no standard error: the payoff table would refuse its infinite stderr
     after the first iteration's work, so the config refuses the setting before any."""
-    from marl_core.config import ConfigError
+    from marl_core.psro.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"^episodes=1: Input should be greater than or equal to 2$"):
         build_config({"game": "kuhn_poker", "eval": "sampled", "episodes": 1, "iterations": 1})

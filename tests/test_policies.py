@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from marl_core.game_tree import build_tree
-from marl_core.policies import policy_from_dict, policy_to_dict
+from marl_core.games.tree import build_tree
+from marl_core.policies.tabular import policy_from_dict, policy_to_dict
 
 
 def _random_policy(player_tree, seed):

@@ -27,9 +27,9 @@ ITERATIONS = 4
 
 
 def _track_local_run(**settings) -> str:
-    from marl_core.config import PSROConfig
-    from marl_core.psro import iterate_psro_local
-    from marl_core.tracking import RunTracker
+    from marl_core.psro.config import PSROConfig
+    from marl_core.psro.steps import iterate_psro_local
+    from flows.tracking.run_tracker import RunTracker
 
     config = PSROConfig(game="kuhn_poker", iterations=ITERATIONS, **settings)
     with RunTracker(config) as tracker:

@@ -22,9 +22,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows import cli
-from marl_core.config import build_config
-from marl_core.resume import COMMITTED_TAG, CONFIG_ARTIFACT, find_resumable
-from marl_core.tracking import KILL_BEFORE_COMMIT
+from marl_core.psro.config import build_config
+from flows.tracking.resume import COMMITTED_TAG, CONFIG_ARTIFACT, find_resumable
+from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
 from mlflow_reads import final_tables, registered_members
 from processes import assert_all_exited
 

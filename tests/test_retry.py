@@ -23,8 +23,8 @@ import pytest
 from mlflow_reads import final_tables, registered_members
 from processes import assert_all_exited, wait_until
 
-from marl_core.resume import COMMITTED_TAG
-from marl_core.tracking import KILL_BEFORE_COMMIT
+from flows.tracking.resume import COMMITTED_TAG
+from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
 
 pytestmark = pytest.mark.slow
 

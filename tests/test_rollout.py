@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from marl_core.config import build_config
-from marl_core.exploitability import mixed_reach
-from marl_core.game_tree import best_response, build_tree
-from marl_core.learned_oracle import exact_value, train_best_response
-from marl_core.psro import psro_env
+from marl_core.psro.config import build_config
+from marl_core.games.exploitability import mixed_reach
+from marl_core.games.tree import best_response, build_tree
+from marl_core.psro.learned_oracle import exact_value, train_best_response
+from marl_core.psro.steps import psro_env
 from marl_core.rl import ALGORITHMS
-from marl_core.rollout import LearnerSpec, RolloutRequest, RolloutWorker, TabularPopulation
-from marl_core.worker_pool import LocalWorkerPool, ParameterStore, PoolConfig
+from marl_core.rollout.worker import LearnerSpec, RolloutRequest, RolloutWorker, TabularPopulation
+from marl_core.rollout.pool import LocalWorkerPool, ParameterStore, PoolConfig
 
 torch.set_num_threads(1)
 

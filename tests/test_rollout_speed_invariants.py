@@ -17,11 +17,11 @@ import torch
 
 from marl_core.envs import EnvSpec, MultiAgentEnv, TimeStep, make_env
 from marl_core.envs.api import check_actions
-from marl_core.game_tree import build_tree
-from marl_core.policies import sample_rows
+from marl_core.games.tree import build_tree
+from marl_core.policies.tabular import sample_rows
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout import EnvSource, LearnerSpec, RolloutRequest, RolloutResult, RolloutWorker, TabularPopulation
-from marl_core.worker_pool import ParameterStore
+from marl_core.rollout.worker import EnvSource, LearnerSpec, RolloutRequest, RolloutResult, RolloutWorker, TabularPopulation
+from marl_core.rollout.pool import ParameterStore
 
 torch.set_num_threads(1)
 

@@ -198,9 +198,9 @@ def test_psro_export_of_a_simultaneous_game_checks_with_openspiel_alone(tmp_path
     """summary.json's game string, loaded by OpenSpiel alone, is the game the exported policies
     are keyed by: every member is a full TabularPolicy of it, and the mixture's NashConv is the
     one PSRO reported."""
-    from marl_core.config import PSROConfig
-    from marl_core.export import write_export as psro_export
-    from marl_core.psro import run_psro_local
+    from marl_core.psro.config import PSROConfig
+    from marl_core.psro.export import write_export as psro_export
+    from marl_core.psro.steps import run_psro_local
 
     config = PSROConfig(game=game_string, iterations=2)
     records = []

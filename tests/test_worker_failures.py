@@ -21,10 +21,10 @@ import ray
 import ray.cloudpickle
 
 from marl_core.envs import OpenSpielEnv
-from marl_core.game_tree import build_tree
+from marl_core.games.tree import build_tree
 from marl_core.rl import ALGORITHMS
-from marl_core.rollout import LearnerSpec, RolloutRequest, TabularPopulation
-from marl_core.worker_pool import PoolConfig, RayWorkerPool
+from marl_core.rollout.worker import LearnerSpec, RolloutRequest, TabularPopulation
+from marl_core.rollout.pool import PoolConfig, RayWorkerPool
 
 pytestmark = pytest.mark.slow
 

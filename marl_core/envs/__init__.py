@@ -28,6 +28,7 @@ from marl_core.envs.openspiel_env import OpenSpielEnv
 from marl_core.envs.pettingzoo_env import PettingZooAECEnv, PettingZooParallelEnv
 from marl_core.envs.pettingzoo_export import to_pettingzoo
 from marl_core.envs.vector import VectorEnv
+from marl_core.registry import Registry
 
 __all__ = [
     "AgentID",
@@ -57,11 +58,9 @@ def make_env(name: str) -> MultiAgentEnv:
     prefix, colon, rest = name.partition(":")
     if not colon or "(" in prefix:  # a colon inside game parameters is not a prefix
         return OpenSpielEnv(name)
-    if prefix == "pettingzoo":
-        return _pettingzoo(name, rest)
-    if prefix == "gymnasium":
-        return _gymnasium(name, rest)
-    raise ValueError(f"unknown environment prefix in {name!r}; use {_FORMS}")
+    if prefix not in ENVIRONMENT_SOURCES:
+        raise ValueError(f"unknown environment prefix in {name!r}; use {_FORMS}")
+    return ENVIRONMENT_SOURCES[prefix](name, rest)
 
 
 def _pettingzoo(name: str, target: str) -> MultiAgentEnv:
@@ -92,3 +91,10 @@ def _gymnasium(name: str, env_id: str) -> MultiAgentEnv:
     except gymnasium.error.Error as exc:
         raise ValueError(f"cannot make Gymnasium environment {name!r} ({exc}); use {_FORMS}") from None
     return GymnasiumEnv(env)
+
+
+# Where environments come from, by the prefix of their name ("pettingzoo:mpe2.simple_spread_v3");
+# a name without a prefix is an OpenSpiel game string.
+ENVIRONMENT_SOURCES: Registry = Registry("environment source")
+ENVIRONMENT_SOURCES.add("pettingzoo", _pettingzoo)
+ENVIRONMENT_SOURCES.add("gymnasium", _gymnasium)

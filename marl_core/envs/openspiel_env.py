@@ -14,7 +14,7 @@ import numpy as np
 import pyspiel
 
 from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep, check_actions, check_rewards
-from marl_core.games import load_game
+from marl_core.games.openspiel import load_game
 
 
 def _load(game: str | pyspiel.Game) -> tuple[str, pyspiel.Game]:

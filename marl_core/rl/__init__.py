@@ -1,11 +1,13 @@
-"""Torch policies and the RL algorithms that train them (DQN, PPO).
+"""RL algorithms: one module per algorithm, each with its trainer and the network policy it acts with.
 
-`ALGORITHMS` maps a name such as `--oracle dqn` to its config, trainer and policy classes: a
-driver builds `Trainer(obs_size, num_actions, Config(**settings))`, and a rollout worker rebuilds
-the acting side as `Policy(obs_size, num_actions, config)` followed by `set_weights(weights)`.
+`ALGORITHMS` maps a name such as `--oracle dqn` to an `Algorithm`: a driver builds
+`trainer(obs_size, num_actions, config)`, and a rollout worker rebuilds the acting side as
+`policy(obs_size, num_actions, config)` followed by `set_weights(weights)`. Adding an algorithm
+means one module that ends with `ALGORITHM = Algorithm(...)`, its settings class in
+`marl_core.rl.settings`, and one line here.
 
-The names are loaded on first use (PEP 562): `marl_core.rl.settings` (the hyperparameters) is
-imported by every config check, and importing torch for it would add seconds to each command.
+Entries load on first use, and so do the names below (PEP 562): the settings are imported by
+every config check, and importing torch for them would add seconds to each command.
 """
 
 from __future__ import annotations
@@ -13,45 +15,36 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
+from marl_core.registry import Registry
 from marl_core.rl.settings import DQNConfig, PPOConfig
+
+
+class Algorithm(NamedTuple):
+    config: type  # its typed settings (pydantic)
+    trainer: type
+    policy: type  # a `marl_core.rl.policy.NetworkPolicy`
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("RL algorithm")
+ALGORITHMS.add("dqn", "marl_core.rl.dqn:ALGORITHM")
+ALGORITHMS.add("ppo", "marl_core.rl.ppo:ALGORITHM")
 
 _LAZY = {
     "Experience": "marl_core.rl.batch",
     "DQNTrainer": "marl_core.rl.dqn",
+    "QPolicy": "marl_core.rl.dqn",
     "ReplayBuffer": "marl_core.rl.dqn",
     "PPOTrainer": "marl_core.rl.ppo",
+    "ActorCriticPolicy": "marl_core.rl.ppo",
     "compute_gae": "marl_core.rl.ppo",
-    "Policy": "marl_core.rl.policy",
-    "QPolicy": "marl_core.rl.policy",
-    "ActorCriticPolicy": "marl_core.rl.policy",
+    "NetworkPolicy": "marl_core.rl.policy",
 }
 
 
-class Algorithm(NamedTuple):
-    config: type
-    trainer: type
-    policy: type
-
-
-def _algorithms() -> dict[str, Algorithm]:
-    from marl_core.rl.dqn import DQNTrainer
-    from marl_core.rl.policy import ActorCriticPolicy, QPolicy
-    from marl_core.rl.ppo import PPOTrainer
-
-    return {
-        "dqn": Algorithm(DQNConfig, DQNTrainer, QPolicy),
-        "ppo": Algorithm(PPOConfig, PPOTrainer, ActorCriticPolicy),
-    }
-
-
 def __getattr__(name: str):
-    if name == "ALGORITHMS":
-        value = _algorithms()
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
+    if name not in _LAZY:
         raise AttributeError(f"module 'marl_core.rl' has no attribute {name!r}")
-    globals()[name] = value
+    value = globals()[name] = getattr(importlib.import_module(_LAZY[name]), name)
     return value
 
 

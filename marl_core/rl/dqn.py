@@ -22,11 +22,44 @@ from typing import NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from marl_core.rl.batch import Experience
-from marl_core.rl.networks import masked_argmax
-from marl_core.rl.policy import QPolicy
+from marl_core.rl.networks import masked_argmax, mlp
+from marl_core.rl.policy import NetworkPolicy, uniform_legal
+from marl_core.rl import Algorithm
 from marl_core.rl.settings import DQNConfig
+
+
+class QPolicy(NetworkPolicy):
+    """Epsilon-greedy over legal actions on a Q-network; it means the greedy policy.
+
+    With probability `epsilon` a sample takes a uniformly random legal action, otherwise the legal
+    action of highest Q-value (ties to the lowest index). Extras: none.
+    """
+
+    def __init__(self, obs_size: int, num_actions: int, config: DQNConfig):
+        super().__init__(obs_size, num_actions)
+        self.q = mlp(obs_size, config.hidden, num_actions, nn.ReLU)
+        self.register_buffer("epsilon", torch.tensor(float(config.epsilon_start)))
+
+    def _greedy(self, obs: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        obs_t, mask_t = self._tensors(obs, mask)
+        with torch.inference_mode():
+            return masked_argmax(self.q(obs_t), mask_t).numpy(), mask_t.numpy()
+
+    def act(self, obs, mask, explore, generator):
+        greedy, mask = self._greedy(obs, mask)
+        if not explore:
+            return greedy, {}
+        random = generator.random(len(greedy)) < float(self.epsilon)
+        return np.where(random, uniform_legal(mask, generator), greedy), {}
+
+    def action_probs(self, obs, mask):
+        greedy, _ = self._greedy(obs, mask)
+        probs = np.zeros((len(greedy), self.num_actions))
+        probs[np.arange(len(greedy)), greedy] = 1.0
+        return probs
 
 
 class Transitions(NamedTuple):
@@ -180,3 +213,6 @@ class DQNTrainer:
         self.generator.bit_generator.state = state["generator"]
         self.env_steps = int(state["env_steps"])
         self.gradient_steps = int(state["gradient_steps"])
+
+
+ALGORITHM = Algorithm(DQNConfig, DQNTrainer, QPolicy)

@@ -16,10 +16,69 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
 from marl_core.rl.batch import Experience
-from marl_core.rl.policy import ActorCriticPolicy
+from marl_core.policies.tabular import sample_rows
+from marl_core.rl import Algorithm
+from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp
+from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.settings import PPOConfig
+
+
+class ActorCriticPolicy(NetworkPolicy):
+    """A masked-softmax actor and a state-value critic, separate or on a shared trunk.
+
+    Exploring samples from the masked softmax; `explore=False` takes its argmax. Extras: `logp`
+    (log-probability of the chosen action) and `value` (critic estimate), which PPO needs from
+    the moment of acting.
+    """
+
+    def __init__(self, obs_size: int, num_actions: int, config: PPOConfig):
+        super().__init__(obs_size, num_actions)
+        hidden = config.hidden
+        if config.shared_trunk:
+            trunk = features(obs_size, hidden, nn.Tanh)
+            self.actor = nn.Sequential(trunk, nn.Linear(hidden[-1], num_actions))
+            self.critic = nn.Sequential(trunk, nn.Linear(hidden[-1], 1))
+        else:
+            self.actor = mlp(obs_size, hidden, num_actions, nn.Tanh)
+            self.critic = mlp(obs_size, hidden, 1, nn.Tanh)
+        self._orthogonal_init()
+
+    def _orthogonal_init(self) -> None:
+        """Orthogonal weights, zero biases; a tiny actor output layer so the first policy is
+        close to uniform over legal actions (the PPO implementation details of Huang et al.)."""
+        for layer in self.modules():
+            if isinstance(layer, nn.Linear):
+                nn.init.orthogonal_(layer.weight, gain=np.sqrt(2))
+                nn.init.zeros_(layer.bias)
+        nn.init.orthogonal_(self.actor[-1].weight, gain=0.01)
+        nn.init.orthogonal_(self.critic[-1].weight, gain=1.0)
+
+    def logits(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Masked actor logits: illegal actions have probability exactly 0."""
+        return masked_logits(self.actor(obs), mask)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def act(self, obs, mask, explore, generator):
+        obs_t, mask_t = self._tensors(obs, mask)
+        with torch.inference_mode():
+            log_probs = torch.log_softmax(self.logits(obs_t, mask_t), dim=-1)
+            value = self.value(obs_t)
+        if explore:
+            action = sample_rows(log_probs.double().exp().numpy(), generator)
+        else:
+            action = masked_argmax(log_probs, mask_t).numpy()
+        logp = log_probs.numpy()[np.arange(len(action)), action]
+        return action, {"logp": logp, "value": value.numpy()}
+
+    def action_probs(self, obs, mask):
+        obs_t, mask_t = self._tensors(obs, mask)
+        with torch.inference_mode():
+            return torch.softmax(self.logits(obs_t, mask_t).double(), dim=-1).numpy()
 
 
 def compute_gae(
@@ -154,3 +213,6 @@ class PPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.bit_generator.state = state["generator"]
         self.updates = int(state["updates"])
+
+
+ALGORITHM = Algorithm(PPOConfig, PPOTrainer, ActorCriticPolicy)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from marl_core.exploitability import NashConvReport
-from marl_core.game_tree import build_tree
-from marl_core.games import load_game
-from marl_core.policies import policy_to_dict
+from marl_core.games.exploitability import NashConvReport
+from marl_core.games.tree import build_tree
+from marl_core.games.openspiel import load_game
+from marl_core.policies.tabular import policy_to_dict
 
 
 def write_export(directory: Path, config, populations, meta_strategy, report: NashConvReport, iterations: int, wall_seconds: float) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from marl_core.game_tree import PlayerTree
+from marl_core.games.tree import PlayerTree
 
 
 def uniform_population(tree: PlayerTree) -> np.ndarray:

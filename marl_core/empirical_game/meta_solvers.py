@@ -19,6 +19,8 @@ import scipy.sparse
 import scipy.sparse.linalg
 from scipy.sparse import csgraph
 
+from marl_core.registry import Registry
+
 SolveFn = Callable[[np.ndarray], list[np.ndarray]]
 
 
@@ -30,30 +32,25 @@ class MetaSolver:
     two_player_zero_sum_only: bool = False
 
 
-META_SOLVERS: dict[str, MetaSolver] = {}
-
-
 class MetaSolverError(ValueError):
     """An unknown meta-solver, one that does not fit the game, or a malformed payoff table."""
+
+
+META_SOLVERS: Registry[MetaSolver] = Registry("meta-solver", MetaSolverError)
 
 
 def _register(name: str, summary: str, *, two_player_zero_sum_only: bool = False):
     """Add the decorated ``payoffs -> strategies`` function to ``META_SOLVERS`` under ``name``."""
 
     def decorator(solve: SolveFn) -> SolveFn:
-        META_SOLVERS[name] = MetaSolver(name, summary, solve, two_player_zero_sum_only)
+        META_SOLVERS.add(name, MetaSolver(name, summary, solve, two_player_zero_sum_only))
         return solve
 
     return decorator
 
 
 def get_meta_solver(name: str) -> MetaSolver:
-    try:
-        return META_SOLVERS[name]
-    except (KeyError, TypeError):
-        raise MetaSolverError(
-            f"unknown meta-solver {name!r}; choose one of: {', '.join(sorted(META_SOLVERS))}"
-        ) from None
+    return META_SOLVERS[name]
 
 
 def check_meta_solver(name: str, num_players: int, zero_sum: bool) -> MetaSolver:

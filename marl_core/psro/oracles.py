@@ -3,7 +3,7 @@
 An oracle answers "what should this player add to its population?" given the current
 populations and meta-strategy. `exact` computes the true best response to the opponents'
 meta-strategy mixture by one backward pass over the tree. `dqn` and `ppo` learn one from
-episodes played by rollout workers (`marl_core.learned_oracle`); their torch code is imported
+episodes played by rollout workers (`marl_core.psro.learned_oracle`); their torch code is imported
 only when they run, so choosing or validating an oracle stays cheap.
 """
 
@@ -14,8 +14,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from marl_core.exploitability import mixed_reach
-from marl_core.game_tree import GameTree, best_response
+from marl_core.games.exploitability import mixed_reach
+from marl_core.games.tree import GameTree, best_response
+from marl_core.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +48,7 @@ def exact_oracle(call: OracleCall) -> BestResponse:
 
 
 def learned_oracle(call: OracleCall) -> BestResponse:
-    from marl_core.learned_oracle import train_best_response
+    from marl_core.psro.learned_oracle import train_best_response
 
     policy, value, weights, metrics = train_best_response(
         call.config, call.tree, call.player, call.populations, call.meta_strategy,
@@ -64,18 +65,15 @@ class Oracle:
     learns: bool = False  # needs rollout workers and has hyperparameters under its own name
 
 
-ORACLES: dict[str, Oracle] = {
-    "exact": Oracle("exact", "exact best response by a backward pass over the game tree", exact_oracle),
-    "dqn": Oracle("dqn", "double DQN with a target network and replay, trained on rollouts", learned_oracle, learns=True),
-    "ppo": Oracle("ppo", "PPO with GAE, clipping and an entropy bonus, trained on rollouts", learned_oracle, learns=True),
-}
-
-
 class OracleError(ValueError):
     pass
 
 
+ORACLES: Registry[Oracle] = Registry("oracle", OracleError)
+ORACLES.add("exact", Oracle("exact", "exact best response by a backward pass over the game tree", exact_oracle))
+ORACLES.add("dqn", Oracle("dqn", "double DQN with a target network and replay, trained on rollouts", learned_oracle, learns=True))
+ORACLES.add("ppo", Oracle("ppo", "PPO with GAE, clipping and an entropy bonus, trained on rollouts", learned_oracle, learns=True))
+
+
 def get_oracle(name: str) -> Oracle:
-    if name not in ORACLES:
-        raise OracleError(f"unknown oracle {name!r}; choose one of: {', '.join(sorted(ORACLES))}")
     return ORACLES[name]

@@ -22,7 +22,7 @@ import functools
 import numpy as np
 import pyspiel
 
-from marl_core.games import GameError, load_game
+from marl_core.games.openspiel import GameError, load_game
 
 DEFAULT_MAX_HISTORIES = 3_000_000
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from marl_core.rollout import EnvSource, RolloutRequest, RolloutResult, RolloutWorker
+from marl_core.rollout.worker import EnvSource, RolloutRequest, RolloutResult, RolloutWorker
 
 
 class ParameterStore:

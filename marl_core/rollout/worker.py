@@ -29,7 +29,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from marl_core.envs import AgentID, MultiAgentEnv, TimeStep, make_env
-from marl_core.policies import sample_rows
+from marl_core.policies.tabular import sample_rows
 from marl_core.rl import ALGORITHMS, Experience
 
 
@@ -106,7 +106,7 @@ class RolloutWorker:
 
     def _infostate_rows(self, population: TabularPopulation) -> dict[str, int]:
         if population.player not in self._rows:
-            from marl_core.game_tree import build_tree
+            from marl_core.games.tree import build_tree
 
             self._rows[population.player] = build_tree(population.game).players[population.player].index
         return self._rows[population.player]

@@ -14,8 +14,9 @@ from typing import Callable
 
 import numpy as np
 
-from marl_core.game_tree import GameTree, sequence_reach
-from marl_core.games import load_game
+from marl_core.games.tree import GameTree, sequence_reach
+from marl_core.games.openspiel import load_game
+from marl_core.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,4 +84,6 @@ def evaluate_sampled(tree: GameTree, populations, profiles, *, episodes: int, se
     return ProfilePayoffs(mean=mean, stderr=stderr, episodes=np.full(len(profiles), episodes))
 
 
-EVALUATORS: dict[str, EvaluateFn] = {"exact": evaluate_exact, "sampled": evaluate_sampled}
+EVALUATORS: Registry[EvaluateFn] = Registry("evaluator")
+EVALUATORS.add("exact", evaluate_exact)
+EVALUATORS.add("sampled", evaluate_sampled)

@@ -22,15 +22,15 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from marl_core.config import PSROConfig
-from marl_core.evaluation import EVALUATORS, ProfilePayoffs
-from marl_core.exploitability import NashConvReport, nash_conv
-from marl_core.game_tree import GameTree, build_tree
-from marl_core.games import load_game
-from marl_core.meta_solvers import get_meta_solver
-from marl_core.oracles import BestResponse, OracleCall, get_oracle
-from marl_core.payoffs import PayoffTable
-from marl_core.policies import append_members, uniform_population
+from marl_core.psro.config import PSROConfig
+from marl_core.empirical_game.evaluation import EVALUATORS, ProfilePayoffs
+from marl_core.games.exploitability import NashConvReport, nash_conv
+from marl_core.games.tree import GameTree, build_tree
+from marl_core.games.openspiel import load_game
+from marl_core.empirical_game.meta_solvers import get_meta_solver
+from marl_core.psro.oracles import BestResponse, OracleCall, get_oracle
+from marl_core.empirical_game.payoffs import PayoffTable
+from marl_core.policies.tabular import append_members, uniform_population
 
 
 @dataclasses.dataclass
@@ -140,7 +140,7 @@ def initial_state(tree: GameTree) -> PSROState:
 
 
 def resumed_state(checkpoint) -> PSROState:
-    """The state a committed iteration left (see `marl_core.resume`); earlier members' networks
+    """The state a committed iteration left (see `flows.tracking.resume`); earlier members' networks
     stay in the registry, so only members added from here on carry weights."""
     return PSROState(
         populations=checkpoint.populations,
@@ -155,7 +155,7 @@ def rollout_pool_config(config: PSROConfig):
     """What the rollout workers of a learned oracle need, or None for oracles that do not learn."""
     if not get_oracle(config.oracle).learns:
         return None
-    from marl_core.worker_pool import PoolConfig
+    from marl_core.rollout.pool import PoolConfig
 
     rollout = config.rollout
     env = functools.partial(psro_env, config.game)
@@ -221,7 +221,7 @@ def run_psro_local(config: PSROConfig, on_iteration: Callable[[IterationRecord, 
 
 
 def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PSROState]]:
-    from marl_core.worker_pool import LocalWorkerPool
+    from marl_core.rollout.pool import LocalWorkerPool
 
     start = time.perf_counter()
     tree = build_tree(config.game)

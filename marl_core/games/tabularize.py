@@ -12,9 +12,9 @@ import functools
 
 import numpy as np
 
-from marl_core.game_tree import GameTree, build_tree
-from marl_core.games import load_game
-from marl_core.policies import check_policy
+from marl_core.games.tree import GameTree, build_tree
+from marl_core.games.openspiel import load_game
+from marl_core.policies.tabular import check_policy
 
 
 @functools.lru_cache(maxsize=8)

@@ -20,10 +20,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from marl_core import plots
-from marl_core.game_tree import build_tree
-from marl_core.policies import policy_to_dict
-from marl_core.resume import COMMITTED_TAG, CONFIG_ARTIFACT, FINAL_PAYOFFS
+from flows.tracking import plots
+from marl_core.games.tree import build_tree
+from marl_core.policies.tabular import policy_to_dict
+from flows.tracking.resume import COMMITTED_TAG, CONFIG_ARTIFACT, FINAL_PAYOFFS
 
 NEWEST_ALIAS = "newest"
 # Fault injection for tests: SIGKILL the process that tracks the run once iteration N's members
@@ -55,9 +55,9 @@ def prepare_store(tracking_uri: str) -> None:
 
 
 class RunTracker:
-    """Tracks a new run, or with `resume` (a `marl_core.resume.Checkpoint`) continues one.
+    """Tracks a new run, or with `resume` (a `flows.tracking.resume.Checkpoint`) continues one.
 
-    `tags` go on a new run: what its caller needs to find it again (see `marl_core.resume.find_tagged`).
+    `tags` go on a new run: what its caller needs to find it again (see `flows.tracking.resume.find_tagged`).
     """
 
     def __init__(self, config, resume=None, tags: dict[str, str] | None = None):
@@ -182,7 +182,7 @@ class RunTracker:
             self.client.create_registered_model(name, description=f"PSRO population members for {name}")
 
     def _log_iteration(self, record, frame, new_members) -> None:
-        """Artifacts, members, metrics, then the commit tag (see `marl_core.resume`)."""
+        """Artifacts, members, metrics, then the commit tag (see `flows.tracking.resume`)."""
         import mlflow.entities
 
         step = record.iteration
@@ -207,8 +207,8 @@ class RunTracker:
         """A learned member's network, as weights only: `torch.load(weights_only=True)` reads it."""
         import tempfile
 
-        from marl_core.checkpoints import NetworkSpec, save_network
-        from marl_core.tabularize import infostate_observations
+        from marl_core.policies.checkpoints import NetworkSpec, save_network
+        from marl_core.games.tabularize import infostate_observations
 
         obs_size = infostate_observations(self.config.game)[player].shape[1]
         algorithm_config = getattr(self.config, self.config.oracle)

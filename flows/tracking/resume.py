@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from marl_core.game_tree import build_tree
-from marl_core.payoffs import PayoffTable
-from marl_core.policies import policy_from_dict
+from marl_core.games.tree import build_tree
+from marl_core.empirical_game.payoffs import PayoffTable
+from marl_core.policies.tabular import policy_from_dict
 
 COMMITTED_TAG = "psro.committed_iteration"
 CONFIG_ARTIFACT = "config.json"

@@ -9,7 +9,7 @@ The learner loop, one round at a time:
 3. the trainer learns from the round's experience.
 
 The learned network then joins the population as a tabular policy: its action distribution at
-every information state (`marl_core.tabularize`). That keeps exact payoffs, exact NashConv and
+every information state (`marl_core.games.tabularize`). That keeps exact payoffs, exact NashConv and
 the OpenSpiel-checkable export available for learned populations, and the value reported for
 the response is its exact value against the mixture, not a training estimate.
 """
@@ -22,11 +22,11 @@ import time
 import numpy as np
 import torch
 
-from marl_core.exploitability import mixed_reach
-from marl_core.game_tree import GameTree, best_response, profile_values, sequence_reach
+from marl_core.games.exploitability import mixed_reach
+from marl_core.games.tree import GameTree, best_response, profile_values, sequence_reach
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout import LearnerSpec, RolloutRequest, TabularPopulation
-from marl_core.tabularize import infostate_observations, tabularize
+from marl_core.rollout.worker import LearnerSpec, RolloutRequest, TabularPopulation
+from marl_core.games.tabularize import infostate_observations, tabularize
 
 
 def agent_id(player: int) -> str:

@@ -8,11 +8,11 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from marl_core.evaluation import EVALUATORS
-from marl_core.games import is_zero_sum, load_game
-from marl_core.learned_oracle_settings import BestResponseTraining, RolloutSettings
-from marl_core.meta_solvers import check_meta_solver
-from marl_core.oracles import get_oracle
+from marl_core.empirical_game.evaluation import EVALUATORS
+from marl_core.games.openspiel import is_zero_sum, load_game
+from marl_core.psro.settings import BestResponseTraining, RolloutSettings
+from marl_core.empirical_game.meta_solvers import check_meta_solver
+from marl_core.psro.oracles import get_oracle
 from marl_core.rl.settings import DQNConfig, PPOConfig
 
 
