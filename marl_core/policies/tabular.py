@@ -1,15 +1,52 @@
-"""Tabular policies: one row of action probabilities per information state.
+"""Tabular policies: one row of action probabilities per information state of an OpenSpiel game.
 
-A player's population is a single array [K, I, A] (member, information state, action) whose rows
-follow the information-state order of the player's `PlayerTree`. Illegal actions hold
-probability 0, so any row can be sampled from or exported as it is.
+A table [I, A] follows the information-state order of the player's `PlayerTree`; stacked, a
+population's tables are one array [K, I, A] (member, information state, action), which is what
+the exact methods work on. Illegal actions hold probability 0, so any row can be sampled from or
+exported as it is.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, ClassVar
+
 import numpy as np
 
-from marl_core.games.tree import PlayerTree
+from marl_core.games.tree import PlayerTree, build_tree
+from marl_core.policies.base import Observations, Policy
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TabularPolicy(Policy):
+    """Player `player` of OpenSpiel game `game`, acting by its row at each information state."""
+
+    kind: ClassVar[str] = "tabular"
+    game: str
+    player: int
+    table: np.ndarray  # [I, A]
+
+    @property
+    def tabular(self) -> np.ndarray:
+        return self.table
+
+    def rows(self, infostates) -> np.ndarray:
+        index = build_tree(self.game).players[self.player].index
+        try:
+            return np.fromiter((index[s] for s in infostates), dtype=np.int64, count=len(infostates))
+        except KeyError as missing:
+            raise ValueError(f"{self.game} player {self.player} has no information state {missing}") from None
+
+    def action_probs(self, batch: Observations) -> np.ndarray:
+        if batch.infostates is None:
+            raise ValueError(f"a tabular policy of {self.game} needs information-state strings; this environment gives none")
+        return self.table[self.rows(batch.infostates)]
+
+    def description(self) -> dict[str, Any]:
+        return {"kind": self.kind, "game": self.game, "player": self.player}
+
+    def weights(self) -> dict[str, Any]:
+        return {"table": self.table}
 
 
 def uniform_population(tree: PlayerTree) -> np.ndarray:
