@@ -81,3 +81,9 @@ def psro_game(game: str, roles: Optional[tuple[tuple[str, str], ...]] = None) ->
             raise ValueError(f"roles: agents {members} of role {role!r} differ in observation or action sizes {sorted(sizes)}; give them separate roles")
         obs_size[role], num_actions[role] = sizes.pop()
     return PSROGame(game, spec.agents, ordered, mapping, is_openspiel_name(game), obs_size, num_actions)
+
+
+def psro_game_of(config) -> PSROGame:
+    """The PSROGame a run's config names (its `game` and, where given, its `roles`)."""
+    roles = getattr(config, "roles", None)
+    return psro_game(config.game, tuple(sorted(roles.items())) if roles else None)
