@@ -291,8 +291,6 @@ def test_workers_pull_weights_once_per_request_and_only_when_newer():
     np.testing.assert_array_equal(updated.experience.action, reference.experience.action)
     stale = worker.collect(request(1))  # an older request after the update: no pull, newer weights kept
     assert stale.weights_version == 2 and len(store.pulls) == 2
-    worker.collect(RolloutRequest(PLAYERS, {"player_0": _uniform("kuhn_poker", 0), "player_1": uniform}, 10, seed=(6,)))
-    assert len(store.pulls) == 2  # a request without a learner pulls nothing
 
 
 def _exact_best_response_value(tree, player, populations, meta):
