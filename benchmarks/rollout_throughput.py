@@ -26,7 +26,7 @@ import numpy as np
 import ray
 import torch
 
-from marl_core.envs import make_env
+from marl_core.envs import make_env, shared_population
 from marl_core.rl import ALGORITHMS
 from marl_core.rollout.worker import LearnerSpec, RolloutRequest
 from marl_core.rollout.pool import PoolConfig, RayWorkerPool
@@ -87,15 +87,16 @@ def raw_library_loop(env_name: str, seconds: float) -> float:
 def rollout_system(env_name: str, workers: int, envs_per_worker: int, episodes: int, seconds: float) -> float:
     pool = RayWorkerPool(PoolConfig(env_name, workers, envs_per_worker))
     spec = make_env(env_name).spec
-    agents = spec.agents
+    agent = spec.agents[0]
     config = ALGORITHMS["dqn"].config(epsilon_start=0.1)
-    policy = ALGORITHMS["dqn"].policy(spec.observation_size[agents[0]], spec.num_actions[agents[0]], config)
+    policy = ALGORITHMS["dqn"].policy(spec.observation_size[agent], spec.num_actions[agent], config)
     pool.push("benchmark", 1, policy.get_weights())
     learner = LearnerSpec("benchmark", "dqn", config)
 
     def requests(round_index: int):
         return [
-            RolloutRequest(learner, agents, {}, episodes, seed=(round_index, w), weights_version=1)
+            RolloutRequest(shared_population("all"), {}, episodes, seed=(round_index, w), learner=learner,
+                           learner_role="all", weights_version=1)
             for w in range(workers)
         ]
 

@@ -286,14 +286,14 @@ class BrokenRewards(ParallelEnv):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
 def test_a_non_finite_reward_stops_the_rollout_naming_env_and_step(bad):
-    from marl_core.envs import PettingZooParallelEnv
+    from marl_core.envs import PettingZooParallelEnv, shared_population
     from marl_core.rl import ALGORITHMS
     from marl_core.rollout.worker import LearnerSpec, RolloutRequest, RolloutWorker
 
     worker = RolloutWorker(lambda: PettingZooParallelEnv(BrokenRewards(bad)), envs_per_worker=2)
     request = RolloutRequest(
-        learner=LearnerSpec("learner", "dqn", ALGORITHMS["dqn"].config()),
-        learner_agents=("a", "b"), opponents={}, episodes=4, seed=(0,),
+        roles=shared_population("all"), populations={}, episodes=4, seed=(0,),
+        learner=LearnerSpec("learner", "dqn", ALGORITHMS["dqn"].config()), learner_role="all",
     )
     with pytest.raises(ValueError) as raised:
         worker.collect(request)

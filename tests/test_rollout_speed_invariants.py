@@ -4,7 +4,7 @@
 into arrays and transitions assembled by index at the end of a request. `_reference_collect`
 below is the loop it replaced, kept as the plainest statement of what a request means: per-step
 dicts, one transition dict per decision, arrays built from lists at the end. Both run from the same
-seed, weights and environment copies, so every array (experience, returns, opponent draws) must be
+seed, weights and environment copies, so every array (experience, returns, population draws) must be
 identical, not close: a reordered stream, a reward credited to the wrong transition or a random
 number drawn in a different order shows up as a difference.
 """
@@ -15,17 +15,20 @@ import numpy as np
 import pytest
 import torch
 
-from marl_core.envs import EnvSpec, MultiAgentEnv, TimeStep, make_env
+from marl_core.envs import EnvSpec, MultiAgentEnv, TimeStep, by_prefix, make_env, one_population_per_agent, shared_population
 from marl_core.envs.api import check_actions
 from marl_core.games.tree import build_tree
-from marl_core.policies.tabular import sample_rows
+from marl_core.policies.base import Observations
+from marl_core.policies.neural import NeuralPolicy
+from marl_core.policies.tabular import TabularPolicy, sample_rows
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout.worker import EnvSource, LearnerSpec, RolloutRequest, RolloutResult, RolloutWorker, TabularPopulation
+from marl_core.rollout.worker import EnvSource, LearnerSpec, RolloutRequest, PolicyMixture, RolloutResult, RolloutWorker
 from marl_core.rollout.pool import ParameterStore
 
 torch.set_num_threads(1)
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+ADVERSARY = "pettingzoo:mpe2.simple_adversary_v3"
 
 
 def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: RolloutRequest) -> RolloutResult:
@@ -33,16 +36,22 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
     envs = [make_env(env) if isinstance(env, str) else env() for _ in range(envs_per_worker)]
     agents = envs[0].spec.agents
     rng = np.random.default_rng(request.seed)
-    opponents = list(request.opponents.items())
-    opponent_index = {agent: k for k, (agent, _) in enumerate(opponents)}
-    rows = {agent: build_tree(p.game).players[p.player].index for agent, p in opponents}
-    learners = set(request.learner_agents)
+    roles = list(request.populations)
+    mixtures = list(request.populations.values())
+    role_of = {agent: request.roles(agent) for agent in agents}
+    tabular = [all(m.tabular is not None for m in mixture.members) for mixture in mixtures]
+    rows = {}
+    for agent, role in role_of.items():
+        if role in roles and tabular[roles.index(role)]:
+            member = mixtures[roles.index(role)].members[0]
+            rows[agent] = build_tree(member.game).players[member.player].index
+    learners = {agent for agent, role in role_of.items() if role == request.learner_role}
     quota = np.full(len(envs), request.episodes // len(envs))
     quota[: request.episodes % len(envs)] += 1
     finished, transitions, live, steps = [], [], {}, {}
 
     def begin(i, step):
-        live[i] = {"draws": [p.draw(rng) for _, p in opponents], "returns": np.zeros(len(agents)),
+        live[i] = {"draws": [m.draw(rng) for m in mixtures], "returns": np.zeros(len(agents)),
                    "streams": {}, "open": {}}
         steps[i] = step
 
@@ -58,7 +67,7 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
     while live:
         actions = {i: {} for i in live}
         learner_at, learner_obs, learner_mask = [], [], []
-        opponent_at = {k: [] for k in range(len(opponents))}
+        population_at = {k: [] for k in range(len(mixtures))}
         for i in live:
             step = steps[i]
             for agent in step.acting:
@@ -67,8 +76,7 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
                     learner_obs.append(step.observations[agent])
                     learner_mask.append(step.action_masks[agent])
                 else:
-                    row = rows[agent][step.infos[agent]["infostate"]]
-                    opponent_at[opponent_index[agent]].append((i, agent, row))
+                    population_at[roles.index(role_of[agent])].append((i, agent, step))
         if learner_at:
             obs, mask = np.stack(learner_obs), np.stack(learner_mask)
             chosen, extras = policy.act(obs, mask, request.explore, rng)
@@ -79,12 +87,27 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
                     close(episode, agent, episode["open"][agent], obs[j], mask[j], False)
                 episode["open"][agent] = dict(obs=obs[j], mask=mask[j], action=int(chosen[j]), reward=0.0,
                                               extras={k: v[j] for k, v in extras.items()})
-        for k, at in opponent_at.items():
-            if at:
-                member = np.array([live[i]["draws"][k] for i, _, _ in at])
-                probs = opponents[k][1].members[member, [row for _, _, row in at]]
+        for k, at in population_at.items():
+            members = mixtures[k].members
+            if at and tabular[k]:  # one draw for the whole population, rows of its stacked tables
+                probs = np.array([
+                    members[live[i]["draws"][k]].tabular[rows[agent][step.infos[agent]["infostate"]]]
+                    for i, agent, step in at
+                ])
                 chosen = sample_rows(probs, rng)
                 for j, (i, agent, _) in enumerate(at):
+                    actions[i][agent] = int(chosen[j])
+            for member in sorted({live[i]["draws"][k] for i, _, _ in at} if not tabular[k] else ()):
+                mine = [(i, agent, step) for i, agent, step in at if live[i]["draws"][k] == member]
+                batch = Observations(
+                    np.stack([step.observations[agent] for _, agent, step in mine]),
+                    np.stack([step.action_masks[agent] for _, agent, step in mine]),
+                    [step.infos[agent].get("infostate") for _, agent, step in mine],
+                )
+                if None in batch.infostates:
+                    batch = Observations(batch.obs, batch.mask)
+                chosen = members[member].act(batch, rng)
+                for j, (i, agent, _) in enumerate(mine):
                     actions[i][agent] = int(chosen[j])
         for i in list(live):
             step = envs[i].step(actions[i])
@@ -125,7 +148,7 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
     return RolloutResult(
         experience=experience,
         episode_returns=np.array([e["returns"] for e in finished], dtype=np.float64).reshape(-1, len(agents)),
-        opponent_draws=np.array([e["draws"] for e in finished], dtype=np.int64).reshape(len(finished), len(opponents)),
+        draws=np.array([e["draws"] for e in finished], dtype=np.int64).reshape(len(finished), len(mixtures)),
         env_steps=env_steps,
         weights_version=request.weights_version,
         seconds=0.0,
@@ -138,7 +161,7 @@ def _assert_identical(result: RolloutResult, reference: RolloutResult) -> None:
     assert result.experience.extras.keys() == reference.experience.extras.keys()
     pairs += [(f"extras[{k!r}]", result.experience.extras[k], v) for k, v in reference.experience.extras.items()]
     pairs += [("episode_returns", result.episode_returns, reference.episode_returns)]
-    pairs += [("opponent_draws", result.opponent_draws, reference.opponent_draws)]
+    pairs += [("draws", result.draws, reference.draws)]
     for name, got, expected in pairs:
         assert (got.dtype, got.shape) == (expected.dtype, expected.shape), name
         np.testing.assert_array_equal(got, expected, err_msg=name, strict=True)
@@ -147,14 +170,21 @@ def _assert_identical(result: RolloutResult, reference: RolloutResult) -> None:
 
 
 def _run_both(env: EnvSource, envs_per_worker: int, algorithm: str, request_args: dict, **config) -> RolloutResult:
+    """One request through the worker and the reference loop, with a learner when the request
+    names a learner_role (then its network gets fixed random weights)."""
     spec = (make_env(env) if isinstance(env, str) else env()).spec
-    agent = spec.agents[0]
-    learner = LearnerSpec("invariants", algorithm, ALGORITHMS[algorithm].config(**config))
-    torch.manual_seed(7)
-    policy = ALGORITHMS[algorithm].policy(spec.observation_size[agent], spec.num_actions[agent], learner.config)
+    request_args = dict(request_args, weights_version=3)
+    policy = None
+    if request_args.get("learner_role") is not None:
+        agent = next(a for a in spec.agents if request_args["roles"](a) == request_args["learner_role"])
+        learner = LearnerSpec("invariants", algorithm, ALGORITHMS[algorithm].config(**config))
+        torch.manual_seed(7)
+        policy = ALGORITHMS[algorithm].policy(spec.observation_size[agent], spec.num_actions[agent], learner.config)
+        request_args["learner"] = learner
     store = ParameterStore()
-    store.push(learner.key, 3, policy.get_weights())
-    request = RolloutRequest(learner=learner, weights_version=3, **request_args)
+    if policy is not None:
+        store.push("invariants", 3, policy.get_weights())
+    request = RolloutRequest(**request_args)
     result = RolloutWorker(env, envs_per_worker, store).collect(request)
     _assert_identical(result, _reference_collect(env, envs_per_worker, policy, request))
     return result
@@ -199,48 +229,72 @@ class _ScriptedTurns(MultiAgentEnv):
                         dict.fromkeys("ab", False), {agent: {}})
 
 
-def _leduc_population(player: int, members: int, seed: int) -> TabularPopulation:
+def _leduc_population(player: int, members: int, seed: int) -> PolicyMixture:
     """Random legal mixed strategies for one leduc player, mixed by a random meta-strategy."""
     rng = np.random.default_rng(seed)
     legal = build_tree("leduc_poker").players[player].legal
     policies = rng.random((members, *legal.shape)) * legal
     policies /= policies.sum(axis=2, keepdims=True)
-    return TabularPopulation("leduc_poker", player, policies, rng.dirichlet(np.ones(members)))
+    return PolicyMixture(tuple(TabularPolicy("leduc_poker", player, p) for p in policies), rng.dirichlet(np.ones(members)))
+
+
+def _networks(algorithm: str, obs_size: int, num_actions: int, members: int, seed: int) -> list[NeuralPolicy]:
+    """Untrained networks of distinct random weights, as population members."""
+    config = ALGORITHMS[algorithm].config().model_dump(mode="json")
+    torch.manual_seed(seed)
+    return [NeuralPolicy(algorithm, config, obs_size, num_actions) for _ in range(members)]
+
+
+PLAYERS = one_population_per_agent  # on OpenSpiel games each player is its own role
 
 
 def test_leduc_self_play_matches_the_reference_loop():
-    # Both players learners (the benchmark's setting), an uneven split of episodes over copies.
+    # Both players one learner role (the benchmark's setting), an uneven split of episodes over copies.
     result = _run_both(
         "leduc_poker", 7, "dqn",
-        dict(learner_agents=("player_0", "player_1"), opponents={}, episodes=61, seed=(5, 1)),
+        dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=61, seed=(5, 1)),
         epsilon_start=0.3,
     )
     assert len(result.episode_returns) == 61 and result.experience.last.sum() == 2 * 61
 
 
 def test_leduc_against_a_population_with_ppo_extras_matches_the_reference_loop():
-    # The opponent path (one draw per episode, sampled rows) and per-sample extras (logp, value).
-    opponents = {"player_1": _leduc_population(1, 3, seed=11)}
+    # The table path (one draw per episode, sampled rows) and per-sample extras (logp, value).
+    populations = {"player_1": _leduc_population(1, 3, seed=11)}
     result = _run_both(
-        "leduc_poker", 5, "ppo", dict(learner_agents=("player_0",), opponents=opponents, episodes=40, seed=(9,))
+        "leduc_poker", 5, "ppo",
+        dict(roles=PLAYERS, populations=populations, learner_role="player_0", episodes=40, seed=(9,)),
     )
     assert set(result.experience.extras) == {"logp", "value"}
-    assert len(set(result.opponent_draws[:, 0].tolist())) > 1
+    assert len(set(result.draws[:, 0].tolist())) > 1
 
 
 def test_leduc_greedy_learner_against_two_populations_matches_the_reference_loop():
-    # Populations on every agent (no transitions at all), then a greedy learner (explore=False).
-    opponents = {"player_0": _leduc_population(0, 2, seed=1), "player_1": _leduc_population(1, 4, seed=2)}
-    _run_both("leduc_poker", 4, "dqn", dict(learner_agents=(), opponents=opponents, episodes=9, seed=(2, 2)))
+    # Populations on every agent (no learner, no transitions at all), then a greedy learner (explore=False).
+    populations = {"player_0": _leduc_population(0, 2, seed=1), "player_1": _leduc_population(1, 4, seed=2)}
+    _run_both("leduc_poker", 4, "dqn", dict(roles=PLAYERS, populations=populations, episodes=9, seed=(2, 2)))
     _run_both(
         "leduc_poker", 3, "dqn",
-        dict(learner_agents=("player_1",), opponents={"player_0": opponents["player_0"]}, episodes=10, seed=(4,),
-             explore=False),
+        dict(roles=PLAYERS, populations={"player_0": populations["player_0"]}, learner_role="player_1",
+             episodes=10, seed=(4,), explore=False),
     )
 
 
+def test_mixed_tabular_and_neural_members_match_the_reference_loop():
+    # A population with a network among its tables takes the policy path: one call per member in use.
+    tables = _leduc_population(1, 2, seed=3).members
+    networks = _networks("ppo", 30, 3, 2, seed=5)
+    populations = {
+        "player_0": PolicyMixture(tuple(_networks("dqn", 30, 3, 2, seed=4)), np.array([0.5, 0.5])),
+        "player_1": PolicyMixture((tables[0], networks[0], tables[1], networks[1]), np.full(4, 0.25)),
+    }
+    result = _run_both("leduc_poker", 6, "dqn", dict(roles=PLAYERS, populations=populations, episodes=50, seed=(3,)))
+    assert set(result.draws[:, 1].tolist()) == {0, 1, 2, 3}
+
+
 def test_no_episodes_returns_empty_arrays_like_the_reference_loop():
-    _run_both("leduc_poker", 3, "dqn", dict(learner_agents=("player_0", "player_1"), opponents={}, episodes=0, seed=(1,)))
+    _run_both("leduc_poker", 3, "dqn",
+              dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=0, seed=(1,)))
 
 
 @pytest.mark.parametrize("algorithm", ["dqn", "ppo"])
@@ -248,14 +302,28 @@ def test_parallel_pettingzoo_env_matches_the_reference_loop(algorithm):
     # Three agents act in every step; rewards arrive every step, not only at the end.
     result = _run_both(
         SPREAD, 3, algorithm,
-        dict(learner_agents=("agent_0", "agent_1", "agent_2"), opponents={}, episodes=5, seed=(8, 0)),
+        dict(roles=shared_population("agent"), populations={}, learner_role="agent", episodes=5, seed=(8, 0)),
     )
     assert len(result.experience) == 5 * 25 * 3 and result.experience.reward.min() < 0
 
 
+def test_pettingzoo_roles_with_network_populations_match_the_reference_loop():
+    # simple_adversary: the learner plays the adversary; agent_0 and agent_1 share one drawn network.
+    roles = by_prefix({"adversary_": "adversary", "agent_": "agent"})
+    populations = {"agent": PolicyMixture(tuple(_networks("ppo", 10, 5, 3, seed=2)), np.array([0.2, 0.3, 0.5]))}
+    result = _run_both(
+        ADVERSARY, 4, "ppo",
+        dict(roles=roles, populations=populations, learner_role="adversary", episodes=9, seed=(1, 1)),
+    )
+    assert len(result.experience) == 9 * 25
+
+
 def test_irregular_turns_truncations_and_early_rewards_match_the_reference_loop():
-    result = _run_both(_ScriptedTurns, 4, "dqn", dict(learner_agents=("a", "b"), opponents={}, episodes=30, seed=(6,)),
-                       epsilon_start=0.5)
+    result = _run_both(
+        _ScriptedTurns, 4, "dqn",
+        dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=30, seed=(6,)),
+        epsilon_start=0.5,
+    )
     assert 0 < result.experience.done.sum() < result.experience.last.sum()  # some streams end truncated
 
 

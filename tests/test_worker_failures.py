@@ -20,10 +20,11 @@ import pytest
 import ray
 import ray.cloudpickle
 
-from marl_core.envs import OpenSpielEnv
+from marl_core.envs import OpenSpielEnv, one_population_per_agent
 from marl_core.games.tree import build_tree
 from marl_core.rl import ALGORITHMS
-from marl_core.rollout.worker import LearnerSpec, RolloutRequest, TabularPopulation
+from marl_core.policies.tabular import TabularPolicy
+from marl_core.rollout.worker import LearnerSpec, PolicyMixture, RolloutRequest
 from marl_core.rollout.pool import PoolConfig, RayWorkerPool
 
 pytestmark = pytest.mark.slow
@@ -83,10 +84,11 @@ def local_ray(tmp_path_factory):
 
 def _requests(episodes: int) -> list[RolloutRequest]:
     tree = build_tree("leduc_poker")
-    uniform = TabularPopulation("leduc_poker", 1, tree.players[1].uniform_policy()[None], np.array([1.0]))
+    uniform = PolicyMixture((TabularPolicy("leduc_poker", 1, tree.players[1].uniform_policy()),), np.array([1.0]))
     learner = LearnerSpec("learner", "dqn", ALGORITHMS["dqn"].config())
     return [
-        RolloutRequest(learner, ("player_0",), {"player_1": uniform}, episodes, seed=(worker,), weights_version=1)
+        RolloutRequest(one_population_per_agent, {"player_1": uniform}, episodes, seed=(worker,), learner=learner,
+                       learner_role="player_0", weights_version=1)
         for worker in range(2)
     ]
 
@@ -119,7 +121,7 @@ def test_a_worker_killed_during_rollout_is_replaced_and_its_request_replayed_exa
     replayed, reference = results[killed], uninterrupted[killed]
     np.testing.assert_array_equal(replayed.episode_returns, reference.episode_returns)
     np.testing.assert_array_equal(replayed.experience.action, reference.experience.action)
-    np.testing.assert_array_equal(replayed.opponent_draws, reference.opponent_draws)
+    np.testing.assert_array_equal(replayed.draws, reference.draws)
     pool.close()
 
 

@@ -1,8 +1,10 @@
 """Where rollout workers live: in this process, or as Ray actors beside a parameter-store actor.
 
 The learner talks to a pool through two calls: `push` its newest weights to the parameter
-store, and `collect` a list of requests (one per worker) that run in parallel. The learner
-never waits on a worker per step, and a worker never waits on the learner per step.
+store, and `collect` a list of requests, dealt round-robin to the workers, which run them in
+parallel (a learner sends one per worker; a sampled evaluation one per profile). The learner
+never waits on a worker per step, and a worker never waits on the learner per step. A request
+is answered the same by any worker, so results never depend on the pool's size.
 
 On Ray the workers reserve no CPU slot (``num_cpus=0`` by default). The learner that drives
 them runs in a task that holds a slot; on a 2-core machine, workers that each reserved a core

@@ -1,18 +1,25 @@
-"""Rollout workers: many environment copies, one batched forward pass per step, experience out.
+"""Rollout workers: many environment copies, batched acting per step, experience out.
 
 This is the actor side of MALib's actor-learner split. A worker owns `envs_per_worker` copies of
-one environment and answers `RolloutRequest`s: play N whole episodes with the learner's policy
-on some agents and population opponents on the others, and return the learner's transitions.
+one environment and answers `RolloutRequest`s: play N whole episodes in which every agent acts
+for its role (`roles` maps agents to roles), either with the learner's network (the agents of
+`learner_role`, whose transitions are returned) or with a member of its role's population,
+and return what the learner needs plus everyone's returns.
 
 Three rules keep the numbers honest and the worker fast:
 
-- Opponents are drawn from their meta-strategy once per episode (PSRO's strategy-level mixture),
-  never per step. Each episode's draw is returned, so this is checked, not assumed.
+- A role's member is drawn from its meta-strategy once per episode (PSRO's strategy-level
+  mixture), never per step, and every agent of the role plays that member for the whole
+  episode. Each episode's draws are returned, so this is checked, not assumed.
 - The learner's weights come from a parameter store once per request, never by a blocking call
   per step: a request is the bounded interval between weight updates.
 - A request is deterministic given its seed and weights version, and returns whole episodes
   only. A worker that dies mid-request can be restarted and the request replayed without losing
   or double-counting an episode.
+
+Acting is batched by who plays: one forward pass for all learner agents of all copies, one
+`action_probs` call per (role, member) in use, and for a population whose members all have a
+tabular form, one lookup in the members' tables stacked once per request (no policy call at all).
 
 The worker steps its copies itself rather than through `VectorEnv`: a request gives each copy
 an exact number of whole episodes, so a copy that has played its share stops instead of
@@ -24,12 +31,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from marl_core.envs import AgentID, MultiAgentEnv, TimeStep, make_env
-from marl_core.policies.tabular import sample_rows
+from marl_core.envs import AgentID, AgentMapping, MultiAgentEnv, TimeStep, make_env
+from marl_core.policies.base import Observations, Policy
+from marl_core.policies.tabular import TabularPolicy, sample_rows
 from marl_core.rl import ALGORITHMS, Experience
 
 
@@ -42,14 +50,20 @@ class LearnerSpec:
     config: Any  # that algorithm's config
 
 
-@dataclasses.dataclass(frozen=True)
-class TabularPopulation:
-    """An opponent population of tabular policies [K, I, A] and the meta-strategy over it."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class PolicyMixture:
+    """A role's population and its meta-strategy, drawn from once per episode."""
 
-    game: str  # OpenSpiel game string: its tree maps information states to rows
-    player: int
-    members: np.ndarray
-    weights: np.ndarray
+    members: tuple[Policy, ...]
+    weights: np.ndarray  # [K] probabilities
+
+    def __post_init__(self):
+        weights = np.asarray(self.weights, dtype=np.float64)
+        if weights.shape != (len(self.members),) or not self.members:
+            raise ValueError(f"a mixture of {len(self.members)} members needs {len(self.members)} weights (at least one), got shape {weights.shape}")
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0) or abs(weights.sum() - 1.0) > 1e-6:
+            raise ValueError(f"mixture weights must be non-negative and sum to 1, got {weights.tolist()}")
+        object.__setattr__(self, "weights", weights)
 
     def draw(self, rng: np.random.Generator) -> int:
         return int(rng.choice(len(self.weights), p=self.weights))
@@ -57,11 +71,12 @@ class TabularPopulation:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutRequest:
-    learner: LearnerSpec
-    learner_agents: tuple[AgentID, ...]
-    opponents: dict[AgentID, TabularPopulation]
+    roles: AgentMapping  # agent -> role
+    populations: dict[str, PolicyMixture]  # role -> mixture; every role without the learner needs one
     episodes: int
     seed: tuple[int, ...]
+    learner: Optional[LearnerSpec] = None
+    learner_role: Optional[str] = None  # its agents all act with the learner's network; their transitions come back
     weights_version: int = 0  # the version the learner pushed for this request
     explore: bool = True
 
@@ -70,13 +85,26 @@ class RolloutRequest:
 class RolloutResult:
     experience: Experience  # the learner agents' transitions, whole episodes, each contiguous
     episode_returns: np.ndarray  # [episodes, agents] summed rewards, agents in spec order
-    opponent_draws: np.ndarray  # [episodes, len(opponents)] member drawn for each opponent agent
+    draws: np.ndarray  # [episodes, len(populations)] member drawn per role, in the populations' order
     env_steps: int
     weights_version: int
     seconds: float
 
 
 EnvSource = Union[str, Callable[[], MultiAgentEnv]]  # a `make_env` name, or a factory
+
+LEARNER = -1  # an agent's slot when the learner plays it; populations have slots 0, 1, ...
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What a request means for this environment, worked out once before the first step."""
+
+    slot: dict[AgentID, int]  # agent -> LEARNER or its role's index in `mixtures`
+    mixtures: list[PolicyMixture]
+    tables: list[Optional[np.ndarray]]  # per mixture: the members' tables [K, I, A], if all have one
+    rows: dict[AgentID, dict[str, int]]  # per agent on a table path: information state -> row
+    learner_agents: tuple[AgentID, ...]
 
 
 class RolloutWorker:
@@ -86,14 +114,13 @@ class RolloutWorker:
         self.spec = self.envs[0].spec
         self.store = parameter_store
         self._policies: dict[str, tuple[Any, int]] = {}  # learner key -> (policy, version)
-        self._rows: dict[int, dict[str, int]] = {}  # player -> information state -> row
+        self._rows: dict[tuple[str, int], dict[str, int]] = {}  # (game, player) -> information state -> row
 
     # --- the learner's policy, refreshed once per request ------------------------------------
 
-    def _learner_policy(self, spec: LearnerSpec, version: int):
+    def _learner_policy(self, spec: LearnerSpec, version: int, agent: AgentID):
         policy, have = self._policies.get(spec.key, (None, -1))
         if policy is None:
-            agent = self.spec.agents[0]
             algorithm = ALGORITHMS[spec.algorithm]
             policy = algorithm.policy(self.spec.observation_size[agent], self.spec.num_actions[agent], spec.config)
         if have < version and self.store is not None:
@@ -104,25 +131,67 @@ class RolloutWorker:
         self._policies = {spec.key: (policy, have)}  # one learner at a time: drop stale keys
         return policy, have
 
-    def _infostate_rows(self, population: TabularPopulation) -> dict[str, int]:
-        if population.player not in self._rows:
+    # --- what a request asks of this environment ---------------------------------------------
+
+    def _plan(self, request: RolloutRequest) -> _Plan:
+        """Every agent's player (learner or population), checked before any episode starts."""
+        name, learner_role = self.spec.name, request.learner_role
+        if (request.learner is None) != (learner_role is None):
+            raise ValueError(f"a rollout request needs learner and learner_role together, got learner={request.learner!r} and learner_role={learner_role!r}")
+        if learner_role in request.populations:
+            raise ValueError(f"role {learner_role!r} is played by the learner; it cannot also have a population")
+        if not isinstance(request.episodes, int) or request.episodes < 0:
+            raise ValueError(f"episodes must be a non-negative integer, got {request.episodes!r}")
+        index = {role: k for k, role in enumerate(request.populations)}
+        slot: dict[AgentID, int] = {}
+        for agent in self.spec.agents:
+            try:
+                role = request.roles(agent)
+            except KeyError as error:
+                raise ValueError(f"{name}: roles: {error.args[0]}") from None
+            if role == learner_role:
+                slot[agent] = LEARNER
+            elif role in index:
+                slot[agent] = index[role]
+            else:
+                raise ValueError(f"{name}: agent {agent!r} of role {role!r} has neither the learner nor a population (populations: {list(index)})")
+        unplayed = [role for role, k in index.items() if k not in slot.values()]
+        if unplayed:
+            raise ValueError(f"{name}: population(s) {unplayed} belong to no agent; the agents' roles are {sorted(set(map(request.roles, self.spec.agents)))}")
+        learner_agents = tuple(agent for agent, k in slot.items() if k == LEARNER)
+        if learner_role is not None and not learner_agents:
+            raise ValueError(f"{name}: learner_role {learner_role!r} belongs to no agent of {list(self.spec.agents)}")
+        mixtures = list(request.populations.values())
+        tables = [_stacked_tables(mixture) for mixture in mixtures]
+        rows = {
+            agent: self._infostate_rows(mixtures[k], agent)
+            for agent, k in slot.items() if k != LEARNER and tables[k] is not None
+        }
+        return _Plan(slot, mixtures, tables, rows, learner_agents)
+
+    def _infostate_rows(self, mixture: PolicyMixture, agent: AgentID) -> dict[str, int]:
+        """The rows of `agent`'s information states in its role's tables: those of the tree the
+        members were built on (a `TabularPolicy` names it), else of this environment's game."""
+        tabular = next((m for m in mixture.members if isinstance(m, TabularPolicy)), None)
+        key = (tabular.game, tabular.player) if tabular else (self.spec.name, self.spec.agents.index(agent))
+        if key not in self._rows:
             from marl_core.games.tree import build_tree
 
-            self._rows[population.player] = build_tree(population.game).players[population.player].index
-        return self._rows[population.player]
+            self._rows[key] = build_tree(key[0]).players[key[1]].index
+        return self._rows[key]
 
     # --- one request -------------------------------------------------------------------------
 
     def collect(self, request: RolloutRequest) -> RolloutResult:
         started = time.perf_counter()
-        policy, version = self._learner_policy(request.learner, request.weights_version)
+        plan = self._plan(request)
+        policy, version = None, request.weights_version
+        if request.learner is not None:
+            policy, version = self._learner_policy(request.learner, request.weights_version, plan.learner_agents[0])
         rng = np.random.default_rng(request.seed)
-        opponents = list(request.opponents.items())
-        opponent_index = {agent: k for k, (agent, _) in enumerate(opponents)}  # looked up every step
-        rows = {agent: self._infostate_rows(population) for agent, population in opponents}
+        slot, mixtures, tables, rows = plan.slot, plan.mixtures, plan.tables, plan.rows  # read every step
         agents = self.spec.agents
         agent_index = {agent: index for index, agent in enumerate(agents)}
-        learners = set(request.learner_agents)
 
         quota = [request.episodes // len(self.envs)] * len(self.envs)
         for i in range(request.episodes % len(self.envs)):
@@ -132,7 +201,7 @@ class RolloutWorker:
         live: dict[int, _Episode] = {}  # in stepping order: a copy that starts an episode goes last
 
         def begin(i: int, step: TimeStep) -> None:
-            live[i] = _Episode([population.draw(rng) for _, population in opponents], len(agents), step)
+            live[i] = _Episode([mixture.draw(rng) for mixture in mixtures], len(agents), step)
 
         # Each copy's chance stream is seeded once per request; later episodes continue it.
         for i, env in enumerate(self.envs):
@@ -141,27 +210,32 @@ class RolloutWorker:
 
         env_steps = 0
         while live:
-            # Batch every acting agent by who plays it: one forward pass for the learner,
-            # one vectorized draw per opponent population. Each copy's actions go in its own dict.
+            # Batch every acting agent by who plays it: one forward pass for the learner; per
+            # population, one table lookup or one policy call per member in use. Each copy's
+            # actions go in its own dict.
             stepping = list(live.items())
             actions: list[dict[AgentID, int]] = []
             learner_at, learner_obs, learner_mask = [], [], []
-            opponent_at: list[list] = [[] for _ in opponents]
+            table_at: list[list] = [[] for _ in mixtures]
+            member_at: list[dict[int, list]] = [{} for _ in mixtures]
             for _, episode in stepping:
                 step = episode.step
                 chosen_here: dict[AgentID, int] = {}
                 actions.append(chosen_here)
                 for agent, observation in step.observations.items():
-                    if agent in learners:
+                    k = slot[agent]
+                    if k == LEARNER:
                         learner_at.append((chosen_here, episode, agent))
                         learner_obs.append(observation)
                         learner_mask.append(step.action_masks[agent])
+                    elif tables[k] is not None:
+                        table_at[k].append((chosen_here, agent, episode.draws[k], rows[agent][step.infos[agent]["infostate"]]))
                     else:
-                        k = opponent_index.get(agent)
-                        if k is None:
-                            raise ValueError(f"agent {agent!r} is neither a learner nor has an opponent population")
-                        row = rows[agent][step.infos[agent]["infostate"]]
-                        opponent_at[k].append((chosen_here, episode, agent, row))
+                        member = episode.draws[k]
+                        at = member_at[k].get(member)
+                        if at is None:
+                            at = member_at[k][member] = []
+                        at.append((chosen_here, agent, observation, step.action_masks[agent], step.infos.get(agent, {}).get("infostate")))
             if learner_at:
                 # np.array copies the rows, so an env that reuses its arrays cannot change them later.
                 obs, mask = np.array(learner_obs), np.array(learner_mask)
@@ -171,12 +245,21 @@ class RolloutWorker:
                     chosen_here[agent] = action
                     episode.acted(agent, decision)
                     decision += 1
-            for k, at in enumerate(opponent_at):
+            for k, mixture in enumerate(mixtures):
+                at = table_at[k]
                 if at:
-                    population = opponents[k][1]
-                    member = np.array([episode.draws[k] for _, episode, _, _ in at])
-                    probs = population.members[member, [row for _, _, _, row in at]]
-                    for (chosen_here, _, agent, _), action in zip(at, sample_rows(probs, rng).tolist()):
+                    probs = tables[k][[member for _, _, member, _ in at], [row for _, _, _, row in at]]
+                    for (chosen_here, agent, _, _), action in zip(at, sample_rows(probs, rng).tolist()):
+                        chosen_here[agent] = action
+                for member in sorted(member_at[k]):
+                    at = member_at[k][member]
+                    infostates = [infostate for *_, infostate in at]
+                    batch = Observations(
+                        obs=np.array([obs for _, _, obs, _, _ in at]),
+                        mask=np.array([mask for _, _, _, mask, _ in at]),
+                        infostates=None if None in infostates else infostates,
+                    )
+                    for (chosen_here, agent, *_), action in zip(at, mixture.members[member].act(batch, rng).tolist()):
                         chosen_here[agent] = action
 
             for (i, episode), chosen_here in zip(stepping, actions):
@@ -196,11 +279,22 @@ class RolloutWorker:
         return RolloutResult(
             experience=_to_experience(finished, decisions),
             episode_returns=np.array([e.returns for e in finished], dtype=np.float64).reshape(-1, len(agents)),
-            opponent_draws=np.array([e.draws for e in finished], dtype=np.int64).reshape(len(finished), len(opponents)),
+            draws=np.array([e.draws for e in finished], dtype=np.int64).reshape(len(finished), len(mixtures)),
             env_steps=env_steps,
             weights_version=version,
             seconds=time.perf_counter() - started,
         )
+
+
+def _stacked_tables(mixture: PolicyMixture) -> Optional[np.ndarray]:
+    """The members' tables as one [K, I, A] array when every member has one, else None."""
+    tables = [member.tabular for member in mixture.members]
+    if any(table is None for table in tables):
+        return None
+    shapes = {table.shape for table in tables}
+    if len(shapes) > 1:
+        raise ValueError(f"a population's tabular members differ in shape: {sorted(shapes)}")
+    return np.stack(tables)
 
 
 class _Decisions:
