@@ -411,3 +411,12 @@ def test_nash_returns_the_central_equilibrium_when_members_are_duplicated():
     rows, columns = get_meta_solver("nash").solve(np.stack([with_copy, -with_copy]))
     np.testing.assert_allclose(rows, [1 / 6, 1 / 6, 1 / 3, 1 / 3], atol=1e-6)
     np.testing.assert_allclose(columns, [1 / 3, 1 / 6, 1 / 6, 1 / 3], atol=1e-6)
+
+
+def test_prd_stays_a_distribution_when_a_player_only_loses():
+    """Payoffs all negative for one player (as in MPE's simple_adversary): the replicator step's
+    rounding drift in the strategy's sum must not compound into NaN over thousands of steps."""
+    payoffs = np.array([[[-27.96501073, -26.65512414], [-24.59889871, -25.87606549]], [[6.29311662, 9.47493478], [3.94763056, 7.93680652]]])
+    for strategy in META_SOLVERS["prd"].solve(payoffs):
+        assert np.all(np.isfinite(strategy)) and np.all(strategy >= 0)
+        assert strategy.sum() == pytest.approx(1.0, abs=1e-12)

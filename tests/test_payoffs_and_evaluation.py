@@ -17,7 +17,7 @@ from marl_core.psro import steps as psro
 from marl_core.policies.population import Population
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.psro.config import build_config
-from marl_core.empirical_game.evaluation import evaluate_exact, evaluate_sampled, play_episodes
+from marl_core.empirical_game.evaluation import EVALUATORS, evaluate_exact
 from marl_core.games.tree import build_tree
 from marl_core.games.openspiel import load_game
 from marl_core.empirical_game.payoffs import PayoffTable
@@ -206,10 +206,21 @@ def test_kuhn_exact_payoffs_are_zero_sum_for_every_profile():
 
 
 # --------------------------------------------------------------------------------------------
-# evaluate_sampled
+# sampled evaluation (through a rollout worker), against OpenSpiel's exact moments
 # --------------------------------------------------------------------------------------------
 
 EPISODES = 3000
+
+
+def evaluate_sampled(tree, tables, profiles, *, episodes, seed):
+    """The `sampled` evaluator on tabular populations given as [K, I, A] arrays."""
+    from marl_core.psro.game import psro_game
+
+    game = psro_game(tree.game_string)
+    populations = [
+        Population.of(role, [TabularPolicy(tree.game_string, p, table) for table in tables[p]]) for p, role in enumerate(game.roles)
+    ]
+    return EVALUATORS["sampled"](game, populations, profiles, episodes=episodes, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -262,12 +273,13 @@ def test_sampled_does_not_depend_on_chunking(kuhn_sampled):
     np.testing.assert_array_equal(reverse.mean[::-1], sampled.mean)
 
 
-def test_play_episodes_follows_deterministic_policies():
+def test_sampled_follows_deterministic_policies():
     """matrix_rps with pure policies: every episode returns the same RPS payoff."""
     tree = build_tree("matrix_rps")
     rock, paper = np.eye(3)[[0]], np.eye(3)[[1]]
-    returns = play_episodes(tree, [rock, paper], 50, np.random.default_rng(0))
-    np.testing.assert_array_equal(returns, np.tile([-1.0, 1.0], (50, 1)))
+    sampled = evaluate_sampled(tree, [rock[None], paper[None]], [[0, 0]], episodes=50, seed=0)
+    np.testing.assert_array_equal(sampled.mean, [[-1.0, 1.0]])
+    np.testing.assert_array_equal(sampled.stderr, [[0.0, 0.0]])
 
 
 def test_sampled_run_with_one_episode_is_refused_up_front():

@@ -224,8 +224,11 @@ def _project_onto_floored_simplex(point: np.ndarray, floor: float) -> np.ndarray
     Shifting by ``floor`` turns this into the standard projection onto a scaled simplex, solved
     in O(k log k) by sorting (Wang & Carreira-Perpinan 2013, as in OpenSpiel's PRD).
     """
-    if point.min() >= floor:  # replicator steps keep the sum at 1, so this is the common case
-        return point
+    if point.min() >= floor:
+        # The common case. A replicator step keeps the sum at 1 only in exact arithmetic; its
+        # rounding error grows by (1 - dt x.v) per step, which explodes over thousands of steps
+        # where every payoff of a player is negative, so the sum is restored here.
+        return point / point.sum()
     shifted = point - floor
     mass = 1.0 - floor * len(point)
     descending = np.sort(shifted)[::-1]

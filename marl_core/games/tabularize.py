@@ -61,3 +61,18 @@ def tabularize(policy, tree: GameTree, player: int) -> np.ndarray:
     probs /= probs.sum(axis=1, keepdims=True)
     check_policy(player_tree, probs)
     return probs
+
+
+def tabular_forms(populations, tree: GameTree) -> list[np.ndarray]:
+    """Every population's members as tables [K, I, A]: the stacked tables where the population
+    keeps them, else each member's table, a network asked at every information state."""
+    forms = []
+    for role, population in enumerate(populations):
+        if population.tables is not None:
+            forms.append(population.tables)
+            continue
+        forms.append(np.stack([
+            member.tabular if member.tabular is not None else tabularize(member.network, tree, role)
+            for member in population.members
+        ]))
+    return forms

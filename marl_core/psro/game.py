@@ -28,6 +28,13 @@ class PSROGame:
     num_actions: dict[str, int]  # per role
 
     def make_env(self) -> MultiAgentEnv:
+        """The environment rollouts play. An OpenSpiel game is the one its tree is built on:
+        a simultaneous-move game in its turn-based form, so information states match."""
+        if self.is_openspiel:
+            from marl_core.envs import OpenSpielEnv
+            from marl_core.games.openspiel import load_game
+
+            return OpenSpielEnv(load_game(self.name))
         return make_env(self.name)
 
     def agents_of(self, role: str) -> tuple[str, ...]:
@@ -60,7 +67,7 @@ def is_openspiel_name(game: str) -> bool:
 @functools.lru_cache(maxsize=16)
 def psro_game(game: str, roles: Optional[tuple[tuple[str, str], ...]] = None) -> PSROGame:
     """The PSROGame of a config's `game` and `roles` (as sorted (prefix, role) pairs)."""
-    env = make_env(game)
+    env = PSROGame(game, (), (), one_population_per_agent, is_openspiel_name(game), {}, {}).make_env()
     try:
         spec = env.spec
     finally:

@@ -83,9 +83,11 @@ def train_best_response(call: OracleCall) -> BestResponse:
     recent = np.concatenate(returns[-max(1, len(returns) // 10):])
     metrics = {"episodes": float(episodes), "env_steps": float(env_steps), "training_return": float(recent.mean())}
     table, value = None, None
-    if config.tabularize and game.has_tree:
+    if game.has_tree:  # reported wherever a tree exists; the member keeps its table if asked to
         table, value, gap = _tabular_form(config.game, call, trainer.policy)
         metrics.update(value=value, gap_to_exact=gap)  # gap: how far from a true best response it stayed
+        if not config.tabularize:
+            table = None
     metrics["seconds"] = time.perf_counter() - started
     member = NeuralPolicy.of(config.oracle, algorithm_config, trainer.policy, table)
     return BestResponse(role=call.role, policy=member, value=value, metrics=metrics)
@@ -100,13 +102,12 @@ def role_returns(episode_returns: np.ndarray, game: PSROGame, role: str) -> np.n
 def _tabular_form(game_string: str, call: OracleCall, network):
     """The network's table, its exact value against the mixture, and its gap to the exact best response."""
     from marl_core.games.exploitability import mixed_reach
-    from marl_core.games.tabularize import tabularize
+    from marl_core.games.tabularize import tabular_forms, tabularize
     from marl_core.games.tree import best_response, build_tree, profile_values, sequence_reach
-    from marl_core.policies.population import stacked_tables
 
     tree = build_tree(game_string)
     table = tabularize(network, tree, call.role)
-    reaches = mixed_reach(tree, stacked_tables(call.populations), call.meta_strategy)
+    reaches = mixed_reach(tree, tabular_forms(call.populations, tree), call.meta_strategy)
     exact_best = best_response(tree, call.role, reaches)[0]
     reaches[call.role] = sequence_reach(tree.players[call.role], table[None])[0]
     value = float(profile_values(tree, reaches)[call.role])

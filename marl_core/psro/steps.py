@@ -30,6 +30,7 @@ from marl_core.empirical_game.evaluation import EVALUATORS, ProfilePayoffs
 from marl_core.empirical_game.meta_solvers import get_meta_solver
 from marl_core.empirical_game.payoffs import PayoffTable
 from marl_core.games.exploitability import NashConvReport, nash_conv
+from marl_core.games.tabularize import tabular_forms
 from marl_core.games.tree import build_tree
 from marl_core.policies.base import UniformPolicy
 from marl_core.policies.population import Population, stacked_tables
@@ -173,12 +174,8 @@ def expand_population(populations: list[Population], responses: list[BestRespons
 def evaluate_payoffs(config: PSROConfig, populations: list[Population], profiles, pool=None) -> ProfilePayoffs:
     """`exact` over the game tree; `sampled` by episodes on the rollout workers (the run's `pool`,
     else one in this process), on any environment."""
-    if config.eval == "exact":
-        return EVALUATORS["exact"](build_tree(config.game), stacked_tables(populations), profiles)
-    from marl_core.empirical_game.sampled import evaluate_by_rollouts
-
-    with _pool_or_local(config, pool) as workers:
-        return evaluate_by_rollouts(workers, psro_game_of(config), populations, profiles, episodes=config.episodes, seed=config.seed)
+    evaluate = EVALUATORS[config.eval]
+    return evaluate(psro_game_of(config), populations, profiles, episodes=config.episodes, seed=config.seed, pool=pool)
 
 
 @dataclasses.dataclass
@@ -200,10 +197,12 @@ def solve_meta_game(config: PSROConfig, payoffs: PayoffTable, chunks, evaluation
 
 
 def measure(config: PSROConfig, populations: list[Population], meta_game: MetaGame) -> Optional[NashConvReport]:
-    """Exact NashConv of the mixture, where the tree fits and every member has a table."""
-    if not psro_game_of(config).has_tree or any(p.tables is None for p in populations):
+    """Exact NashConv of the mixture wherever the game tree fits (networks are asked at every
+    information state if their members carry no table); None elsewhere."""
+    if not psro_game_of(config).has_tree:
         return None
-    return nash_conv(build_tree(config.game), stacked_tables(populations), meta_game.meta_strategy)
+    tree = build_tree(config.game)
+    return nash_conv(tree, tabular_forms(populations, tree), meta_game.meta_strategy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,16 +388,31 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
 
 
 class LocalRunner:
-    """Each step called at once, in this process."""
+    """Each step runs in this process when its result is first asked for, so the stage clock
+    of `run_iteration` times each stage's own work."""
 
     def share(self, value):
         return value
 
     def submit(self, step: str, *args):
-        return STEPS[step](*args)
+        return _Deferred(step, args)
 
     def result(self, handle):
-        return handle
+        return handle.value() if isinstance(handle, _Deferred) else handle
+
+    def evaluation_parts(self, config: PSROConfig) -> int:
+        return 1
+
+
+class _Deferred:
+    def __init__(self, step: str, args: tuple):
+        self.step, self.args, self.done, self._value = step, args, False, None
+
+    def value(self):
+        if not self.done:
+            resolve = lambda arg: [resolve(a) for a in arg] if isinstance(arg, list) else arg.value() if isinstance(arg, _Deferred) else arg
+            self._value, self.done = STEPS[self.step](*map(resolve, self.args)), True
+        return self._value
 
     def evaluation_parts(self, config: PSROConfig) -> int:
         return 1
