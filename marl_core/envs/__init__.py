@@ -1,7 +1,8 @@
 """Multi-agent environments behind one interface (see `api.py`), and `make_env` to name them.
 
     make_env("leduc_poker")                       # an OpenSpiel game string (the default)
-    make_env("pettingzoo:mpe2.simple_spread_v3")  # a PettingZoo module: parallel_env(), else env()
+    make_env("pettingzoo:mpe2.simple_spread_v3")  # a module: parallel_env(), else env()
+    make_env("pettingzoo:classic.connect_four_v3")  # a module of PettingZoo itself
     make_env("pettingzoo:classic/tictactoe-v3")   # a PettingZoo registry id: parallel if registered so
     make_env("gymnasium:CartPole-v1")             # a Gymnasium id, as one agent "agent_0"
 """
@@ -77,7 +78,10 @@ def _pettingzoo(name: str, target: str) -> MultiAgentEnv:
     try:
         module = importlib.import_module(target)
     except (ImportError, ValueError) as exc:  # ValueError: an empty module path
-        raise ValueError(f"cannot import {target!r} for environment {name!r} ({exc}); use {_FORMS}") from None
+        try:  # PettingZoo's own families are named without the package: classic.connect_four_v3
+            module = importlib.import_module(f"pettingzoo.{target}")
+        except (ImportError, ValueError):
+            raise ValueError(f"cannot import {target!r} for environment {name!r} ({exc}); use {_FORMS}") from None
     if hasattr(module, "parallel_env"):
         return PettingZooParallelEnv(module.parallel_env())
     if hasattr(module, "env"):
