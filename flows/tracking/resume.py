@@ -155,7 +155,8 @@ def read_population(client, run_id: str, config: dict, iteration: int, scratch: 
 def read_member(client, run_id: str, game: PSROGame, role: str, member: int, scratch: str):
     from marl_core.policies.storage import load_policy
 
-    folder = client.download_artifacts(run_id, layout.member_path(role, member), scratch)
+    # a folder of its own: a downloaded folder may land under its last path part (member_<k>), as every role's does
+    folder = client.download_artifacts(run_id, layout.member_path(role, member), tempfile.mkdtemp(dir=scratch))
     return load_policy(folder, *table_key(game, role))
 
 
