@@ -47,7 +47,7 @@ class _OneLineErrors(typer.core.TyperCommand):
 @app.command(cls=_OneLineErrors)
 def run(
     config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
-    game: Optional[str] = typer.Option(None, help="OpenSpiel game string, e.g. leduc_poker or 'kuhn_poker(players=3)'"),
+    game: Optional[str] = typer.Option(None, help="OpenSpiel game string (leduc_poker, 'kuhn_poker(players=3)') or pettingzoo:<module>"),
     oracle: Optional[str] = typer.Option(None, help="best-response oracle (see `psro oracles`)"),
     meta_solver: Optional[str] = typer.Option(None, help="meta-solver (see `psro solvers`)"),
     iterations: Optional[int] = typer.Option(None, help="PSRO iterations"),
@@ -151,12 +151,11 @@ def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) 
             last["record"] = record
             progress.console.print(
                 f"iter {record.iteration:4d}  pop {'x'.join(map(str, record.population_sizes)):>9}  "
-                f"exploitability {record.report.exploitability:9.6f}  nash_conv {record.report.nash_conv:9.6f}  "
-                f"{record.iteration_seconds:5.2f}s",
+                f"{record.summary()}  {record.iteration_seconds:5.2f}s",
                 highlight=False,
                 soft_wrap=True,
             )
-            progress.update(bar, advance=1, exploitability=f"{record.report.exploitability:.4f}")
+            progress.update(bar, advance=1, exploitability=f"{record.exploitability:.4f}")
 
         run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id, ray_ready=ray_ready)
     wall = time.perf_counter() - started
@@ -165,8 +164,7 @@ def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) 
     else:
         record = last["record"]
         console.print(
-            f"done: {record.iteration} iterations, exploitability {record.report.exploitability:.6g} "
-            f"(NashConv {record.report.nash_conv:.6g}) in {wall:.1f}s",
+            f"done: {record.iteration} iterations, {record.summary()} in {wall:.1f}s",
             highlight=False,
         )
     if config.export:  # written by the flow

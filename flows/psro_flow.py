@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import os
 import time
 import uuid
@@ -29,8 +28,7 @@ from flows.ray_runner import FastRayTaskRunner
 from flows.runtime import prefect_api, ray_in_background, ray_session, ray_to_use, reap_on_crash
 from marl_core.psro import steps as psro
 from marl_core.psro.config import PSROConfig
-from marl_core.games.tree import build_tree
-from marl_core.psro.steps import IterationRecord, PSROState, StageClock
+from marl_core.psro.steps import IterationRecord, PSROState
 
 IterationCallback = Callable[[IterationRecord, PSROState], None]
 # Tags the MLflow run with the Prefect flow run that created it: a retried flow run finds it by this.
@@ -79,53 +77,30 @@ def psro_iteration(config: PSROConfig, iteration: int, run_started: float, pool,
 
 
 def _iteration_work(config: PSROConfig, iteration: int, previous: PSROState, run_started: float, pool):
-    """Submit the whole iteration at once, then collect it; returns its record and the new state.
+    """`marl_core.psro.steps.run_iteration`, its steps submitted as Prefect tasks on Ray."""
+    return psro.run_iteration(config, previous, iteration, RayTaskSteps(), pool, run_started)
+
+
+class RayTaskSteps:
+    """The flow's `Runner`: every step is a Prefect task on Ray, all submitted at once.
 
     Ray starts each task as soon as its inputs exist, so no stage waits for a round trip through
-    this process. Tasks get object references: each array is put in Ray's object store once
-    instead of being pickled into every task that reads it. Stage times are measured from the
-    completion of each stage's futures.
-
-    A learned oracle's task drives the run's rollout workers (`pool`, Ray actors): the rollout
-    stage fans out over them from inside each player's best-response task.
+    this process. Tasks get object references: each shared value is put in Ray's object store
+    once instead of being pickled into every task that reads it. A learned oracle's task drives
+    the run's rollout workers (`pool`, Ray actors) from inside the task.
     """
-    clock = StageClock()
-    # the previous state is the caller's to keep: this iteration works on its own copy
-    state = dataclasses.replace(previous, payoffs=previous.payoffs.copy(), weights=[list(w) for w in previous.weights])
-    sizes = [size + (iteration > 0) for size in state.population_sizes]
-    populations_ref = ray.put(state.populations)
-    responses = []
-    if iteration > 0:
-        meta_strategy_ref = ray.put(state.meta_strategy)
-        responses = [
-            tasks.train_best_response.submit(config, player, populations_ref, meta_strategy_ref, iteration, pool)
-            for player in range(len(state.populations))
-        ]
-    parts = 1 if config.eval == "exact" else max(1, int(_cluster_cpus()))
-    chunks = psro.plan_evaluation(state.payoffs, sizes, parts)
-    evaluations = [tasks.evaluate_payoffs.submit(config, populations_ref, responses, chunk) for chunk in chunks]
-    meta_game = tasks.solve_meta_game.submit(config, ray.put(state.payoffs), chunks, evaluations)
-    report = tasks.measure_exploitability.submit(config, populations_ref, responses, meta_game)
 
-    if iteration > 0:
-        responses = [response.result() for response in responses]
-        state.populations = psro.expand_population(state.populations, responses)
-        state.weights = psro.expand_weights(state.weights, responses)
-        clock.lap("best_response")
-    for evaluation in evaluations:
-        evaluation.wait()
-    clock.lap("evaluate")
-    solved = meta_game.result()
-    state.payoffs, state.meta_strategy = solved.payoffs, solved.meta_strategy
-    clock.lap("meta_solve")
-    report = report.result()
-    clock.lap("exploitability")
-    state.iteration = iteration
-    return IterationRecord.finish(state, report, clock, run_started, responses), state
+    def share(self, value):
+        return ray.put(value)
 
+    def submit(self, step: str, *args):
+        return tasks.TASKS[step].submit(*args)
 
-def _cluster_cpus() -> float:
-    return ray.cluster_resources().get("CPU", 1)
+    def result(self, future):
+        return future.result()
+
+    def evaluation_parts(self, config: PSROConfig) -> int:
+        return 1 if config.eval == "exact" else max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 @flow(name="psro", validate_parameters=False, persist_result=False)
@@ -148,7 +123,7 @@ def psro_flow(
     resume_run_id = resume_run_id or _earlier_attempt(config)
     run_started = time.perf_counter()
     checkpoint = load_checkpoint(config.tracking_uri, resume_run_id) if resume_run_id else None
-    state = psro.resumed_state(checkpoint) if checkpoint else psro.initial_state(build_tree(config.game))
+    state = psro.resumed_state(checkpoint) if checkpoint else psro.initial_state(config)
     first = checkpoint.iteration + 1 if checkpoint else 0
     with contextlib.ExitStack() as stack:
         # Heartbeats cost ~1.2 s per subflow; however the flow was started (CLI, `psro serve`,
@@ -241,11 +216,13 @@ def _earlier_attempt(config: PSROConfig) -> Optional[str]:
 
 def _write_export(config: PSROConfig, state: PSROState, last: Optional[IterationRecord], wall: float) -> None:
     """The OpenSpiel-checkable export; `last` is None when a resumed run had nothing left to do."""
-    from marl_core.games.exploitability import nash_conv
     from marl_core.psro.export import write_export
 
-    report = last.report if last else nash_conv(build_tree(config.game), state.populations, state.meta_strategy)
-    write_export(config.export, config, state.populations, state.meta_strategy, report, state.iteration, wall)
+    if last:
+        report, approx = last.report, last.approx
+    else:
+        report, approx = psro.measure(config, state.populations, psro.MetaGame(state.payoffs, state.meta_strategy)), None
+    write_export(config.export, config, state.populations, state.meta_strategy, report, state.iteration, wall, approx)
 
 
 def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):

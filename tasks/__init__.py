@@ -1,4 +1,6 @@
 from tasks.psro_tasks import (
+    TASKS,
+    approximate_best_response,
     evaluate_payoffs,
     measure_exploitability,
     solve_meta_game,
@@ -6,6 +8,8 @@ from tasks.psro_tasks import (
 )
 
 __all__ = [
+    "TASKS",
+    "approximate_best_response",
     "evaluate_payoffs",
     "measure_exploitability",
     "solve_meta_game",

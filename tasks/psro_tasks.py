@@ -15,7 +15,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from marl_core.psro import steps as psro
+from marl_core.psro import steps
 
 _options = dict(cache_policy=NO_CACHE, persist_result=False)
 
@@ -45,28 +45,42 @@ def _log_ray_node() -> None:
 
 
 @task(name="train-best-response", **_retrying)
-def train_best_response(config, player: int, populations, meta_strategy, iteration: int, pool=None):
+def train_best_response(config, role: int, populations, meta_strategy, iteration: int, pool=None):
     _log_ray_node()
     if pool is not None:
         get_run_logger().info("rollout workers on Ray nodes %s", ", ".join(pool.node_ids()))
-    return psro.best_response(config, player, populations, meta_strategy, iteration, pool)
+    return steps.STEPS["train-best-response"](config, role, populations, meta_strategy, iteration, pool)
 
 
 @task(name="evaluate-payoffs", **_retrying)
-def evaluate_payoffs(config, populations, responses, profiles):
-    """`responses` join `populations` here, in the task that first needs them: a task of its own
-    would add a round trip through Ray and Prefect to every iteration for a concatenation."""
+def evaluate_payoffs(config, populations, responses, profiles, pool=None):
     _log_ray_node()
-    return psro.evaluate_payoffs(config, psro.expand_population(populations, responses), profiles)
+    return steps.STEPS["evaluate-payoffs"](config, populations, responses, profiles, pool)
 
 
 @task(name="solve-meta-game", **_options)
 def solve_meta_game(config, payoffs, chunks, evaluations):
     _log_ray_node()
-    return psro.solve_meta_game(config, payoffs, chunks, evaluations)
+    return steps.STEPS["solve-meta-game"](config, payoffs, chunks, evaluations)
 
 
 @task(name="measure-exploitability", **_options)
 def measure_exploitability(config, populations, responses, meta_game):
     _log_ray_node()
-    return psro.measure(config, psro.expand_population(populations, responses), meta_game)
+    return steps.STEPS["measure-exploitability"](config, populations, responses, meta_game)
+
+
+@task(name="approximate-best-response", **_retrying)
+def approximate_best_response(config, role: int, populations, responses, meta_game, iteration: int, pool=None):
+    _log_ray_node()
+    return steps.STEPS["approximate-best-response"](config, role, populations, responses, meta_game, iteration, pool)
+
+
+# One task per step of `marl_core.psro.steps.STEPS`, under the same names.
+TASKS = {
+    "train-best-response": train_best_response,
+    "evaluate-payoffs": evaluate_payoffs,
+    "solve-meta-game": solve_meta_game,
+    "measure-exploitability": measure_exploitability,
+    "approximate-best-response": approximate_best_response,
+}

@@ -14,6 +14,8 @@ from open_spiel.python.algorithms import exploitability as os_exploitability
 from open_spiel.python.algorithms import expected_game_score, policy_aggregator
 
 from marl_core.psro import steps as psro
+from marl_core.policies.population import Population
+from marl_core.policies.tabular import TabularPolicy
 from marl_core.psro.config import build_config
 from marl_core.empirical_game.evaluation import evaluate_exact, evaluate_sampled, play_episodes
 from marl_core.games.tree import build_tree
@@ -401,7 +403,7 @@ def test_solve_meta_game_records_into_a_copy_and_solves():
     config = build_config({"game": "matrix_rps", "meta_solver": "nash"})
     tree = build_tree("matrix_rps")
     pure = np.eye(3)[:, None, :]
-    populations = [pure, pure]
+    populations = [Population.of(f"player_{p}", [TabularPolicy("matrix_rps", p, row) for row in pure]) for p in range(2)]
     table = PayoffTable(2)
     chunks = psro.plan_evaluation(table, [3, 3], parts=2)
     evaluations = [psro.evaluate_payoffs(config, populations, chunk) for chunk in chunks]
@@ -409,7 +411,7 @@ def test_solve_meta_game_records_into_a_copy_and_solves():
     meta_game = psro.solve_meta_game(config, table, chunks, evaluations)
     assert_tables_equal(table, before)  # input untouched
     assert not table.complete and meta_game.payoffs.complete
-    assert_tables_equal(meta_game.payoffs, scratch_table(tree, populations))
+    assert_tables_equal(meta_game.payoffs, scratch_table(tree, [pure, pure]))
     for strategy in meta_game.meta_strategy:  # RPS: the unique Nash is uniform
         np.testing.assert_allclose(strategy, np.full(3, 1 / 3), atol=1e-6)
     with pytest.raises(RuntimeError):
@@ -419,7 +421,7 @@ def test_solve_meta_game_records_into_a_copy_and_solves():
 def run_incrementally(config):
     """The PSRO loop from the public steps, keeping the solved table as the flow does."""
     tree = build_tree(config.game)
-    populations = psro.initial_populations(tree)
+    populations = psro.initial_populations(config)
     table = PayoffTable(tree.num_players)
     evaluated, exploitabilities = [], []
     meta = None
@@ -434,7 +436,7 @@ def run_incrementally(config):
         meta_game = psro.solve_meta_game(config, table, chunks, evaluations)
         table, meta = meta_game.payoffs, meta_game.meta_strategy
         exploitabilities.append(psro.measure(config, populations, meta_game).exploitability)
-    return tree, populations, table, evaluated, exploitabilities
+    return tree, [p.tables for p in populations], table, evaluated, exploitabilities
 
 
 def test_incremental_table_equals_table_from_scratch():
@@ -449,7 +451,7 @@ def test_incremental_table_equals_table_from_scratch():
     records = [record.report.exploitability for record, _ in psro.iterate_psro_local(config)]
     np.testing.assert_allclose(records, exploitabilities, rtol=0, atol=1e-7)  # interior-point Nash: ~1e-9 accurate
     state = psro.run_psro_local(config)
-    for ours, theirs in zip(populations, state.populations):
+    for ours, theirs in zip(populations, state.tables()):
         np.testing.assert_array_equal(ours, theirs)
 
 
@@ -458,7 +460,7 @@ def test_run_psro_local_final_table_equals_table_from_scratch():
     state = psro.run_psro_local(config)
     tree = build_tree(config.game)
     assert state.payoffs.complete
-    assert_tables_equal(state.payoffs, scratch_table(tree, state.populations), atol=1e-12)
+    assert_tables_equal(state.payoffs, scratch_table(tree, state.tables()), atol=1e-12)
 
 
 def openspiel_nash_conv_of(game, tree, populations, meta_strategy) -> float:
@@ -489,7 +491,7 @@ def test_kuhn_psro_with_nash_converges():
     # OpenSpiel agrees on the final mixture's NashConv.
     game = load_game("kuhn_poker")
     tree = build_tree("kuhn_poker")
-    expected = openspiel_nash_conv_of(game, tree, state.populations, state.meta_strategy)
+    expected = openspiel_nash_conv_of(game, tree, state.tables(), state.meta_strategy)
     assert final.report.nash_conv == pytest.approx(expected, abs=1e-9)
 
 

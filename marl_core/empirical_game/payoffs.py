@@ -68,6 +68,18 @@ class PayoffTable:
         self.episodes[index] = episodes
         self.known[index] = True
 
+    def mixture_value(self, strategies) -> tuple[np.ndarray, np.ndarray]:
+        """Each player's expected payoff [n] when every player mixes its members by `strategies`,
+        and its standard error from the entries' own (independent estimates; 0 where exact)."""
+        weight = np.ones(self.sizes)
+        for player, strategy in enumerate(strategies):
+            shape = [1] * self.num_players
+            shape[player] = -1
+            weight = weight * np.asarray(strategy, dtype=np.float64).reshape(shape)
+        value = (self.mean * weight).reshape(self.num_players, -1).sum(axis=1)
+        stderr = np.sqrt((np.square(self.stderr) * np.square(weight)).reshape(self.num_players, -1).sum(axis=1))
+        return value, stderr
+
     def to_frame(self, beyond: tuple[int, ...] | None = None) -> pd.DataFrame:
         """One row per evaluated profile: the members played, each player's payoff and
         standard error, and the episodes behind it (0: exact).

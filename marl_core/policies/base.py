@@ -62,3 +62,20 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def weights(self) -> dict[str, Any]:
         """The learned numbers only: arrays (tabular) or tensors (neural)."""
+
+
+class UniformPolicy(Policy):
+    """Every legal action equally likely: the first member of a population where no game tree
+    gives it a table (on a tree game the same policy is a `TabularPolicy`)."""
+
+    kind: ClassVar[str] = "uniform"
+
+    def action_probs(self, batch: Observations) -> np.ndarray:
+        mask = np.asarray(batch.mask, dtype=np.float64)
+        return mask / mask.sum(axis=1, keepdims=True)
+
+    def description(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+    def weights(self) -> dict[str, Any]:
+        return {}

@@ -4,6 +4,7 @@ A member is a folder:
 
 - `policy.json`: a tabular policy (or a network's tabular form) as information-state string ->
   action probabilities, the format OpenSpiel-side tools read;
+- `uniform.json`: the uniform policy over legal actions, which has no weights;
 - `network.json` + `weights.pt`: a network member's description (algorithm, settings, sizes) and
   its state_dict, which `torch.load(weights_only=True)` reads: a checkpoint from someone else
   cannot run code.
@@ -15,11 +16,12 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from marl_core.policies.base import Policy
+from marl_core.policies.base import Policy, UniformPolicy
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy, policy_from_dict, policy_to_dict
 
 TABLE_FILE = "policy.json"
+UNIFORM_FILE = "uniform.json"
 NETWORK_FILE = "network.json"
 WEIGHTS_FILE = "weights.pt"
 
@@ -30,6 +32,8 @@ def save_policy(directory, policy: Policy, game: Optional[str] = None, player: O
     directory.mkdir(parents=True, exist_ok=True)
     if isinstance(policy, TabularPolicy):
         game, player = policy.game, policy.player
+    if isinstance(policy, UniformPolicy):
+        (directory / UNIFORM_FILE).write_text(json.dumps(policy.description()))
     if policy.tabular is not None:
         from marl_core.games.tree import build_tree
 
@@ -45,6 +49,8 @@ def save_policy(directory, policy: Policy, game: Optional[str] = None, player: O
 def load_policy(directory, game: Optional[str] = None, player: Optional[int] = None) -> Policy:
     """The member `save_policy` wrote; a table is read only when `game` and `player` are given."""
     directory = Path(directory)
+    if (directory / UNIFORM_FILE).exists():
+        return UniformPolicy()
     table = None
     if (directory / TABLE_FILE).exists() and game is not None:
         from marl_core.games.tree import build_tree

@@ -8,11 +8,11 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from marl_core.empirical_game.evaluation import EVALUATORS
 from marl_core.games.openspiel import is_zero_sum, load_game
-from marl_core.psro.settings import BestResponseTraining, RolloutSettings
+from marl_core.psro.settings import ApproxExploitability, BestResponseTraining, RolloutSettings
 from marl_core.empirical_game.meta_solvers import check_meta_solver
-from marl_core.psro.oracles import get_oracle
+from marl_core.psro.game import is_openspiel_name, psro_game_of
+from marl_core.psro.oracles import ORACLES, get_oracle
 from marl_core.rl.settings import DQNConfig, PPOConfig
 
 
@@ -36,11 +36,12 @@ GAME_PPO = PPOConfig(gamma=1.0, lr=1e-3, epochs=8, entropy_coef=0.001)
 class PSROConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    game: str = Field("kuhn_poker", description="OpenSpiel game string, e.g. leduc_poker or kuhn_poker(players=3)")
+    game: str = Field("kuhn_poker", description="OpenSpiel game string (leduc_poker, kuhn_poker(players=3)) or pettingzoo:<module>")
+    roles: Optional[dict[str, str]] = Field(None, description="agent-name prefix -> role (population); default: one role per agent")
     oracle: str = Field("exact", description="best-response oracle")
-    meta_solver: str = Field("nash", description="meta-solver for the empirical game")
+    meta_solver: str = Field(None, description="meta-solver for the empirical game (default: nash for two-player zero-sum OpenSpiel games, else prd)")
     iterations: int = Field(30, gt=0, description="PSRO iterations (best responses added per player)")
-    eval: Literal["exact", "sampled"] = Field("exact", description="payoff evaluator")
+    eval: Literal["exact", "sampled"] = Field(None, description="payoff evaluator (default: exact where the game tree fits, else sampled)")
     episodes: int = Field(1000, ge=2, description="episodes per profile for the sampled evaluator (2 or more: one episode has no standard error)")
     seed: int = Field(0, description="seed for sampled evaluation and tie-free reproducibility")
     stop_exploitability: Optional[float] = Field(None, ge=0, description="stop early at this exploitability")
@@ -53,6 +54,8 @@ class PSROConfig(BaseModel):
     # learned oracles (--oracle dqn/ppo): rollout workers, training budget, hyperparameters
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     best_response: BestResponseTraining = Field(default_factory=BestResponseTraining)
+    tabularize: bool = Field(True, description="learned members also get their table where a game tree exists (exact payoffs and NashConv)")
+    approx_exploitability: ApproxExploitability = Field(default_factory=ApproxExploitability)
     dqn: DQNConfig = Field(default_factory=lambda: GAME_DQN)
     ppo: PPOConfig = Field(default_factory=lambda: GAME_PPO)
 
@@ -72,29 +75,68 @@ class PSROConfig(BaseModel):
             raise ValueError(f"expected a whole number, got {value!r}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_that_depend_on_the_game(cls, values):
+        """`eval`, `meta_solver` and `approx_exploitability.every` default by what the game offers."""
+        if not isinstance(values, dict):
+            return values
+        values = dict(values)
+        game = str(values.get("game", "kuhn_poker"))
+        openspiel = is_openspiel_name(game)
+        if values.get("eval") is None:
+            values["eval"] = "exact" if openspiel else "sampled"
+        if values.get("meta_solver") is None:
+            values["meta_solver"] = "nash" if openspiel and _two_player_zero_sum(game) else "prd"
+        approx = values.get("approx_exploitability")
+        learns = values.get("oracle", "exact") in ORACLES and get_oracle(values.get("oracle", "exact")).learns
+        if learns and not openspiel and (approx is None or (isinstance(approx, dict) and "every" not in approx)):
+            values["approx_exploitability"] = {**(approx or {}), "every": 5}
+        return values
+
     @model_validator(mode="after")
     def _fits_the_game(self) -> "PSROConfig":
-        kind = self.game.partition(":")[0] if ":" in self.game.split("(")[0] else None
-        if kind in ("pettingzoo", "gymnasium"):
-            raise ValueError(
-                f"game {self.game!r} is a {'PettingZoo' if kind == 'pettingzoo' else 'Gymnasium'} environment; "
-                "psro run needs an OpenSpiel game string (exact payoffs and exploitability walk the game tree): "
-                "run `psro games` to list them"
-            )
-        game = load_game(self.game)
-        if get_oracle(self.oracle).learns and not game.get_type().provides_information_state_tensor:
-            raise ValueError(
-                f"oracle {self.oracle!r} needs a game with information-state tensors (network inputs); "
-                f"{self.game!r} has none: use oracle 'exact'"
-            )
-        check_meta_solver(self.meta_solver, game.num_players(), is_zero_sum(game))
-        if self.eval not in EVALUATORS:  # Literal already guards; kept for registry extensions
-            raise ValueError(f"unknown evaluator {self.eval!r}")
+        oracle = get_oracle(self.oracle)
+        if is_openspiel_name(self.game):
+            if self.roles is not None:
+                raise ValueError("roles: an OpenSpiel game's roles are its players; roles are for PettingZoo environments")
+            game = load_game(self.game)
+            if oracle.learns and not game.get_type().provides_information_state_tensor:
+                raise ValueError(
+                    f"oracle {self.oracle!r} needs a game with information-state tensors (network inputs); "
+                    f"{self.game!r} has none: use oracle 'exact'"
+                )
+            zero_sum = is_zero_sum(game)
+        else:
+            if not oracle.learns:
+                raise ValueError(f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle (dqn or ppo)")
+            zero_sum = False
+        played = psro_game_of(self)  # makes the environment once: a bad name or role table fails here
+        if self.eval == "exact" or self.oracle == "exact":
+            if not played.has_tree:
+                what = "eval 'exact'" if self.eval == "exact" else f"oracle {self.oracle!r}"
+                raise ValueError(f"{what} needs an OpenSpiel game whose tree fits in memory; {self.game!r} has none: use eval 'sampled' and a learned oracle")
+            if self.eval == "exact" and oracle.learns and not self.tabularize:
+                raise ValueError("eval 'exact' needs tables of the learned members: set tabularize true or use eval 'sampled'")
+        check_meta_solver(self.meta_solver, played.num_roles, zero_sum)
         return self
 
     @property
+    def psro_game(self):
+        return psro_game_of(self)
+
+    @property
     def num_players(self) -> int:
-        return load_game(self.game).num_players()
+        """The number of roles (populations): an OpenSpiel game's players."""
+        return psro_game_of(self).num_roles
+
+
+def _two_player_zero_sum(game: str) -> bool:
+    try:
+        loaded = load_game(game)
+    except ValueError:
+        return False  # the game's own check reports it
+    return loaded.num_players() == 2 and is_zero_sum(loaded)
 
 
 def _one_line(error: ValidationError) -> str:

@@ -1,7 +1,8 @@
 """Export a finished run in a format anyone can check with OpenSpiel alone.
 
-DIR/summary.json, DIR/meta_strategy.json and DIR/policies/player_<p>/member_<k>.json; see
-`scripts/verify_export.py` for the check itself.
+DIR/summary.json, DIR/meta_strategy.json and DIR/policies/<role>/member_<k>.json (an OpenSpiel
+game's roles are player_0, player_1, ...); see `scripts/verify_export.py` for the check itself.
+Network members are also written as DIR/policies/<role>/member_<k>/ (weights and description).
 
 summary.json's "game" is the string `pyspiel.load_game` turns into the game the policies are keyed
 by. For a simultaneous-move game that is not the configured game: PSRO plays its turn-based
@@ -14,35 +15,52 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 from marl_core.games.exploitability import NashConvReport
 from marl_core.games.tree import build_tree
 from marl_core.games.openspiel import load_game
 from marl_core.policies.tabular import policy_to_dict
+from marl_core.psro.game import psro_game_of
 
 
-def write_export(directory: Path, config, populations, meta_strategy, report: NashConvReport, iterations: int, wall_seconds: float) -> Path:
+def write_export(directory: Path, config, populations, meta_strategy, report: Optional[NashConvReport], iterations: int, wall_seconds: float, approx=None) -> Path:
+    """`populations`: one `Population` per role. Members with a table are written as the
+    OpenSpiel-checkable JSON; network members also as `member_<k>/` (network.json + weights.pt,
+    weights only). `report` is the exact NashConv where the tree fits; `approx` the approximate one."""
+    from marl_core.policies.storage import save_policy
+
     directory = Path(directory)
-    tree = build_tree(config.game)
-    for player, population in enumerate(populations):
-        folder = directory / "policies" / f"player_{player}"
+    game = psro_game_of(config)
+    tree = build_tree(config.game) if game.has_tree else None
+    for role_index, population in enumerate(populations):
+        folder = directory / "policies" / population.role
         folder.mkdir(parents=True, exist_ok=True)
-        for member, policy in enumerate(population):
-            table = policy_to_dict(tree.players[player], policy)
-            (folder / f"member_{member}.json").write_text(json.dumps(table))
-    weights = {str(player): [float(w) for w in strategy] for player, strategy in enumerate(meta_strategy)}
+        for member, policy in enumerate(population.members):
+            if tree is not None and policy.tabular is not None:
+                table = policy_to_dict(tree.players[role_index], policy.tabular)
+                (folder / f"member_{member}.json").write_text(json.dumps(table))
+            if policy.kind != "tabular":
+                save_policy(folder / f"member_{member}", policy)
+    weights = {str(r): [float(w) for w in strategy] for r, strategy in enumerate(meta_strategy)}  # by role index, as verify_export reads
     (directory / "meta_strategy.json").write_text(json.dumps(weights, indent=1))
     summary = {
-        "game": openspiel_game_string(config.game),
+        "game": openspiel_game_string(config.game) if game.is_openspiel else config.game,
         "configured_game": config.game,
-        "num_players": tree.num_players,
+        "roles": list(game.roles),
+        "num_players": game.num_roles,
         "iterations": iterations,
-        "nash_conv": report.nash_conv,
-        "exploitability": report.exploitability,
         "meta_solver": config.meta_solver,
         "oracle": config.oracle,
         "wall_seconds": wall_seconds,
     }
+    if report is not None:
+        summary.update(nash_conv=report.nash_conv, exploitability=report.exploitability)
+    if approx is not None:
+        summary.update(
+            approx_nash_conv=approx.nash_conv, approx_nash_conv_stderr=approx.nash_conv_stderr,
+            approx_exploitability=approx.exploitability, approx_exploitability_stderr=approx.exploitability_stderr,
+        )
     (directory / "summary.json").write_text(json.dumps(summary, indent=1))
     return directory
 

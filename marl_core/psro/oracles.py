@@ -1,10 +1,11 @@
 """Best-response oracles, looked up by name.
 
-An oracle answers "what should this player add to its population?" given the current
-populations and meta-strategy. `exact` computes the true best response to the opponents'
-meta-strategy mixture by one backward pass over the tree. `dqn` and `ppo` learn one from
-episodes played by rollout workers (`marl_core.psro.learned_oracle`); their torch code is imported
-only when they run, so choosing or validating an oracle stays cheap.
+An oracle answers "what should this role add to its population?" given the current populations
+and meta-strategy. `exact` computes the true best response to the opponents' meta-strategy
+mixture by one backward pass over the game tree (OpenSpiel games whose tree fits). `dqn` and
+`ppo` learn a network from episodes played by rollout workers on any environment
+(`marl_core.psro.learned_oracle`); their torch code is imported only when they run, so choosing
+or validating an oracle stays cheap.
 """
 
 from __future__ import annotations
@@ -12,49 +13,50 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from marl_core.games.exploitability import mixed_reach
-from marl_core.games.tree import GameTree, best_response
+from marl_core.games.tree import build_tree, best_response
+from marl_core.policies.base import Policy
+from marl_core.policies.population import Population, stacked_tables
 from marl_core.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
 class BestResponse:
-    player: int
-    policy: np.ndarray  # [I, A] tabular: a learned network is asked at every information state
-    value: float  # exact expected return of the response against the opponents' mixture
-    weights: Optional[dict[str, Any]] = None  # a learned network's state_dict (tensors only)
+    role: int  # index into the game's roles
+    policy: Policy
+    value: Optional[float]  # exact expected return against the opponents' mixture, where a tree gives it
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class OracleCall:
-    """Everything an oracle may use; `pool` holds the rollout workers of learned oracles."""
+    """Everything an oracle may use. `budget` is the training episodes of a learned response (the
+    run's `best_response.episodes`, or the approximate-exploitability budget); `pool` holds the
+    rollout workers of learned oracles; `seed_key` makes each response's randomness its own."""
 
     config: Any  # PSROConfig
-    tree: GameTree
-    player: int
-    populations: list[np.ndarray]
-    meta_strategy: list[np.ndarray]
+    role: int
+    populations: list[Population]
+    meta_strategy: list
     iteration: int
     pool: Any = None
+    budget: Optional[int] = None
+    seed_key: tuple[int, ...] = ()
 
 
 def exact_oracle(call: OracleCall) -> BestResponse:
-    reaches = mixed_reach(call.tree, call.populations, call.meta_strategy)
-    value, policy = best_response(call.tree, call.player, reaches)
-    return BestResponse(player=call.player, policy=policy, value=value)
+    from marl_core.policies.tabular import TabularPolicy
+
+    tree = build_tree(call.config.game)
+    reaches = mixed_reach(tree, stacked_tables(call.populations), call.meta_strategy)
+    value, table = best_response(tree, call.role, reaches)
+    return BestResponse(role=call.role, policy=TabularPolicy(call.config.game, call.role, table), value=value)
 
 
 def learned_oracle(call: OracleCall) -> BestResponse:
     from marl_core.psro.learned_oracle import train_best_response
 
-    policy, value, weights, metrics = train_best_response(
-        call.config, call.tree, call.player, call.populations, call.meta_strategy,
-        iteration=call.iteration, pool=call.pool,
-    )
-    return BestResponse(player=call.player, policy=policy, value=value, weights=weights, metrics=metrics)
+    return train_best_response(call)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,3 +21,18 @@ class RolloutSettings(BaseModel):
     workers: int = Field(2, gt=0, description="rollout workers (Ray actors)")
     envs_per_worker: int = Field(32, gt=0, description="environment copies each worker steps in a batch")
     worker_cpus: float = Field(0.0, ge=0, description="CPU slots each worker reserves in Ray (0 never starves the learner)")
+
+
+class ApproxExploitability(BaseModel):
+    """Approximate NashConv: per role, a fresh best response learned by the run's oracle against
+    the current mixture, its gain over the mixture's value estimated from rollouts.
+
+    It is what there is where no game tree exists; on a game with a tree it is reported beside
+    the exact NashConv, so the two can be compared.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    every: int = Field(0, ge=0, description="measure every N iterations and at the last (0: never; default 5 for learned oracles where no game tree exists)")
+    episodes: int = Field(20_000, gt=0, description="training episodes of each approximate best response")
+    eval_episodes: int = Field(2_000, ge=2, description="episodes that estimate each response's value against the mixture")

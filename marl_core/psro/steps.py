@@ -1,50 +1,74 @@
-"""PSRO as plain functions over a small state, with no orchestration in sight.
+"""PSRO as plain functions over a small state, and one iteration that wires them together.
 
 One iteration is three named steps, as in OpenSpiel's abstract meta-trainer:
 
-1. ``best_response``: each player's oracle answers the opponents' current meta-strategy mixture;
-2. ``expand_population``, then ``plan_evaluation`` and ``evaluate_payoffs``: the answers join
-   the populations and only the new profiles of the payoff table are evaluated;
+1. ``best_response``: each role's oracle answers the other roles' current meta-strategy mixture;
+2. ``evaluate_payoffs``: the answers join their populations (``expand_population``) and only the
+   new profiles of the payoff table are evaluated;
 3. ``solve_meta_game``: the new entries are recorded and the meta-solver turns the table into
    new meta-strategies.
 
-``measure`` then reports NashConv/exploitability of the mixture the meta-strategies define.
-``run_psro_local`` chains the steps in one process; ``flows/`` runs the same steps as Prefect
-tasks on Ray.
+Then the mixture is measured: exact NashConv where the game tree fits (``measure``), and, every
+few iterations, approximate NashConv from freshly learned best responses
+(``approximate_best_response``), each under its own name.
+
+``run_iteration`` is the only place the steps are wired together. It hands each step to a
+`Runner`: `LocalRunner` calls it in this process (``iterate_psro_local``); the Prefect flow's
+runner submits it as a task on Ray (``flows/psro_flow.py``). Both therefore compute the same
+thing by construction, and ``tests/test_flow_matches_local.py`` checks it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
-from marl_core.psro.config import PSROConfig
 from marl_core.empirical_game.evaluation import EVALUATORS, ProfilePayoffs
-from marl_core.games.exploitability import NashConvReport, nash_conv
-from marl_core.games.tree import GameTree, build_tree
-from marl_core.games.openspiel import load_game
 from marl_core.empirical_game.meta_solvers import get_meta_solver
-from marl_core.psro.oracles import BestResponse, OracleCall, get_oracle
 from marl_core.empirical_game.payoffs import PayoffTable
-from marl_core.policies.tabular import append_members, uniform_population
+from marl_core.games.exploitability import NashConvReport, nash_conv
+from marl_core.games.tree import build_tree
+from marl_core.policies.base import UniformPolicy
+from marl_core.policies.population import Population, stacked_tables
+from marl_core.policies.tabular import TabularPolicy
+from marl_core.psro.config import PSROConfig
+from marl_core.psro.game import PSROGame, psro_game_of
+from marl_core.psro.oracles import BestResponse, OracleCall, get_oracle
 
 
 @dataclasses.dataclass
 class PSROState:
-    populations: list[np.ndarray]  # per player [K_p, I_p, A]
+    populations: list[Population]  # one per role, in the game's role order
     payoffs: PayoffTable
-    meta_strategy: list[np.ndarray]  # per player [K_p]
+    meta_strategy: list[np.ndarray]  # per role [K_r]
     iteration: int = 0
-    # per player, per member: a learned member's network weights (None for tabular-only members)
-    weights: list[list] = dataclasses.field(default_factory=list)
 
     @property
     def population_sizes(self) -> list[int]:
         return [len(p) for p in self.populations]
+
+    def tables(self) -> list[np.ndarray]:
+        """Every population's stacked tables [K, I, A] (games with a tree, tabular members)."""
+        return stacked_tables(self.populations)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApproxNashConv:
+    """NashConv estimated with learned best responses: per role, the response's sampled value
+    against the others' mixture minus the mixture's value (from the payoff table), with
+    standard errors. A response that falls short of a true best response makes this an
+    underestimate; where a tree exists the shortfall is reported as `gap_to_exact`."""
+
+    nash_conv: float
+    nash_conv_stderr: float
+    exploitability: float
+    exploitability_stderr: float
+    gains: list[float]
+    gains_stderr: list[float]
+    gap_to_exact: Optional[list[float]] = None  # per role, exact best-response value minus the learned one's
 
 
 class StageClock:
@@ -65,41 +89,48 @@ class IterationRecord:
 
     iteration: int
     population_sizes: list[int]
-    report: NashConvReport
+    report: Optional[NashConvReport]  # exact, where the game tree fits
     meta_strategy: list[list[float]]
     stage_seconds: dict[str, float]
     iteration_seconds: float
     elapsed_seconds: float  # since the run started, orchestration included
-    oracle_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # "player_p/name"
+    oracle_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # "<role>/oracle_<name>"
+    approx: Optional[ApproxNashConv] = None
+    roles: tuple[str, ...] = ()
 
-    @classmethod
-    def finish(
-        cls, state: "PSROState", report: NashConvReport, clock: StageClock, run_started: float,
-        responses: list[BestResponse] = (),
-    ) -> "IterationRecord":
-        now = time.perf_counter()
-        return cls(
-            iteration=state.iteration,
-            population_sizes=state.population_sizes,
-            report=report,
-            meta_strategy=[m.tolist() for m in state.meta_strategy],
-            stage_seconds=clock.seconds,
-            iteration_seconds=now - clock.began,
-            elapsed_seconds=now - run_started,
-            oracle_metrics={f"player_{r.player}/oracle_{k}": v for r in responses for k, v in r.metrics.items()},
-        )
+    @property
+    def exploitability(self) -> float:
+        """The exact exploitability where there is one, else the approximate one."""
+        return self.report.exploitability if self.report else self.approx.exploitability if self.approx else float("nan")
+
+    def summary(self) -> str:
+        """The iteration's measurements on one line, each under its own name."""
+        parts = []
+        if self.report:
+            parts.append(f"exploitability {self.report.exploitability:9.6f}  nash_conv {self.report.nash_conv:9.6f}")
+        if self.approx:
+            parts.append(f"approx_exploitability {self.approx.exploitability:8.4f} ± {self.approx.exploitability_stderr:.4f}")
+        return "  ".join(parts) or "exploitability not measured this iteration"
 
     def metrics(self) -> dict[str, float]:
-        metrics = {
-            "exploitability": self.report.exploitability,
-            "nash_conv": self.report.nash_conv,
-            "iteration_seconds": self.iteration_seconds,
-            "elapsed_seconds": self.elapsed_seconds,
-        }
-        for player, gain in enumerate(self.report.best_response_gains):
-            metrics[f"player_{player}/best_response_gain"] = gain
-            metrics[f"player_{player}/population_size"] = self.population_sizes[player]
-            metrics[f"player_{player}/meta_entropy"] = meta_entropy(self.meta_strategy[player])
+        metrics = {"iteration_seconds": self.iteration_seconds, "elapsed_seconds": self.elapsed_seconds}
+        if self.report:
+            metrics.update(exploitability=self.report.exploitability, nash_conv=self.report.nash_conv)
+        if self.approx:
+            a = self.approx
+            metrics.update(
+                approx_nash_conv=a.nash_conv, approx_nash_conv_stderr=a.nash_conv_stderr,
+                approx_exploitability=a.exploitability, approx_exploitability_stderr=a.exploitability_stderr,
+            )
+        for r, role in enumerate(self.roles):
+            if self.report:
+                metrics[f"{role}/best_response_gain"] = self.report.best_response_gains[r]
+            if self.approx:
+                metrics[f"{role}/approx_best_response_gain"] = self.approx.gains[r]
+                if self.approx.gap_to_exact is not None:
+                    metrics[f"{role}/approx_best_response_gap_to_exact"] = self.approx.gap_to_exact[r]
+            metrics[f"{role}/population_size"] = self.population_sizes[r]
+            metrics[f"{role}/meta_entropy"] = meta_entropy(self.meta_strategy[r])
         for stage, seconds in self.stage_seconds.items():
             metrics[f"seconds/{stage}"] = seconds
         metrics.update(self.oracle_metrics)
@@ -115,64 +146,39 @@ def meta_entropy(weights) -> float:
 # --- the steps -------------------------------------------------------------------------------
 
 
-def initial_populations(tree: GameTree) -> list[np.ndarray]:
-    return [uniform_population(player_tree) for player_tree in tree.players]
+def initial_populations(config: PSROConfig) -> list[Population]:
+    """One member per role that plays uniformly over legal actions (a table where a tree exists)."""
+    game = psro_game_of(config)
+    if game.has_tree:
+        tree = build_tree(config.game)
+        return [Population.of(role, [TabularPolicy(config.game, r, tree.players[r].uniform_policy())]) for r, role in enumerate(game.roles)]
+    return [Population.of(role, [UniformPolicy()]) for role in game.roles]
 
 
-def best_response(config: PSROConfig, player: int, populations, meta_strategy, iteration: int, pool=None) -> BestResponse:
-    call = OracleCall(config, build_tree(config.game), player, populations, meta_strategy, iteration, pool)
+def initial_state(config: PSROConfig) -> PSROState:
+    populations = initial_populations(config)
+    return PSROState(populations, PayoffTable(len(populations)), meta_strategy=[])
+
+
+def best_response(config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool=None) -> BestResponse:
+    call = OracleCall(config, role, populations, meta_strategy, iteration, pool)
     return get_oracle(config.oracle).compute(call)
 
 
-def expand_population(populations, responses: list[BestResponse]) -> list[np.ndarray]:
-    by_player = {r.player: r.policy for r in responses}
-    return [append_members(pop, [by_player[p]]) if p in by_player else pop for p, pop in enumerate(populations)]
+def expand_population(populations: list[Population], responses: list[BestResponse]) -> list[Population]:
+    by_role = {r.role: r.policy for r in responses}
+    return [population.added(by_role[r]) if r in by_role else population for r, population in enumerate(populations)]
 
 
-def expand_weights(weights: list[list], responses: list[BestResponse]) -> list[list]:
-    by_player = {r.player: r.weights for r in responses}
-    return [members + [by_player.get(p)] for p, members in enumerate(weights)]
+def evaluate_payoffs(config: PSROConfig, populations: list[Population], profiles, pool=None) -> ProfilePayoffs:
+    """`exact` over the game tree; `sampled` by episodes on the rollout workers (the run's `pool`,
+    else one in this process), on any environment."""
+    if config.eval == "exact":
+        return EVALUATORS["exact"](build_tree(config.game), stacked_tables(populations), profiles)
+    from marl_core.empirical_game.sampled import evaluate_by_rollouts
 
-
-def initial_state(tree: GameTree) -> PSROState:
-    populations = initial_populations(tree)
-    return PSROState(populations, PayoffTable(tree.num_players), meta_strategy=[], weights=[[None] for _ in populations])
-
-
-def resumed_state(checkpoint) -> PSROState:
-    """The state a committed iteration left (see `flows.tracking.resume`); earlier members' networks
-    stay in the registry, so only members added from here on carry weights."""
-    return PSROState(
-        populations=checkpoint.populations,
-        payoffs=checkpoint.payoffs,
-        meta_strategy=checkpoint.meta_strategy,
-        iteration=checkpoint.iteration,
-        weights=[[None] * len(population) for population in checkpoint.populations],
-    )
-
-
-def rollout_pool_config(config: PSROConfig):
-    """What the rollout workers of a learned oracle need, or None for oracles that do not learn."""
-    if not get_oracle(config.oracle).learns:
-        return None
-    from marl_core.rollout.pool import PoolConfig
-
-    rollout = config.rollout
-    env = functools.partial(psro_env, config.game)
-    return PoolConfig(env, rollout.workers, rollout.envs_per_worker, rollout.worker_cpus)
-
-
-def psro_env(game: str):
-    """The game as rollouts play it: the same (turn-based) game the tree and tables are built on."""
-    from marl_core.envs import OpenSpielEnv
-
-    return OpenSpielEnv(load_game(game))
-
-
-def evaluate_payoffs(config: PSROConfig, populations, profiles) -> ProfilePayoffs:
-    tree = build_tree(config.game)
-    evaluate = EVALUATORS[config.eval]
-    return evaluate(tree, populations, profiles, episodes=config.episodes, seed=config.seed)
+    with _pool_or_local(config, pool) as workers:
+        return evaluate_by_rollouts(workers, psro_game_of(config), populations, profiles, episodes=config.episodes, seed=config.seed)
 
 
 @dataclasses.dataclass
@@ -193,8 +199,52 @@ def solve_meta_game(config: PSROConfig, payoffs: PayoffTable, chunks, evaluation
     return MetaGame(payoffs, get_meta_solver(config.meta_solver).solve(payoffs.mean))
 
 
-def measure(config: PSROConfig, populations, meta_game: MetaGame) -> NashConvReport:
-    return nash_conv(build_tree(config.game), populations, meta_game.meta_strategy)
+def measure(config: PSROConfig, populations: list[Population], meta_game: MetaGame) -> Optional[NashConvReport]:
+    """Exact NashConv of the mixture, where the tree fits and every member has a table."""
+    if not psro_game_of(config).has_tree or any(p.tables is None for p in populations):
+        return None
+    return nash_conv(build_tree(config.game), stacked_tables(populations), meta_game.meta_strategy)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApproxResponse:
+    """One role's learned deviation for approximate NashConv: its sampled value against the
+    mixture, and where a tree exists its exact shortfall from a true best response."""
+
+    role: int
+    value: float
+    stderr: float
+    gap_to_exact: Optional[float]
+    metrics: dict[str, float]
+
+
+def approximate_best_response(config: PSROConfig, role: int, populations, meta_game: MetaGame, iteration: int, pool=None) -> ApproxResponse:
+    """Train a fresh response with the run's oracle and its own budget, then estimate its value."""
+    from marl_core.psro.learned_oracle import estimate_value
+
+    settings = config.approx_exploitability
+    with _pool_or_local(config, pool) as workers:
+        call = OracleCall(config, role, populations, meta_game.meta_strategy, iteration, workers, budget=settings.episodes, seed_key=(1,))
+        response = get_oracle(config.oracle).compute(call)
+        value, stderr = estimate_value(
+            workers, psro_game_of(config), role, response.policy, populations, meta_game.meta_strategy,
+            episodes=settings.eval_episodes, seed=(config.seed, iteration, role, 2),
+        )
+    return ApproxResponse(role, value, stderr, response.metrics.get("gap_to_exact"), response.metrics)
+
+
+def approx_nash_conv(payoffs: PayoffTable, meta_strategy, responses: list[ApproxResponse]) -> ApproxNashConv:
+    """Combine the roles' responses with the mixture's values from the payoff table."""
+    mixture, mixture_stderr = payoffs.mixture_value(meta_strategy)
+    gains = [r.value - mixture[r.role] for r in responses]
+    gain_stderr = [float(np.hypot(r.stderr, mixture_stderr[r.role])) for r in responses]
+    total, total_stderr = float(sum(gains)), float(np.sqrt(np.sum(np.square(gain_stderr))))
+    n = len(responses)
+    gaps = [r.gap_to_exact for r in responses]
+    return ApproxNashConv(
+        nash_conv=total, nash_conv_stderr=total_stderr, exploitability=total / n, exploitability_stderr=total_stderr / n,
+        gains=gains, gains_stderr=gain_stderr, gap_to_exact=None if None in gaps else gaps,
+    )
 
 
 def plan_evaluation(payoffs: PayoffTable, population_sizes, parts: int) -> list[list]:
@@ -205,11 +255,156 @@ def plan_evaluation(payoffs: PayoffTable, population_sizes, parts: int) -> list[
     return [chunk.tolist() for chunk in np.array_split(np.asarray(profiles), parts) if len(chunk)]
 
 
-# --- one process, no orchestration -----------------------------------------------------------
+def approximation_due(config: PSROConfig, iteration: int) -> bool:
+    every = config.approx_exploitability.every
+    return every > 0 and (iteration % every == 0 or iteration == config.iterations)
 
 
 def should_stop(config: PSROConfig, record: IterationRecord) -> bool:
-    return config.stop_exploitability is not None and record.report.exploitability <= config.stop_exploitability
+    return config.stop_exploitability is not None and record.exploitability <= config.stop_exploitability
+
+
+def rollout_pool_config(config: PSROConfig):
+    """What the rollout workers need, or None where no step uses them (exact oracle and eval)."""
+    if not get_oracle(config.oracle).learns and config.eval == "exact":
+        return None
+    from marl_core.rollout.pool import PoolConfig
+
+    rollout = config.rollout
+    return PoolConfig(psro_game_of(config).make_env, rollout.workers, rollout.envs_per_worker, rollout.worker_cpus)
+
+
+class _pool_or_local:
+    """The run's rollout workers, or a one-worker pool in this process for the step's duration."""
+
+    def __init__(self, config: PSROConfig, pool):
+        self.config, self.pool, self.local = config, pool, None
+
+    def __enter__(self):
+        if self.pool is not None:
+            return self.pool
+        from marl_core.rollout.pool import LocalWorkerPool, PoolConfig
+
+        rollout = self.config.rollout
+        self.local = LocalWorkerPool(PoolConfig(psro_game_of(self.config).make_env, 1, rollout.envs_per_worker))
+        return self.local
+
+    def __exit__(self, *exc):
+        if self.local is not None:
+            self.local.close()
+
+
+# --- one iteration, wired once ---------------------------------------------------------------
+
+
+class Runner(Protocol):
+    """Runs the steps of `run_iteration`: `submit` starts a step (by its name in `STEPS`) and
+    returns a handle that later steps may take as an argument; `result` waits for one; `share`
+    places a value where every step can read it."""
+
+    def share(self, value: Any) -> Any: ...
+
+    def submit(self, step: str, *args) -> Any: ...
+
+    def result(self, handle: Any) -> Any: ...
+
+    def evaluation_parts(self, config: PSROConfig) -> int: ...
+
+
+def _evaluate_new_profiles(config, populations, responses, profiles, pool=None) -> ProfilePayoffs:
+    """`responses` join `populations` in the step that first needs them: a step of its own would
+    add a round trip to every iteration for a concatenation."""
+    return evaluate_payoffs(config, expand_population(populations, responses), profiles, pool)
+
+
+def _measure_exactly(config, populations, responses, meta_game) -> Optional[NashConvReport]:
+    return measure(config, expand_population(populations, responses), meta_game)
+
+
+def _approximate(config, role, populations, responses, meta_game, iteration, pool=None) -> ApproxResponse:
+    return approximate_best_response(config, role, expand_population(populations, responses), meta_game, iteration, pool)
+
+
+STEPS: dict[str, Callable] = {
+    "train-best-response": best_response,
+    "evaluate-payoffs": _evaluate_new_profiles,
+    "solve-meta-game": solve_meta_game,
+    "measure-exploitability": _measure_exactly,
+    "approximate-best-response": _approximate,
+}
+
+
+def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runner: Runner, pool=None, run_started: float = 0.0) -> tuple[IterationRecord, PSROState]:
+    """Every step of one iteration, submitted at once, then collected in order; iteration 0 only
+    evaluates the first populations. Returns the record and the new state; `previous` is left as
+    it was."""
+    clock = StageClock()
+    game = psro_game_of(config)
+    state = dataclasses.replace(previous, payoffs=previous.payoffs.copy())
+    sizes = [size + (iteration > 0) for size in state.population_sizes]
+    populations = runner.share(state.populations)
+    responses = []
+    if iteration > 0:
+        meta_strategy = runner.share(state.meta_strategy)
+        responses = [runner.submit("train-best-response", config, r, populations, meta_strategy, iteration, pool) for r in range(game.num_roles)]
+    chunks = plan_evaluation(state.payoffs, sizes, runner.evaluation_parts(config))
+    evaluations = [runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool) for chunk in chunks]
+    meta_game = runner.submit("solve-meta-game", config, runner.share(state.payoffs), chunks, evaluations)
+    report = runner.submit("measure-exploitability", config, populations, responses, meta_game)
+    approx = []
+    if approximation_due(config, iteration):
+        approx = [runner.submit("approximate-best-response", config, r, populations, responses, meta_game, iteration, pool) for r in range(game.num_roles)]
+
+    if iteration > 0:
+        responses = [runner.result(response) for response in responses]
+        state.populations = expand_population(state.populations, responses)
+        clock.lap("best_response")
+    for evaluation in evaluations:
+        runner.result(evaluation)
+    clock.lap("evaluate")
+    solved = runner.result(meta_game)
+    state.payoffs, state.meta_strategy = solved.payoffs, solved.meta_strategy
+    clock.lap("meta_solve")
+    report = runner.result(report)
+    clock.lap("exploitability")
+    approximate = None
+    if approx:
+        approximate = approx_nash_conv(state.payoffs, state.meta_strategy, [runner.result(a) for a in approx])
+        clock.lap("approx_exploitability")
+    state.iteration = iteration
+    now = time.perf_counter()
+    record = IterationRecord(
+        iteration=iteration,
+        population_sizes=state.population_sizes,
+        report=report,
+        meta_strategy=[m.tolist() for m in state.meta_strategy],
+        stage_seconds=clock.seconds,
+        iteration_seconds=now - clock.began,
+        elapsed_seconds=now - run_started,
+        oracle_metrics={f"{game.roles[r.role]}/oracle_{k}": v for r in responses for k, v in r.metrics.items()},
+        approx=approximate,
+        roles=game.roles,
+    )
+    return record, state
+
+
+class LocalRunner:
+    """Each step called at once, in this process."""
+
+    def share(self, value):
+        return value
+
+    def submit(self, step: str, *args):
+        return STEPS[step](*args)
+
+    def result(self, handle):
+        return handle
+
+    def evaluation_parts(self, config: PSROConfig) -> int:
+        return 1
+
+
+# --- one process, no orchestration -----------------------------------------------------------
 
 
 def run_psro_local(config: PSROConfig, on_iteration: Callable[[IterationRecord, PSROState], None] | None = None) -> PSROState:
@@ -223,32 +418,18 @@ def run_psro_local(config: PSROConfig, on_iteration: Callable[[IterationRecord, 
 def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PSROState]]:
     from marl_core.rollout.pool import LocalWorkerPool
 
-    start = time.perf_counter()
-    tree = build_tree(config.game)
-    state = initial_state(tree)
+    started = time.perf_counter()
+    state = initial_state(config)
     pool_config = rollout_pool_config(config)
     pool = LocalWorkerPool(pool_config) if pool_config else None
+    runner = LocalRunner()
     for iteration in range(config.iterations + 1):
-        clock = StageClock()
-        responses = []
-        if iteration > 0:
-            responses = [
-                best_response(config, p, state.populations, state.meta_strategy, iteration, pool)
-                for p in range(tree.num_players)
-            ]
-            state.populations = expand_population(state.populations, responses)
-            state.weights = expand_weights(state.weights, responses)
-            clock.lap("best_response")
-        chunks = plan_evaluation(state.payoffs, state.population_sizes, parts=1)
-        evaluations = [evaluate_payoffs(config, state.populations, chunk) for chunk in chunks]
-        clock.lap("evaluate")
-        meta_game = solve_meta_game(config, state.payoffs, chunks, evaluations)
-        state.payoffs, state.meta_strategy = meta_game.payoffs, meta_game.meta_strategy
-        clock.lap("meta_solve")
-        report = measure(config, state.populations, meta_game)
-        clock.lap("exploitability")
-        state.iteration = iteration
-        record = IterationRecord.finish(state, report, clock, start, responses)
+        record, state = run_iteration(config, state, iteration, runner, pool, started)
         yield record, state
         if should_stop(config, record):
             return
+
+
+def resumed_state(checkpoint) -> PSROState:
+    """The state a committed iteration left (see `flows.tracking.resume`)."""
+    return PSROState(checkpoint.populations, checkpoint.payoffs, checkpoint.meta_strategy, checkpoint.iteration)
