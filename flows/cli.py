@@ -283,11 +283,17 @@ def export_command(
         result = population.export_run(client, run_id, directory)
     except (population.PopulationError, ConfigError) as error:
         _fail(str(error))
+    measured = []
+    if result["logged"]:
+        recomputed = result["recomputed"]
+        measured.append(f"exploitability logged {result['logged'].exploitability:.9g}"
+                        + (f", recomputed from the artifacts {recomputed.exploitability:.9g}" if recomputed else ""))
+    if result["approx"]:
+        measured.append(f"approximate exploitability logged {result['approx'].exploitability:.6g} ± {result['approx'].exploitability_stderr:.2g}")
     console.print(
         f"exported run {run_id} ({result['game']}, iteration {result['iterations']}, populations "
         f"{'x'.join(map(str, result['population_sizes']))}) to {directory}\n"
-        f"exploitability logged {result['logged'].exploitability:.9g}, recomputed from the artifacts "
-        f"{result['recomputed'].exploitability:.9g}; check it with: python scripts/verify_export.py {directory}",
+        f"{'; '.join(measured)}; check it with: python scripts/verify_export.py {directory}",
         highlight=False,
         soft_wrap=True,
     )

@@ -25,9 +25,6 @@ from marl_core.policies.population import Population
 
 MEMBER_SYNTAX = "NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest"
 EVALUATE_EXPERIMENT = "psro-evaluate"
-# An export's network members, beside its OpenSpiel-checkable tables: networks/<role>/member_<k>/
-# as `marl_core.policies.storage` writes a member (network.json, weights.pt, policy.json).
-EXPORT_NETWORKS = "networks"
 
 
 class PopulationError(ValueError):
@@ -206,56 +203,55 @@ def log_evaluation(client, experiment: str, game: str, groups, table, settings: 
 
 
 def export_run(client, run_id: str, directory: Path) -> dict:
-    """Write a finished run's final population and meta-strategy in the export format, and its
-    network members beside it (`write_networks`).
+    """Write a finished run's final population and meta-strategy in the export format
+    (`marl_core.psro.export`: tables OpenSpiel checks, network members as weights beside them).
 
-    The summary carries the NashConv and exploitability the run logged at its last iteration,
-    so `scripts/verify_export.py` checks the run's own claim against OpenSpiel. Returns the
-    summary plus the NashConv recomputed here from the same artifacts.
+    The summary carries the NashConv (exact and/or approximate) the run logged by its last
+    committed iteration, so `scripts/verify_export.py` checks the run's own claim against
+    OpenSpiel. Returns the summary plus the exact NashConv recomputed here from the same
+    artifacts where the game has a tree (else None).
     """
     from marl_core.games.exploitability import NashConvReport, nash_conv
     from marl_core.games.tree import build_tree
     from marl_core.policies.population import stacked_tables
     from marl_core.psro.export import write_export
-    from flows.tracking.resume import game_of_logged, logged_config, read_population
+    from marl_core.psro.steps import ApproxNashConv
+    from flows.tracking.resume import committed_iteration, game_of_logged, logged_config, read_population
 
     run = _finished_run(client, run_id)
-    game = run.data.params.get("game")
-    if not game:
-        raise PopulationError(f"run {run_id} has no 'game' param; it was not written by `psro run`")
-    history = {name: sorted(client.get_metric_history(run_id, name), key=lambda m: m.step) for name in ("nash_conv", "exploitability")}
-    if not history["nash_conv"]:
-        raise PopulationError(f"run {run_id} logged no nash_conv; it was not written by `psro run`")
-    iteration = history["nash_conv"][-1].step
+    iteration = committed_iteration(run)
+    if not run.data.params.get("game") or iteration is None:
+        raise PopulationError(f"run {run_id} has no 'game' param or committed no iteration; it was not written by `psro run`")
+    exact = _logged_by(client, run_id, iteration, ("nash_conv", "exploitability"))
+    approx = _logged_by(client, run_id, iteration, ("approx_nash_conv", "approx_nash_conv_stderr", "approx_exploitability", "approx_exploitability_stderr"))
+    if exact is None and approx is None:
+        raise PopulationError(f"run {run_id} logged neither nash_conv nor approx_nash_conv; it was not written by `psro run`")
     settings = logged_config(client, run_id)
+    game = game_of_logged(settings)
     with tempfile.TemporaryDirectory() as scratch:
         populations, meta_strategy = read_population(client, run_id, settings, iteration, scratch)
-    try:
-        tables = stacked_tables(populations)
-    except ValueError as error:
-        raise PopulationError(f"run {run_id}: {error}; the export is checked by OpenSpiel on tables") from None
-    logged = NashConvReport(history["nash_conv"][-1].value, history["exploitability"][-1].value, [], [])
-    config = SimpleNamespace(game=game, meta_solver=run.data.params.get("meta_solver"), oracle=run.data.params.get("oracle"))
+    recomputed = None
+    if game.has_tree:
+        try:
+            tables = stacked_tables(populations)
+        except ValueError as error:
+            raise PopulationError(f"run {run_id}: {error}; the export is checked by OpenSpiel on tables") from None
+        recomputed = nash_conv(build_tree(game.name), tables, meta_strategy)
+    logged = NashConvReport(*exact, [], []) if exact else None
+    logged_approx = ApproxNashConv(*approx, gains=[], gains_stderr=[]) if approx else None
     wall = ((run.info.end_time or run.info.start_time) - run.info.start_time) / 1000
-    write_export(directory, config, tables, meta_strategy, logged, iteration, wall)
-    write_networks(directory, game_of_logged(settings), populations)
-    recomputed = nash_conv(build_tree(game), tables, meta_strategy)
-    return {"game": game, "iterations": iteration, "population_sizes": [len(p) for p in populations],
-            "logged": logged, "recomputed": recomputed}
+    write_export(directory, SimpleNamespace(**settings), populations, meta_strategy, logged, iteration, wall, logged_approx)
+    return {"game": game.name, "iterations": iteration, "population_sizes": [len(p) for p in populations],
+            "logged": logged, "approx": logged_approx, "recomputed": recomputed}
 
 
-def write_networks(directory: Path, game, populations: list[Population]) -> None:
-    """Each network member of `populations` (of PSROGame `game`) as `storage.save_policy` writes
-    it, under DIR/networks/<role>/member_<k>/: its weights and network.json beside the tables
-    OpenSpiel checks, so `storage.load_policy` rebuilds it from the export alone."""
-    from marl_core.policies.neural import NeuralPolicy
-    from marl_core.policies.storage import save_policy
-    from flows.tracking.resume import table_key
-
-    for population in populations:
-        for k, member in enumerate(population.members):
-            if isinstance(member, NeuralPolicy):
-                save_policy(Path(directory) / EXPORT_NETWORKS / population.role / f"member_{k}", member, *table_key(game, population.role))
+def _logged_by(client, run_id: str, iteration: int, names: tuple[str, ...]):
+    """The metrics' values at the last step up to `iteration` where the first was logged; None if never."""
+    history = [m for m in client.get_metric_history(run_id, names[0]) if m.step <= iteration]
+    if not history:
+        return None
+    step = max(m.step for m in history)
+    return tuple(next(m.value for m in client.get_metric_history(run_id, name) if m.step == step) for name in names)
 
 
 def _finished_run(client, run_id: str):

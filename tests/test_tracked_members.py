@@ -244,13 +244,14 @@ def test_export_writes_the_networks_beside_tables_openspiel_accepts(store, tmp_p
 
     summary = verify(tmp_path / "export", tolerance=1e-6)
     assert summary["passed"] and summary["population_sizes"] == [ITERATIONS + 1] * 2, summary
-    networks = sorted(p.relative_to(tmp_path / "export").as_posix() for p in (tmp_path / "export" / "networks").rglob("*") if p.is_file())
-    assert networks == [f"networks/{role}/member_1/{name}" for role in ROLES for name in ("network.json", "policy.json", "weights.pt")]
+    written = sorted(p.relative_to(tmp_path / "export").as_posix() for p in (tmp_path / "export" / "policies").rglob("*") if p.is_file())
+    members = [f"policies/{role}/member_{k}.json" for role in ROLES for k in range(ITERATIONS + 1)]
+    networks = [f"policies/{role}/member_1/{name}" for role in ROLES for name in ("network.json", "policy.json", "weights.pt")]
+    assert written == sorted(members + networks)
     for player, role in enumerate(ROLES):
-        member = load_policy(tmp_path / "export" / "networks" / role / "member_1", GAME, player)
-        _assert_same_member(member, state.populations[player].members[1])
-        exported = json.loads((tmp_path / "export" / "policies" / role / "member_1.json").read_text())
-        assert exported == json.loads((tmp_path / "export" / "networks" / role / "member_1" / "policy.json").read_text())
+        folder = tmp_path / "export" / "policies" / role / "member_1"
+        _assert_same_member(load_policy(folder, GAME, player), state.populations[player].members[1])
+        assert json.loads((folder.parent / "member_1.json").read_text()) == json.loads((folder / "policy.json").read_text())
 
 
 def test_export_of_a_network_without_a_table_fails_with_one_line(store, tmp_path):
