@@ -80,9 +80,8 @@ def _matching_rows(stored: pd.DataFrame, table: pd.DataFrame, index) -> pd.DataF
     return keys.merge(stored, on=["member_0", "member_1"], how="left")
 
 
-def test_exact_evaluation_reproduces_the_stored_payoffs(store, monkeypatch):
+def test_exact_evaluation_reproduces_the_stored_payoffs(store):
     work, uri, runs = store
-    monkeypatch.chdir(work)  # the evaluation run's artifacts land in ./mlruns
     result = _cli("evaluate", "--tracking-uri", uri,
                   "--member", "exact-kuhn_poker-player_0@newest", "--member", "exact-kuhn_poker-player_0/2",
                   "--member", "models:/exact-kuhn_poker-player_1/1", "--member", "exact-kuhn_poker-player_1/4")
@@ -95,9 +94,8 @@ def test_exact_evaluation_reproduces_the_stored_payoffs(store, monkeypatch):
     np.testing.assert_array_equal(table[["payoff_0", "payoff_1"]].to_numpy(), expected[["payoff_0", "payoff_1"]].to_numpy())
 
 
-def test_sampled_evaluation_agrees_within_standard_errors(store, monkeypatch):
+def test_sampled_evaluation_agrees_within_standard_errors(store):
     work, uri, runs = store
-    monkeypatch.chdir(work)  # the evaluation run's artifacts land in ./mlruns
     members = [f"sampled-kuhn_poker-player{p}/{v}" for p in (0, 1) for v in (1, 3, 5)]
     result = _cli("evaluate", "--tracking-uri", uri, "--eval", "sampled", "--episodes", "400", "--seed", "7",
                   *[arg for m in members for arg in ("--member", m)])

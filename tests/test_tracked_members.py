@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -121,9 +122,12 @@ def store(tmp_path_factory):
     """One store: the "mixed" run (player_1's network has no table) and the "tabled" run."""
     work = tmp_path_factory.mktemp("members")
     uri = f"sqlite:///{work}/mlflow.db"
-    mlflow.MlflowClient(tracking_uri=uri).create_experiment("mixed", artifact_location=str(work / "mlruns" / "mixed"))
-    mlflow.MlflowClient(tracking_uri=uri).create_experiment("tabled", artifact_location=str(work / "mlruns" / "tabled"))
-    return uri, {name: _track(uri, name, untabled=name == "mixed") for name in ("mixed", "tabled")}
+    previous = os.getcwd()
+    os.chdir(work)  # the store's default artifact root (./mlruns, fixed when MLflow first opens it) lands here
+    try:
+        return uri, {name: _track(uri, name, untabled=name == "mixed") for name in ("mixed", "tabled")}
+    finally:
+        os.chdir(previous)
 
 
 def _assert_same_member(loaded, original) -> None:
@@ -212,8 +216,7 @@ def _cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def test_evaluate_plays_a_network_member_by_its_table(store, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the evaluation run's artifacts land in ./mlruns
+def test_evaluate_plays_a_network_member_by_its_table(store):
     uri, runs = store
     _, state = runs["mixed"]
     result = _cli("evaluate", "--tracking-uri", uri, "--member", "mixed-kuhn_poker-player_0/1",
