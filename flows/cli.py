@@ -231,26 +231,27 @@ def evaluate(
         client = population.open_store(tracking_uri)
         loaded = [population.load_member(client, spec) for spec in specs]
         game, groups = population.populations_of(loaded)
+        population.check_evaluable(game, groups)
     except population.PopulationError as error:
         _fail(str(error))
     table = population.evaluate(game, groups, eval, episodes, seed)
     settings = {"eval": eval, "episodes": episodes if eval == "sampled" else 0, "seed": seed, "members": " ".join(members)}
     run_id = population.log_evaluation(client, experiment, game, groups, table, settings)
-    for player, group in enumerate(groups):
+    for group in groups:
         listed = ", ".join(f"#{k} {m.label}" + ("" if m.label == m.spec.text else f" ({m.spec.text})") for k, m in enumerate(group))
-        console.print(f"player {player}: {listed}", highlight=False, soft_wrap=True)
+        console.print(f"{group[0].role}: {listed}", highlight=False, soft_wrap=True)
     console.print(_payoff_table(game, groups, table, eval))
     console.print(f"logged to MLflow run {run_id} (experiment {experiment!r}) at {tracking_uri}", highlight=False, soft_wrap=True)
 
 
 def _payoff_table(game: str, groups, table, evaluator: str) -> Table:
-    """One row per profile; members by their position in each player's population (#k), listed
+    """One row per profile; members by their position in each role's population (#k), listed
     above the table, so long registry names do not crowd out the payoffs."""
     players = range(len(groups))
     sampled = evaluator == "sampled"
     view = Table(title=f"{game}: payoffs by {evaluator} evaluation", title_justify="left")
-    for p in players:
-        view.add_column(f"player {p}", justify="right")
+    for group in groups:
+        view.add_column(group[0].role, justify="right")
     for p in players:
         view.add_column(f"payoff {p}", justify="right", no_wrap=True)
         if sampled:
@@ -282,11 +283,17 @@ def export_command(
         result = population.export_run(client, run_id, directory)
     except (population.PopulationError, ConfigError) as error:
         _fail(str(error))
+    measured = []
+    if result["logged"]:
+        recomputed = result["recomputed"]
+        measured.append(f"exploitability logged {result['logged'].exploitability:.9g}"
+                        + (f", recomputed from the artifacts {recomputed.exploitability:.9g}" if recomputed else ""))
+    if result["approx"]:
+        measured.append(f"approximate exploitability logged {result['approx'].exploitability:.6g} ± {result['approx'].exploitability_stderr:.2g}")
     console.print(
         f"exported run {run_id} ({result['game']}, iteration {result['iterations']}, populations "
         f"{'x'.join(map(str, result['population_sizes']))}) to {directory}\n"
-        f"exploitability logged {result['logged'].exploitability:.9g}, recomputed from the artifacts "
-        f"{result['recomputed'].exploitability:.9g}; check it with: python scripts/verify_export.py {directory}",
+        f"{'; '.join(measured)}; check it with: python scripts/verify_export.py {directory}",
         highlight=False,
         soft_wrap=True,
     )

@@ -1,11 +1,11 @@
 """Populations read back from MLflow: registry members for `psro evaluate`, finished runs for
 `psro export --run`.
 
-A member is a version of a registered model `{experiment}-{game}-player{p}`; the RunTracker
-stored its policy as `policy.json` (information state -> action probabilities) next to the
-version's source, and tagged the version with its game and player. Loading reads that JSON and
-rebuilds the array with `policy_from_dict`: nothing is ever unpickled, so a member from an
-untrusted store cannot run code.
+A member is a version of a registered model `{experiment}-{game}-{role}`; the version's source
+is the member's folder as `marl_core.policies.storage` wrote it (a table as JSON, a network as
+its JSON description and a weights-only state_dict), and its tags name its game and role (see
+`flows.tracking.layout`). Loading goes through `storage.load_policy`: nothing is ever
+unpickled, so a member from an untrusted store cannot run code.
 
 Every failure is a `PopulationError` whose message is one line naming the bad value and what
 would have been accepted; the CLI prints it and exits with code 2.
@@ -14,15 +14,16 @@ would have been accepted; the CLI prints it and exits with code 2.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
+from flows.tracking import layout
+from marl_core.policies.base import Policy
+from marl_core.policies.population import Population
 
-MEMBER_SYNTAX = "NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player0@newest"
+MEMBER_SYNTAX = "NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest"
 EVALUATE_EXPERIMENT = "psro-evaluate"
 
 
@@ -44,9 +45,9 @@ class Member:
     name: str
     version: str
     game: str
-    player: int
+    role: str
     run_id: str
-    policy: np.ndarray
+    policy: Policy
 
     @property
     def label(self) -> str:
@@ -80,43 +81,32 @@ def open_store(tracking_uri: str):
 
 
 def load_member(client, spec: MemberSpec) -> Member:
-    from marl_core.games.tree import build_tree
-    from marl_core.policies.tabular import policy_from_dict
+    from marl_core.policies.storage import load_policy
+    from marl_core.psro.game import psro_game
+    from flows.tracking.resume import table_key
 
     version = _resolve_version(client, spec)
-    tags = version.tags or {}
-    if "game" not in tags or "player" not in tags:
-        raise PopulationError(f"{spec.name}/{version.version} has no game and player tags; only versions registered by `psro run` are population members")
-    game, player = tags["game"], int(tags["player"])
-    table = _read_json(client, f"{version.source}/policy.json", f"{spec.name}/{version.version}")
+    label = f"{spec.name}/{version.version}"
     try:
-        policy = policy_from_dict(build_tree(game).players[player], table)
-    except ValueError as error:
-        raise PopulationError(f"{spec.name}/{version.version}: policy.json does not fit {game} player {player}: {error}") from None
-    return Member(spec, spec.name, str(version.version), game, player, version.run_id or "", policy)
+        tags = layout.VersionTags.of(version.tags or {})
+    except (KeyError, ValueError):
+        raise PopulationError(f"{label} lacks the tags `psro run` registers members with (game, role, member, ...); only versions it registered are population members") from None
+    game = psro_game(tags.game)
+    if tags.role not in game.roles:
+        raise PopulationError(f"{label} is tagged role {tags.role!r}, which {tags.game} does not have; its roles: {', '.join(game.roles)}")
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            folder = _download(client, version.source, directory)
+            policy = load_policy(folder, *table_key(game, tags.role))
+    except Exception as error:  # a missing file, a table that does not fit the game, bad JSON: all one line
+        raise PopulationError(f"cannot load {label} from {version.source}: {str(error).splitlines()[0]}") from None
+    return Member(spec, spec.name, str(version.version), tags.game, tags.role, version.run_id or "", policy)
 
 
-def load_member_network(client, version):
-    """A learned member's network, rebuilt from its weights-only checkpoint; None for members
-    that never had one (the uniform starting policy, exact best responses)."""
+def _download(client, artifact_uri: str, directory: str) -> str:
     import mlflow
 
-    from marl_core.policies.checkpoints import SPEC_FILE, WEIGHTS_FILE, load_network
-
-    stored = {Path(a.path).name for a in client.list_artifacts(version.run_id, _run_relative(version))}
-    if not {SPEC_FILE, WEIGHTS_FILE} <= stored:
-        return None
-    with tempfile.TemporaryDirectory() as directory:
-        for name in (SPEC_FILE, WEIGHTS_FILE):
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{version.source}/{name}", dst_path=directory, tracking_uri=client.tracking_uri
-            )
-        return load_network(directory)
-
-
-def _run_relative(version) -> str:
-    """The version's folder inside its run's artifacts (population/player_p/member_k)."""
-    return "population/" + version.source.split("/population/", 1)[1]
+    return mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=directory, tracking_uri=client.tracking_uri)
 
 
 def _resolve_version(client, spec: MemberSpec):
@@ -142,43 +132,42 @@ def _resolve_version(client, spec: MemberSpec):
         raise PopulationError(f"model {spec.name!r} has no version {spec.version}; its versions: {span}") from None
 
 
-def _read_json(client, artifact_uri: str, what: str):
-    import mlflow
-
-    try:
-        with tempfile.TemporaryDirectory() as directory:
-            path = mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=directory, tracking_uri=client.tracking_uri)
-            return json.loads(Path(path).read_text())
-    except Exception as error:  # missing file, unreadable store, bad JSON: all one line
-        raise PopulationError(f"cannot read {what}'s policy at {artifact_uri}: {str(error).splitlines()[0]}") from None
-
-
 def populations_of(members: list[Member]) -> tuple[str, list[list[Member]]]:
-    """Group members by player (in the order given); all must come from one game and every
-    player needs at least one."""
-    from marl_core.games.openspiel import load_game
+    """Group members by role (in the order given; roles in the game's order); all must come from
+    one game and every role needs at least one."""
+    from marl_core.psro.game import psro_game
 
     games = sorted({m.game for m in members})
     if len(games) > 1:
         by_game = ", ".join(f"{m.label} ({m.game})" for m in members)
         raise PopulationError(f"members come from different games: {by_game}; pick members of one game")
     game = games[0]
-    players = load_game(game).num_players()
-    groups = [[m for m in members if m.player == p] for p in range(players)]
-    for player, group in enumerate(groups):
+    roles = psro_game(game).roles
+    groups = [[m for m in members if m.role == role] for role in roles]
+    for role, group in zip(roles, groups):
         if not group:
-            raise PopulationError(f"no member for player {player} of {game}; add --member with a player{player} model")
+            raise PopulationError(f"no member for role {role!r} of {game}; add --member with a {role} model")
     return game, groups
+
+
+def check_evaluable(game: str, groups: list[list[Member]]) -> None:
+    """The evaluators walk the game tree, so every member needs its table (a network member has
+    one where the run could compute it)."""
+    untabled = [m.label for group in groups for m in group if m.policy.tabular is None]
+    if untabled:
+        # TODO(issue 9): evaluate such members by rollouts (marl_core.empirical_game.sampled.evaluate_by_rollouts)
+        raise PopulationError(f"member(s) {', '.join(untabled)} of {game} are networks without a tabular form; `psro evaluate` needs members with tables")
 
 
 def evaluate(game: str, groups: list[list[Member]], evaluator: str, episodes: int, seed: int):
     """Every profile of the populations, by one of marl_core's evaluators; a PayoffTable."""
     from marl_core.empirical_game.evaluation import EVALUATORS
-    from marl_core.games.tree import build_tree
     from marl_core.empirical_game.payoffs import PayoffTable
+    from marl_core.games.tree import build_tree
+    from marl_core.policies.population import stacked_tables
 
     tree = build_tree(game)
-    populations = [np.stack([m.policy for m in group]) for group in groups]
+    populations = stacked_tables([Population.of(group[0].role, [m.policy for m in group]) for group in groups])
     table = PayoffTable(tree.num_players)
     table.grow(tuple(len(group) for group in groups))
     profiles = table.missing_profiles()
@@ -197,12 +186,12 @@ def log_evaluation(client, experiment: str, game: str, groups, table, settings: 
     try:
         for key, value in {"game": game, **settings}.items():
             client.log_param(run_id, key, str(value))
-        client.log_text(run_id, table.to_frame().to_csv(index=False), "payoffs.csv")
+        client.log_text(run_id, table.to_frame().to_csv(index=False), layout.EVALUATION_PAYOFFS)
         members = {
             str(player): [{"name": m.name, "version": m.version, "spec": m.spec.text, "run_id": m.run_id} for m in group]
             for player, group in enumerate(groups)
         }
-        client.log_dict(run_id, members, "members.json")
+        client.log_dict(run_id, members, layout.EVALUATION_MEMBERS)
     except Exception:
         client.set_terminated(run_id, status="FAILED")
         raise
@@ -214,35 +203,55 @@ def log_evaluation(client, experiment: str, game: str, groups, table, settings: 
 
 
 def export_run(client, run_id: str, directory: Path) -> dict:
-    """Write a finished run's final population and meta-strategy in the export format.
+    """Write a finished run's final population and meta-strategy in the export format
+    (`marl_core.psro.export`: tables OpenSpiel checks, network members as weights beside them).
 
-    The summary carries the NashConv and exploitability the run logged at its last iteration,
-    so `scripts/verify_export.py` checks the run's own claim against OpenSpiel. Returns the
-    summary plus the NashConv recomputed here from the same artifacts.
+    The summary carries the NashConv (exact and/or approximate) the run logged by its last
+    committed iteration, so `scripts/verify_export.py` checks the run's own claim against
+    OpenSpiel. Returns the summary plus the exact NashConv recomputed here from the same
+    artifacts where the game has a tree (else None).
     """
     from marl_core.games.exploitability import NashConvReport, nash_conv
-    from marl_core.psro.export import write_export
     from marl_core.games.tree import build_tree
-    from flows.tracking.resume import read_population
+    from marl_core.policies.population import stacked_tables
+    from marl_core.psro.export import write_export
+    from marl_core.psro.steps import ApproxNashConv
+    from flows.tracking.resume import committed_iteration, game_of_logged, logged_config, read_population
 
     run = _finished_run(client, run_id)
-    game = run.data.params.get("game")
-    if not game:
-        raise PopulationError(f"run {run_id} has no 'game' param; it was not written by `psro run`")
-    history = {name: sorted(client.get_metric_history(run_id, name), key=lambda m: m.step) for name in ("nash_conv", "exploitability")}
-    if not history["nash_conv"]:
-        raise PopulationError(f"run {run_id} logged no nash_conv; it was not written by `psro run`")
-    iteration = history["nash_conv"][-1].step
-    tree = build_tree(game)
+    iteration = committed_iteration(run)
+    if not run.data.params.get("game") or iteration is None:
+        raise PopulationError(f"run {run_id} has no 'game' param or committed no iteration; it was not written by `psro run`")
+    exact = _logged_by(client, run_id, iteration, ("nash_conv", "exploitability"))
+    approx = _logged_by(client, run_id, iteration, ("approx_nash_conv", "approx_nash_conv_stderr", "approx_exploitability", "approx_exploitability_stderr"))
+    if exact is None and approx is None:
+        raise PopulationError(f"run {run_id} logged neither nash_conv nor approx_nash_conv; it was not written by `psro run`")
+    settings = logged_config(client, run_id)
+    game = game_of_logged(settings)
     with tempfile.TemporaryDirectory() as scratch:
-        populations, meta_strategy = read_population(client, run_id, game, iteration, scratch)
-    logged = NashConvReport(history["nash_conv"][-1].value, history["exploitability"][-1].value, [], [])
-    config = SimpleNamespace(game=game, meta_solver=run.data.params.get("meta_solver"), oracle=run.data.params.get("oracle"))
+        populations, meta_strategy = read_population(client, run_id, settings, iteration, scratch)
+    recomputed = None
+    if game.has_tree:
+        try:
+            tables = stacked_tables(populations)
+        except ValueError as error:
+            raise PopulationError(f"run {run_id}: {error}; the export is checked by OpenSpiel on tables") from None
+        recomputed = nash_conv(build_tree(game.name), tables, meta_strategy)
+    logged = NashConvReport(*exact, [], []) if exact else None
+    logged_approx = ApproxNashConv(*approx, gains=[], gains_stderr=[]) if approx else None
     wall = ((run.info.end_time or run.info.start_time) - run.info.start_time) / 1000
-    write_export(directory, config, populations, meta_strategy, logged, iteration, wall)
-    recomputed = nash_conv(tree, populations, meta_strategy)
-    return {"game": game, "iterations": iteration, "population_sizes": [len(p) for p in populations],
-            "logged": logged, "recomputed": recomputed}
+    write_export(directory, SimpleNamespace(**settings), populations, meta_strategy, logged, iteration, wall, logged_approx)
+    return {"game": game.name, "iterations": iteration, "population_sizes": [len(p) for p in populations],
+            "logged": logged, "approx": logged_approx, "recomputed": recomputed}
+
+
+def _logged_by(client, run_id: str, iteration: int, names: tuple[str, ...]):
+    """The metrics' values at the last step up to `iteration` where the first was logged; None if never."""
+    history = [m for m in client.get_metric_history(run_id, names[0]) if m.step <= iteration]
+    if not history:
+        return None
+    step = max(m.step for m in history)
+    return tuple(next(m.value for m in client.get_metric_history(run_id, name) if m.step == step) for name in names)
 
 
 def _finished_run(client, run_id: str):

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from flows.population import load_member, load_member_network, open_store, parse_member
+from flows.population import load_member, open_store, parse_member
 from marl_core.games.tree import build_tree
 from marl_core.games.tabularize import tabularize
-from flows.tracking.run_tracker import registered_model_name
+from flows.tracking.layout import registered_model_name
+from marl_core.policies.neural import NeuralPolicy
+from marl_core.policies.tabular import TabularPolicy
 from processes import assert_all_exited
 
 pytestmark = pytest.mark.slow
@@ -74,15 +76,15 @@ def test_every_learned_member_is_a_weights_only_checkpoint_that_rebuilds_its_pol
     client = open_store(f"sqlite:///{work}/mlflow.db")
     tree = build_tree("kuhn_poker")
     for player in range(2):
-        name = registered_model_name("learned", "kuhn_poker", player)
+        name = registered_model_name("learned", "kuhn_poker", f"player_{player}")
         versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
         assert [v.tags["member"] for v in versions] == [str(m) for m in range(ITERATIONS + 1)]
-        assert load_member_network(client, versions[0]) is None  # the uniform start has no network
-        for version in versions[1:]:
+        members = [load_member(client, parse_member(f"{name}/{v.version}")).policy for v in versions]
+        assert isinstance(members[0], TabularPolicy)  # the uniform start has no network
+        for version, member in zip(versions[1:], members[1:]):
             weights_file = Path(mlflow.artifacts.download_artifacts(
                 artifact_uri=f"{version.source}/weights.pt", tracking_uri=client.tracking_uri))
             state = torch.load(weights_file, weights_only=True)  # tensors only: nothing unpickled
             assert all(isinstance(t, torch.Tensor) for t in state.values())
-            network = load_member_network(client, version)
-            member = load_member(client, parse_member(f"{name}/{version.version}"))
-            np.testing.assert_array_equal(tabularize(network, tree, player), member.policy)
+            assert isinstance(member, NeuralPolicy)
+            np.testing.assert_array_equal(tabularize(member.network, tree, player), member.tabular)

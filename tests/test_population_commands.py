@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.tracking import layout
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 4
@@ -59,17 +60,17 @@ def _cli(*args):
 
 
 def _stored_payoffs(uri: str, run_id: str) -> pd.DataFrame:
-    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="payoffs/final.csv", tracking_uri=uri)
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=layout.FINAL_PAYOFFS, tracking_uri=uri)
     return pd.read_csv(path)
 
 
 def _evaluation(uri: str, stdout: str):
     """The payoff table and members the evaluate command logged, with each position's member index."""
     run_id = stdout.split("logged to MLflow run ")[1].split()[0]
-    table = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="payoffs.csv", tracking_uri=uri))
-    members = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="members.json", tracking_uri=uri)).read_text())
+    table = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=layout.EVALUATION_PAYOFFS, tracking_uri=uri))
+    members = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=layout.EVALUATION_MEMBERS, tracking_uri=uri)).read_text())
     client = mlflow.MlflowClient(tracking_uri=uri)
-    index = {p: [int(client.get_model_version(m["name"], m["version"]).tags["member"]) for m in group] for p, group in members.items()}
+    index = {p: [layout.VersionTags.of(client.get_model_version(m["name"], m["version"]).tags).member for m in group] for p, group in members.items()}
     return table, index
 
 
@@ -82,10 +83,10 @@ def _matching_rows(stored: pd.DataFrame, table: pd.DataFrame, index) -> pd.DataF
 def test_exact_evaluation_reproduces_the_stored_payoffs(store):
     work, uri, runs = store
     result = _cli("evaluate", "--tracking-uri", uri,
-                  "--member", "exact-kuhn_poker-player0@newest", "--member", "exact-kuhn_poker-player0/2",
-                  "--member", "models:/exact-kuhn_poker-player1/1", "--member", "exact-kuhn_poker-player1/4")
+                  "--member", "exact-kuhn_poker-player_0@newest", "--member", "exact-kuhn_poker-player_0/2",
+                  "--member", "models:/exact-kuhn_poker-player_1/1", "--member", "exact-kuhn_poker-player_1/4")
     assert result.exit_code == 0, result.output
-    assert "payoffs by exact evaluation" in result.output and "exact-kuhn_poker-player0/5" in result.output
+    assert "payoffs by exact evaluation" in result.output and "exact-kuhn_poker-player_0/5" in result.output
     table, index = _evaluation(uri, result.output)
     assert index == {"0": [ITERATIONS, 1], "1": [0, 3]}  # @newest is the last member; version v is member v-1
     expected = _matching_rows(_stored_payoffs(uri, runs["exact"]), table, index)
@@ -126,13 +127,13 @@ def test_export_of_a_run_passes_openspiels_check(store, tmp_path):
 
 
 BAD_INPUTS = [
-    (["evaluate", "--member", "exact-kuhn_poker-player0"], "member 'exact-kuhn_poker-player0' is not NAME@ALIAS or NAME/VERSION"),
-    (["evaluate", "--member", "exact-kuhn_poker-player0/zero"], "member 'exact-kuhn_poker-player0/zero' is not NAME@ALIAS or NAME/VERSION"),
+    (["evaluate", "--member", "exact-kuhn_poker-player_0"], "member 'exact-kuhn_poker-player_0' is not NAME@ALIAS or NAME/VERSION"),
+    (["evaluate", "--member", "exact-kuhn_poker-player_0/zero"], "member 'exact-kuhn_poker-player_0/zero' is not NAME@ALIAS or NAME/VERSION"),
     (["evaluate", "--member", "no-such-model@newest"], "no registered model 'no-such-model' in sqlite:///"),
-    (["evaluate", "--member", "exact-kuhn_poker-player0@latest"], "model 'exact-kuhn_poker-player0' has no alias 'latest'; its aliases: newest"),
-    (["evaluate", "--member", "exact-kuhn_poker-player0/99"], "model 'exact-kuhn_poker-player0' has no version 99; its versions: 1-5"),
-    (["evaluate", "--member", "exact-kuhn_poker-player0/1"], "no member for player 1 of kuhn_poker"),
-    (["evaluate", "--member", "exact-kuhn_poker-player0/1", "--eval", "approximate"], "unknown evaluator 'approximate'; choose one of: exact, sampled"),
+    (["evaluate", "--member", "exact-kuhn_poker-player_0@latest"], "model 'exact-kuhn_poker-player_0' has no alias 'latest'; its aliases: newest"),
+    (["evaluate", "--member", "exact-kuhn_poker-player_0/99"], "model 'exact-kuhn_poker-player_0' has no version 99; its versions: 1-5"),
+    (["evaluate", "--member", "exact-kuhn_poker-player_0/1"], "no member for role 'player_1' of kuhn_poker"),
+    (["evaluate", "--member", "exact-kuhn_poker-player_0/1", "--eval", "approximate"], "unknown evaluator 'approximate'; choose one of: exact, sampled"),
     (["export", "--run", "0123456789abcdef0123456789abcdef", "out"], "no MLflow run '0123456789abcdef0123456789abcdef' in sqlite:///"),
     (["export", "--run", "not-a-run", "out"], "no MLflow run 'not-a-run' in sqlite:///"),
     (["export", "--run", "0123456789abcdef0123456789abcdef", "/etc"], "export='/etc': directory '/etc' exists and is not empty"),
@@ -151,7 +152,7 @@ def test_bad_input_fails_with_one_line(store, args, message):
 
 def test_a_missing_store_is_named_and_not_created(tmp_path):
     uri = f"sqlite:///{tmp_path}/nowhere.db"
-    result = _cli("evaluate", "--member", "psro-kuhn_poker-player0@newest", "--tracking-uri", uri)
+    result = _cli("evaluate", "--member", "psro-kuhn_poker-player_0@newest", "--tracking-uri", uri)
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "no MLflow store at" in result.output and "nowhere.db" in result.output
     assert not (tmp_path / "nowhere.db").exists()

@@ -23,12 +23,14 @@ from typer.testing import CliRunner
 
 from flows import cli
 from marl_core.psro.config import build_config
-from flows.tracking.resume import COMMITTED_TAG, CONFIG_ARTIFACT, find_resumable
+from flows.tracking.layout import COMMITTED_TAG, CONFIG_ARTIFACT
+from flows.tracking.resume import find_resumable
 from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
 from mlflow_reads import final_tables, registered_members
 from processes import assert_all_exited
 
 ITERATIONS = 6
+ROLES = ("player_0", "player_1")  # kuhn_poker's populations
 KILLED_AT = 3  # its members are registered, its commit never written
 PSRO = str(Path(sys.executable).with_name("psro"))
 
@@ -62,8 +64,8 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
     run_id = _only_run(client, "crash").info.run_id
     assert client.get_run(run_id).data.tags[COMMITTED_TAG] == str(KILLED_AT - 1)
-    for player in range(2):  # the uncommitted iteration's member is in the registry
-        assert registered_members(client, "crash", player) == [(member, member) for member in range(KILLED_AT + 1)]
+    for role in ROLES:  # the uncommitted iteration's member is in the registry
+        assert registered_members(client, "crash", role) == [(member, member) for member in range(KILLED_AT + 1)]
     # The server stops itself once its driver is gone, and Ray's reaper stops Ray.
     assert_all_exited(f"PREFECT_HOME={home}", timeout=60)
 
@@ -78,8 +80,8 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
 
     assert final_tables(client, run_id, ITERATIONS) == final_tables(client, _only_run(client, "reference").info.run_id, ITERATIONS)
     assert client.get_run(run_id).info.status == "FINISHED"
-    for player in range(2):  # each member exactly once, the redone one included
-        assert registered_members(client, "crash", player) == [(member, member) for member in range(ITERATIONS + 1)]
+    for role in ROLES:  # each member exactly once, the redone one included
+        assert registered_members(client, "crash", role) == [(member, member) for member in range(ITERATIONS + 1)]
     assert_all_exited(f"PREFECT_HOME={home}")
 
 

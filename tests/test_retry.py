@@ -23,13 +23,14 @@ import pytest
 from mlflow_reads import final_tables, registered_members
 from processes import assert_all_exited, wait_until
 
-from flows.tracking.resume import COMMITTED_TAG
+from flows.tracking.layout import COMMITTED_TAG
 from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 4
+ROLES = ("player_0", "player_1")  # kuhn_poker's populations
 KILLED_AT = 2
 DEPLOYMENT = "psro/kuhn-smoke"
 
@@ -97,8 +98,8 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
         assert state.is_crashed(), (state, serving.log_path.read_text()[-3000:])
         (run,) = client.search_runs([client.get_experiment_by_name("retried").experiment_id])
         assert run.data.tags[COMMITTED_TAG] == str(KILLED_AT - 1)
-        for player in range(2):  # the uncommitted iteration's member is in the registry
-            assert registered_members(client, "retried", player) == [(m, m) for m in range(KILLED_AT + 1)]
+        for role in ROLES:  # the uncommitted iteration's member is in the registry
+            assert registered_members(client, "retried", role) == [(m, m) for m in range(KILLED_AT + 1)]
 
         serving.stop()  # the crashed node comes back: served again, without the fault
         serving = Served(tmp_path, env, "serve")
@@ -115,8 +116,8 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
         (uninterrupted,) = client.search_runs([client.get_experiment_by_name("reference").experiment_id])
         assert retried.info.status == "FINISHED"
         assert final_tables(client, retried.info.run_id, ITERATIONS) == final_tables(client, uninterrupted.info.run_id, ITERATIONS)
-        for player in range(2):  # each member exactly once, the redone one included
-            assert registered_members(client, "retried", player) == [(m, m) for m in range(ITERATIONS + 1)]
+        for role in ROLES:  # each member exactly once, the redone one included
+            assert registered_members(client, "retried", role) == [(m, m) for m in range(ITERATIONS + 1)]
     finally:
         serving.stop()
         server.stop()

@@ -6,9 +6,11 @@ the commit. A run killed at any point therefore resumes from the last committed 
 artifacts are complete, and anything a later, unfinished iteration left behind is ignored (and
 its half-registered members removed by the tracker).
 
-Nothing is unpickled: the config is JSON, payoffs CSV, meta-strategies JSON and members the
-export-format JSON, all of which round-trip floats exactly, so a resumed run continues from the
-same numbers an uninterrupted run would have.
+Nothing is unpickled: the config is JSON, payoffs CSV, meta-strategies JSON, and members are
+stored by `marl_core.policies.storage` (tables as JSON, networks as a JSON description and a
+weights-only state_dict). JSON and CSV round-trip floats exactly and a state_dict holds the
+tensors themselves, so a resumed run continues from the same numbers an uninterrupted run would
+have.
 """
 
 from __future__ import annotations
@@ -17,19 +19,16 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from marl_core.games.tree import build_tree
+from flows.tracking import layout
 from marl_core.empirical_game.payoffs import PayoffTable
-from marl_core.policies.tabular import policy_from_dict
-
-COMMITTED_TAG = "psro.committed_iteration"
-CONFIG_ARTIFACT = "config.json"
-# Each iteration logs only the payoff entries it added (payoffs/iteration_NNNN.csv); the whole
-# table is the union of those files, and is logged once more at the end of a run.
-FINAL_PAYOFFS = "payoffs/final.csv"
+from marl_core.policies.population import Population
+from marl_core.psro.game import PSROGame, psro_game_of
 
 
 class ResumeError(ValueError):
@@ -41,9 +40,9 @@ class Checkpoint:
     run_id: str
     config: dict  # the run's settings, as logged
     iteration: int  # the last committed iteration
-    populations: list[np.ndarray]
+    populations: list[Population]  # in the game's role order
     payoffs: PayoffTable
-    meta_strategy: list[np.ndarray]
+    meta_strategy: list[np.ndarray]  # per role [K]
 
 
 # Settings that say how or how long to run, not what is computed: a run may resume with others.
@@ -60,16 +59,17 @@ def _read_json(client, run_id: str, path: str, scratch: str):
     return json.loads(Path(client.download_artifacts(run_id, path, scratch)).read_text())
 
 
-def _logged_config(client, run_id: str) -> dict:
+def logged_config(client, run_id: str) -> dict:
+    """The settings the run logged when it started."""
     with tempfile.TemporaryDirectory() as scratch:
-        return _read_json(client, run_id, CONFIG_ARTIFACT, scratch)
+        return _read_json(client, run_id, layout.CONFIG_ARTIFACT, scratch)
 
 
 def resume_settings(tracking_uri: str, run_id: str) -> dict:
     """The settings a run was started with (for `psro resume RUN_ID`)."""
     client = _client(tracking_uri)
     _committed_run(client, run_id)
-    return {**_logged_config(client, run_id), "tracking_uri": tracking_uri}
+    return {**logged_config(client, run_id), "tracking_uri": tracking_uri}
 
 
 def find_resumable(config) -> str | None:
@@ -83,7 +83,7 @@ def find_resumable(config) -> str | None:
     for run in runs:
         if run.info.status == "FINISHED" or committed_iteration(run) is None:
             continue
-        logged = _logged_config(client, run.info.run_id)
+        logged = logged_config(client, run.info.run_id)
         if {k: v for k, v in logged.items() if k not in OPERATIONAL} == wanted:
             return run.info.run_id
     return None
@@ -115,7 +115,7 @@ def _committed_run(client, run_id: str):
 
 
 def committed_iteration(run) -> int | None:
-    value = run.data.tags.get(COMMITTED_TAG)
+    value = run.data.tags.get(layout.COMMITTED_TAG)
     return int(value) if value is not None else None
 
 
@@ -123,33 +123,49 @@ def load_checkpoint(tracking_uri: str, run_id: str) -> Checkpoint:
     client = _client(tracking_uri)
     iteration = committed_iteration(_committed_run(client, run_id))
     with tempfile.TemporaryDirectory() as scratch:
-        config = _read_json(client, run_id, CONFIG_ARTIFACT, scratch)
-        populations, payoffs, meta_strategy = read_iteration(client, run_id, config["game"], iteration, scratch)
+        config = _read_json(client, run_id, layout.CONFIG_ARTIFACT, scratch)
+        populations, payoffs, meta_strategy = read_iteration(client, run_id, config, iteration, scratch)
     return Checkpoint(run_id, config, iteration, populations, payoffs, meta_strategy)
 
 
-def read_population(client, run_id: str, game: str, iteration: int, scratch: str):
+def game_of_logged(config: dict) -> PSROGame:
+    """The PSROGame of a run's logged settings (its game and, where it had them, its roles)."""
+    return psro_game_of(SimpleNamespace(**config))
+
+
+def table_key(game: PSROGame, role: str) -> tuple[Optional[str], Optional[int]]:
+    """The (OpenSpiel game, player) whose information states key a `role` member's table, as
+    `marl_core.policies.storage` takes them: on an OpenSpiel game the roles are its players, in
+    order. Other environments have no tables: (None, None)."""
+    return (game.name, game.roles.index(role)) if game.is_openspiel else (None, None)
+
+
+def read_population(client, run_id: str, config: dict, iteration: int, scratch: str) -> tuple[list[Population], list[np.ndarray]]:
     """The meta-strategies iteration `iteration` solved and the population members they weigh."""
-    tree = build_tree(game)
-    meta = _read_json(client, run_id, f"meta_strategy/iteration_{iteration:04d}.json", scratch)
-    meta_strategy = [np.asarray(meta[str(p)], dtype=np.float64) for p in range(tree.num_players)]
-    populations = []
-    for player, weights in enumerate(meta_strategy):
-        members = []
-        for member in range(len(weights)):
-            path = f"population/player_{player}/member_{member}/policy.json"
-            table = _read_json(client, run_id, path, scratch)
-            members.append(policy_from_dict(tree.players[player], table))
-        populations.append(np.stack(members))
+    game = game_of_logged(config)
+    meta = _read_json(client, run_id, layout.meta_strategy_path(iteration), scratch)
+    meta_strategy = [np.asarray(meta[role], dtype=np.float64) for role in game.roles]
+    populations = [
+        Population.of(role, [read_member(client, run_id, game, role, k, scratch) for k in range(len(weights))])
+        for role, weights in zip(game.roles, meta_strategy)
+    ]
     return populations, meta_strategy
 
 
-def read_iteration(client, run_id: str, game: str, iteration: int, scratch: str):
+def read_member(client, run_id: str, game: PSROGame, role: str, member: int, scratch: str):
+    from marl_core.policies.storage import load_policy
+
+    # a folder of its own: a downloaded folder may land under its last path part (member_<k>), as every role's does
+    folder = client.download_artifacts(run_id, layout.member_path(role, member), tempfile.mkdtemp(dir=scratch))
+    return load_policy(folder, *table_key(game, role))
+
+
+def read_iteration(client, run_id: str, config: dict, iteration: int, scratch: str):
     """Populations, payoff table and meta-strategies exactly as iteration `iteration` left them."""
-    populations, meta_strategy = read_population(client, run_id, game, iteration, scratch)
+    populations, meta_strategy = read_population(client, run_id, config, iteration, scratch)
     frames = [
         # the default parser may round the last bit; round_trip reads back exactly what was written
-        pd.read_csv(client.download_artifacts(run_id, f"payoffs/iteration_{i:04d}.csv", scratch), float_precision="round_trip")
+        pd.read_csv(client.download_artifacts(run_id, layout.payoffs_path(i), scratch), float_precision="round_trip")
         for i in range(iteration + 1)
     ]
     payoffs = PayoffTable.from_frame(pd.concat(frames, ignore_index=True))

@@ -5,35 +5,28 @@ driver only snapshots what an iteration produced and moves on, so tracking costs
 no wall time. `finish` (or leaving the context) waits for the queue to drain and re-raises any
 tracking error.
 
-Registry: one registered model per player, one version per population member (its policy as
-the export-format JSON, which loads without unpickling anything), tagged with run id, iteration,
-member index and meta-weight. MLflow reserves the alias name ``latest`` (``models:/NAME/latest``
-already means the newest version), so the newest member also gets the alias ``newest``.
+Registry: one registered model per role, one version per population member: the member's folder
+as `marl_core.policies.storage` writes it (a table as JSON, a network as its JSON description
+and weights-only state_dict), which loads without unpickling anything. Where things go and what
+they are called is `flows.tracking.layout`'s.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
+import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from flows.tracking import plots
-from marl_core.games.tree import build_tree
-from marl_core.policies.tabular import policy_to_dict
-from flows.tracking.resume import COMMITTED_TAG, CONFIG_ARTIFACT, FINAL_PAYOFFS
+from flows.tracking import layout, plots
+from flows.tracking.resume import table_key
+from marl_core.psro.game import psro_game_of
 
-NEWEST_ALIAS = "newest"
 # Fault injection for tests: SIGKILL the process that tracks the run once iteration N's members
 # are registered and before N is committed, the window whose leftovers resume must clean up.
 KILL_BEFORE_COMMIT = "PSRO_KILL_BEFORE_COMMIT"
-
-
-def registered_model_name(experiment: str, game: str, player: int) -> str:
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", game).strip("_")
-    return f"{experiment}-{slug}-player{player}"
 
 
 def flat_params(values: dict, prefix: str = "") -> dict:
@@ -58,10 +51,13 @@ class RunTracker:
     """Tracks a new run, or with `resume` (a `flows.tracking.resume.Checkpoint`) continues one.
 
     `tags` go on a new run: what its caller needs to find it again (see `flows.tracking.resume.find_tagged`).
+    A member is never changed once it joined its population (`Population.added` makes a new
+    population), so the tracking thread may store it while the run goes on.
     """
 
     def __init__(self, config, resume=None, tags: dict[str, str] | None = None):
         self.config = config
+        self.game = psro_game_of(config)
         self.resume = resume
         self.tags = tags or {}
         self.run_id: str | None = None
@@ -69,12 +65,12 @@ class RunTracker:
         self._pending: list[Future] = []
         self._history: list = []
         self._earlier_curve: list[tuple[int, float, float]] = []  # a resumed run's committed points
-        self._versions: dict[tuple[int, int], str] = {}  # (player, member) -> registry version
-        self._logged_sizes: tuple[int, ...] = (0,) * config.num_players  # payoff rows already logged
+        self._versions: dict[tuple[str, int], str] = {}  # (role, member) -> registry version
+        self._logged_sizes: tuple[int, ...] = (0,) * self.game.num_roles  # payoff rows already logged
         if resume is not None:  # committed members are registered, their payoffs logged
             self._logged_sizes = resume.payoffs.sizes
-            for player, population in enumerate(resume.populations):
-                self._versions.update({(player, member): "" for member in range(len(population))})
+            for population in resume.populations:
+                self._versions.update({(population.role, member): "" for member in range(len(population))})
 
     # --- driver side: cheap snapshots, work queued ---------------------------------------------
 
@@ -83,19 +79,20 @@ class RunTracker:
         return self
 
     def log_iteration(self, record, state) -> None:
+        """`state.populations` is a list of `Population`, in the game's role order."""
         self._raise_failures()
         self._history.append(record)
         new_members = [
-            (player, len(population) - 1, population[-1].copy(), state.weights[player][-1] if state.weights else None)
-            for player, population in enumerate(state.populations)
-            if (player, len(population) - 1) not in self._versions
+            (population.role, member, population.members[member])
+            for population in state.populations
+            for member in range(len(population))
+            if (population.role, member) not in self._versions
         ]
-        for player, member, _, _ in new_members:
-            self._versions[(player, member)] = ""  # reserved; filled by the tracking thread
+        for role, member, _ in new_members:
+            self._versions[(role, member)] = ""  # reserved; filled by the tracking thread
         frame = state.payoffs.to_frame(beyond=self._logged_sizes)  # only this iteration's entries
         self._logged_sizes = state.payoffs.sizes
         self._submit(self._log_iteration, record, frame, new_members)
-
     def finish(self, state) -> None:
         payoff_mean = state.payoffs.mean.copy()
         meta = [m.copy() for m in state.meta_strategy]
@@ -126,7 +123,7 @@ class RunTracker:
 
     # --- tracking thread -----------------------------------------------------------------------
 
-    def _start(self) -> str:
+    def _start(self) -> None:
         import mlflow
         from mlflow.entities import Param
 
@@ -143,11 +140,14 @@ class RunTracker:
         self.artifact_uri = run.info.artifact_uri
         params = [Param(key, str(value)) for key, value in flat_params(self.config.model_dump()).items()]
         self.client.log_batch(run.info.run_id, params=params)
-        self.client.log_dict(run.info.run_id, self.config.model_dump(mode="json"), CONFIG_ARTIFACT)
+        self.client.log_dict(run.info.run_id, self.config.model_dump(mode="json"), layout.CONFIG_ARTIFACT)
         if self.config.register_models:
-            for player in range(self.config.num_players):
-                self._ensure_registered_model(registered_model_name(self.config.experiment, self.config.game, player))
+            for role in self.game.roles:
+                self._ensure_registered_model(self._model_name(role))
         self.run_id = run.info.run_id
+
+    def _model_name(self, role: str) -> str:
+        return layout.registered_model_name(self.config.experiment, self.config.game, role)
 
     def _continue(self, checkpoint) -> None:
         """Reopen the run; forget what an unfinished iteration registered after the last commit."""
@@ -155,12 +155,12 @@ class RunTracker:
         self.artifact_uri = self.client.get_run(self.run_id).info.artifact_uri
         self.client.update_run(self.run_id, status="RUNNING")
         if self.config.register_models:
-            for player, population in enumerate(checkpoint.populations):
-                name = registered_model_name(self.config.experiment, self.config.game, player)
-                for version in self.client.search_model_versions(f"name='{name}' and tags.run_id='{self.run_id}'"):
-                    member = int(version.tags["member"])
+            for population in checkpoint.populations:
+                name = self._model_name(population.role)
+                for version in self.client.search_model_versions(layout.versions_of_run(name, self.run_id)):
+                    member = layout.VersionTags.of(version.tags).member
                     if member < len(population):
-                        self._versions[(player, member)] = version.version
+                        self._versions[(population.role, member)] = version.version
                     else:
                         self.client.delete_model_version(name, version.version)
         history = {
@@ -186,69 +186,58 @@ class RunTracker:
         import mlflow.entities
 
         step = record.iteration
-        self.client.log_text(self.run_id, frame.to_csv(index=False), f"payoffs/iteration_{step:04d}.csv")
-        meta = {str(p): weights for p, weights in enumerate(record.meta_strategy)}
-        self.client.log_dict(self.run_id, meta, f"meta_strategy/iteration_{step:04d}.json")
-        tree = build_tree(self.config.game)
-        for player, member, policy, weights in new_members:
-            path = f"population/player_{player}/member_{member}"
-            self.client.log_dict(self.run_id, policy_to_dict(tree.players[player], policy), f"{path}/policy.json")
-            if weights is not None:
-                self._log_network(player, weights, path)
+        self.client.log_text(self.run_id, frame.to_csv(index=False), layout.payoffs_path(step))
+        meta = dict(zip(self.game.roles, record.meta_strategy))
+        self.client.log_dict(self.run_id, meta, layout.meta_strategy_path(step))
+        for role, member, policy in new_members:
+            path = layout.member_path(role, member)
+            self._log_member(role, policy, path)
             if self.config.register_models:
-                self._register(player, member, step, record.meta_strategy[player][member], path)
+                self._register(role, member, step, meta[role][member], path)
         metrics = [mlflow.entities.Metric(k, float(v), 0, step) for k, v in record.metrics().items()]
         self.client.log_batch(self.run_id, metrics=metrics)
         if os.environ.get(KILL_BEFORE_COMMIT) == str(step):
             os.kill(os.getpid(), signal.SIGKILL)
-        self.client.set_tag(self.run_id, COMMITTED_TAG, str(step))  # last: the iteration's commit
+        self.client.set_tag(self.run_id, layout.COMMITTED_TAG, str(step))  # last: the iteration's commit
 
-    def _log_network(self, player: int, weights, path: str) -> None:
-        """A learned member's network, as weights only: `torch.load(weights_only=True)` reads it."""
-        import tempfile
+    def _log_member(self, role: str, policy, path: str) -> None:
+        """The member's folder as `storage.save_policy` writes it: weights only, no pickles."""
+        from marl_core.policies.storage import save_policy
 
-        from marl_core.policies.checkpoints import NetworkSpec, save_network
-        from marl_core.games.tabularize import infostate_observations
-
-        obs_size = infostate_observations(self.config.game)[player].shape[1]
-        algorithm_config = getattr(self.config, self.config.oracle)
-        spec = NetworkSpec(self.config.oracle, algorithm_config.model_dump(mode="json"), obs_size, build_tree(self.config.game).num_actions)
         with tempfile.TemporaryDirectory() as directory:
-            save_network(directory, spec, weights)
+            save_policy(directory, policy, *table_key(self.game, role))
             self.client.log_artifacts(self.run_id, directory, path)
 
-    def _register(self, player: int, member: int, iteration: int, weight: float, path: str) -> None:
-        name = registered_model_name(self.config.experiment, self.config.game, player)
-        tags = {
-            "run_id": self.run_id,
-            "game": self.config.game,
-            "player": str(player),
-            "member": str(member),
-            "iteration": str(iteration),
-            "meta_weight": f"{weight:.6g}",
-        }
-        version = self.client.create_model_version(name, f"{self.artifact_uri}/{path}", run_id=self.run_id, tags=tags)
-        self.client.set_registered_model_alias(name, NEWEST_ALIAS, version.version)
-        self._versions[(player, member)] = version.version
+    def _register(self, role: str, member: int, iteration: int, weight: float, path: str) -> None:
+        name = self._model_name(role)
+        tags = layout.VersionTags(self.run_id, self.config.game, role, member, iteration, weight)
+        version = self.client.create_model_version(name, f"{self.artifact_uri}/{path}", run_id=self.run_id, tags=tags.as_tags())
+        self.client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
+        self._versions[(role, member)] = version.version
 
     def _finish(self, payoff_mean: np.ndarray, meta_strategy, frame) -> None:
-        self.client.log_text(self.run_id, frame.to_csv(index=False), FINAL_PAYOFFS)
-        curve = self._earlier_curve + [(r.iteration, r.report.exploitability, r.report.nash_conv) for r in self._history]
-        figure = plots.exploitability_curve(
-            [point[0] for point in curve],
-            [point[1] for point in curve],
-            [point[2] for point in curve],
-            title=f"PSRO on {self.config.game} ({self.config.meta_solver})",
-        )
-        self.client.log_figure(self.run_id, figure, "plots/exploitability.png")
-        plots.close(figure)
+        self.client.log_text(self.run_id, frame.to_csv(index=False), layout.FINAL_PAYOFFS)
+        logged = [(r.iteration, r.metrics()) for r in self._history]
+        curve = self._earlier_curve + [
+            (step, m["exploitability"], m.get("nash_conv", float("nan"))) for step, m in logged if "exploitability" in m
+        ]
+        if curve:  # exploitability needs a game tree; an environment without one has no curve
+            figure = plots.exploitability_curve(
+                [point[0] for point in curve],
+                [point[1] for point in curve],
+                [point[2] for point in curve],
+                title=f"PSRO on {self.config.game} ({self.config.meta_solver})",
+            )
+            self.client.log_figure(self.run_id, figure, layout.EXPLOITABILITY_PLOT)
+            plots.close(figure)
         figure = plots.payoff_heatmap(payoff_mean, meta_strategy, title=f"Payoffs, {self.config.game}")
-        self.client.log_figure(self.run_id, figure, "plots/payoff_heatmap.png")
+        self.client.log_figure(self.run_id, figure, layout.PAYOFF_HEATMAP)
         plots.close(figure)
         if self.config.register_models:  # final meta-weights replace the ones at registration
-            for (player, member), version in self._versions.items():
-                name = registered_model_name(self.config.experiment, self.config.game, player)
-                self.client.set_model_version_tag(name, version, "meta_weight", f"{meta_strategy[player][member]:.6g}")
+            weights = dict(zip(self.game.roles, meta_strategy))
+            for (role, member), version in self._versions.items():
+                weight = layout.meta_weight_tag(weights[role][member])
+                self.client.set_model_version_tag(self._model_name(role), version, layout.META_WEIGHT_TAG, weight)
 
     def _end(self, status: str) -> None:
         if self.run_id:

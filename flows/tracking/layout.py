@@ -1,0 +1,96 @@
+"""Where a PSRO run keeps things in MLflow: every artifact path, tag and registry name, in one place.
+
+The tracker writes these, resume and the `psro evaluate/export` commands read them back, and the
+tests look for them; each spells them through this module only, so a renamed artifact cannot
+leave a reader looking in the old place.
+
+One MLflow run per PSRO run:
+
+- ``config.json``: the run's settings as JSON (what resume restarts from);
+- ``payoffs/iteration_NNNN.csv``: the payoff entries iteration N added (the whole table is the
+  union of these files) and ``payoffs/final.csv``, the whole table at the end of the run;
+- ``meta_strategy/iteration_NNNN.json``: role -> the meta-strategy iteration N solved;
+- ``population/<role>/member_<k>``: member k of a role's population, as
+  `marl_core.policies.storage` writes it (weights only);
+- ``plots/*.png``: figures;
+- the tag ``psro.committed_iteration`` = N: iteration N is complete (see `flows.tracking.resume`).
+
+Registry: one registered model per role, ``{experiment}-{game}-{role}``, one version per member
+(its source is the member's folder), tagged as `VersionTags` says. MLflow reserves the alias
+``latest`` (``models:/NAME/latest`` already means the newest version), so the newest member also
+gets the alias ``newest``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+CONFIG_ARTIFACT = "config.json"
+FINAL_PAYOFFS = "payoffs/final.csv"
+EXPLOITABILITY_PLOT = "plots/exploitability.png"
+PAYOFF_HEATMAP = "plots/payoff_heatmap.png"
+POPULATION_ROOT = "population"
+# `psro evaluate` logs one run of its own: the payoff table (members by position) and who they are.
+EVALUATION_PAYOFFS = "payoffs.csv"
+EVALUATION_MEMBERS = "members.json"
+
+COMMITTED_TAG = "psro.committed_iteration"
+# Tags the MLflow run with the Prefect flow run that created it: a retried flow run finds it by this.
+FLOW_RUN_TAG = "prefect.flow_run_id"
+NEWEST_ALIAS = "newest"
+META_WEIGHT_TAG = "meta_weight"  # the version tag the end of a run rewrites
+
+
+def payoffs_path(iteration: int) -> str:
+    return f"payoffs/iteration_{iteration:04d}.csv"
+
+
+def meta_strategy_path(iteration: int) -> str:
+    return f"meta_strategy/iteration_{iteration:04d}.json"
+
+
+def member_path(role: str, member: int) -> str:
+    return f"{POPULATION_ROOT}/{role}/member_{member}"
+
+
+def member_path_in(source: str) -> str:
+    """A registry version's folder inside its run's artifacts, from the version's source URI."""
+    return f"{POPULATION_ROOT}/" + source.split(f"/{POPULATION_ROOT}/", 1)[1]
+
+
+def registered_model_name(experiment: str, game: str, role: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", game).strip("_")
+    return f"{experiment}-{slug}-{role}"
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionTags:
+    """What a registry version says about the member it holds."""
+
+    run_id: str
+    game: str
+    role: str
+    member: int
+    iteration: int  # the iteration that added it
+    meta_weight: float  # its weight in the run's last meta-strategy
+
+    def as_tags(self) -> dict[str, str]:
+        return {
+            "run_id": self.run_id, "game": self.game, "role": self.role, "member": str(self.member),
+            "iteration": str(self.iteration), META_WEIGHT_TAG: meta_weight_tag(self.meta_weight),
+        }
+
+    @classmethod
+    def of(cls, tags: dict[str, str]) -> "VersionTags":
+        """Raises KeyError naming the first missing tag: the version was not registered by a run."""
+        return cls(tags["run_id"], tags["game"], tags["role"], int(tags["member"]), int(tags["iteration"]), float(tags[META_WEIGHT_TAG]))
+
+
+def meta_weight_tag(weight: float) -> str:
+    return f"{weight:.6g}"
+
+
+def versions_of_run(name: str, run_id: str) -> str:
+    """The registry search filter for the versions one run registered under `name`."""
+    return f"name='{name}' and tags.run_id='{run_id}'"
