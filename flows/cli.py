@@ -231,7 +231,7 @@ def evaluate(
         client = population.open_store(tracking_uri)
         loaded = [population.load_member(client, spec) for spec in specs]
         game, groups = population.populations_of(loaded)
-        population.check_evaluable(game, groups)
+        population.check_evaluable(game, groups, eval)
     except population.PopulationError as error:
         _fail(str(error))
     table = population.evaluate(game, groups, eval, episodes, seed)

@@ -150,28 +150,25 @@ def populations_of(members: list[Member]) -> tuple[str, list[list[Member]]]:
     return game, groups
 
 
-def check_evaluable(game: str, groups: list[list[Member]]) -> None:
-    """The evaluators walk the game tree, so every member needs its table (a network member has
-    one where the run could compute it)."""
+def check_evaluable(game: str, groups: list[list[Member]], evaluator: str = "exact") -> None:
+    """The exact evaluator walks the game tree, so every member needs its table (a network member
+    has one where the run could compute it); the sampled one plays any member by rollouts."""
     untabled = [m.label for group in groups for m in group if m.policy.tabular is None]
-    if untabled:
-        # TODO(issue 9): evaluate such members by rollouts (marl_core.empirical_game.sampled.evaluate_by_rollouts)
-        raise PopulationError(f"member(s) {', '.join(untabled)} of {game} are networks without a tabular form; `psro evaluate` needs members with tables")
+    if untabled and evaluator == "exact":
+        raise PopulationError(f"member(s) {', '.join(untabled)} of {game} are networks without a tabular form; evaluate them with --eval sampled")
 
 
 def evaluate(game: str, groups: list[list[Member]], evaluator: str, episodes: int, seed: int):
     """Every profile of the populations, by one of marl_core's evaluators; a PayoffTable."""
     from marl_core.empirical_game.evaluation import EVALUATORS
     from marl_core.empirical_game.payoffs import PayoffTable
-    from marl_core.games.tree import build_tree
-    from marl_core.policies.population import stacked_tables
+    from marl_core.psro.game import psro_game
 
-    tree = build_tree(game)
-    populations = stacked_tables([Population.of(group[0].role, [m.policy for m in group]) for group in groups])
-    table = PayoffTable(tree.num_players)
+    populations = [Population.of(group[0].role, [m.policy for m in group]) for group in groups]
+    table = PayoffTable(len(populations))
     table.grow(tuple(len(group) for group in groups))
     profiles = table.missing_profiles()
-    result = EVALUATORS[evaluator](tree, populations, profiles, episodes=episodes, seed=seed)
+    result = EVALUATORS[evaluator](psro_game(game), populations, profiles, episodes=episodes, seed=seed)
     table.record(profiles, result.mean, result.stderr, result.episodes)
     return table
 

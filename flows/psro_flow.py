@@ -25,14 +25,13 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 
 import tasks
 from flows.ray_runner import FastRayTaskRunner
+from flows.tracking.layout import FLOW_RUN_TAG
 from flows.runtime import prefect_api, ray_in_background, ray_session, ray_to_use, reap_on_crash
 from marl_core.psro import steps as psro
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import IterationRecord, PSROState
 
 IterationCallback = Callable[[IterationRecord, PSROState], None]
-# Tags the MLflow run with the Prefect flow run that created it: a retried flow run finds it by this.
-FLOW_RUN_TAG = "prefect.flow_run_id"
 
 
 class Handoff:

@@ -273,7 +273,7 @@ def test_mlflow_ui_shows_the_run_its_exploitability_and_the_registered_populatio
     _dismiss_mlflow_dialog(page)
     _shoot(page, "04-mlflow-registered-models")
 
-    page.goto(f"{mlflow_url}/#/models/{EXPERIMENT}-kuhn_poker-player0")
+    page.goto(f"{mlflow_url}/#/models/{EXPERIMENT}-kuhn_poker-player_0")
     _text(page, "@ newest")
     _text(page, f"Version {ITERATIONS + 1}")
     _shoot(page, "05-mlflow-population-versions")

@@ -20,7 +20,7 @@ CASES = [
     (["--iterations", "-5"], "iterations=-5: Input should be greater than 0"),
     (["--episodes", "1"], "episodes=1: Input should be greater than or equal to 2"),
     (["--eval", "approximate"], "eval='approximate': Input should be 'exact' or 'sampled'"),
-    (["--game", "kuhn_poker(players=3)"], "meta-solver 'nash' needs a two-player zero-sum game"),
+    (["--game", "kuhn_poker(players=3)", "--meta-solver", "nash"], "meta-solver 'nash' needs a two-player zero-sum game"),
     (["--stop-exploitability", "-1"], "stop_exploitability=-1.0: Input should be greater than or equal to 0"),
 ]
 

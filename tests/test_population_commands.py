@@ -96,7 +96,7 @@ def test_exact_evaluation_reproduces_the_stored_payoffs(store):
 
 def test_sampled_evaluation_agrees_within_standard_errors(store):
     work, uri, runs = store
-    members = [f"sampled-kuhn_poker-player{p}/{v}" for p in (0, 1) for v in (1, 3, 5)]
+    members = [f"sampled-kuhn_poker-player_{p}/{v}" for p in (0, 1) for v in (1, 3, 5)]
     result = _cli("evaluate", "--tracking-uri", uri, "--eval", "sampled", "--episodes", "400", "--seed", "7",
                   *[arg for m in members for arg in ("--member", m)])
     assert result.exit_code == 0, result.output

@@ -41,7 +41,7 @@ def write_export(directory: Path, config, populations, meta_strategy, report: Op
                 table = policy_to_dict(tree.players[role_index], policy.tabular)
                 (folder / f"member_{member}.json").write_text(json.dumps(table))
             if policy.kind != "tabular":
-                save_policy(folder / f"member_{member}", policy)
+                save_policy(folder / f"member_{member}", policy, *((config.game, role_index) if tree is not None else (None, None)))
     weights = {str(r): [float(w) for w in strategy] for r, strategy in enumerate(meta_strategy)}  # by role index, as verify_export reads
     (directory / "meta_strategy.json").write_text(json.dumps(weights, indent=1))
     summary = {
