@@ -269,7 +269,7 @@ def test_mlflow_ui_shows_the_run_its_exploitability_and_the_registered_populatio
 
     page.goto(f"{mlflow_url}/#/models")
     for player in (0, 1):
-        _text(page, f"{EXPERIMENT}-kuhn_poker-player{player}")
+        _text(page, f"{EXPERIMENT}-kuhn_poker-player_{player}")
     _dismiss_mlflow_dialog(page)
     _shoot(page, "04-mlflow-registered-models")
 

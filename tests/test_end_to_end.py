@@ -85,7 +85,7 @@ def test_mlflow_holds_params_metrics_and_artifacts(finished_run):
 def test_every_member_is_registered_once_with_tags_and_alias(finished_run):
     _, _, client, run = finished_run
     for player in (0, 1):
-        name = f"e2e-kuhn_poker-player{player}"
+        name = f"e2e-kuhn_poker-player_{player}"
         versions = client.search_model_versions(f"name='{name}' and run_id='{run.info.run_id}'")
         members = sorted(int(v.tags["member"]) for v in versions)
         assert members == list(range(ITERATIONS + 1))

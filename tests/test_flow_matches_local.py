@@ -26,7 +26,7 @@ def _local(config: PSROConfig):
 
 
 def _snapshot(state):
-    return state.payoffs.mean.copy(), [m.copy() for m in state.meta_strategy], [p.copy() for p in state.populations]
+    return state.payoffs.mean.copy(), [m.copy() for m in state.meta_strategy], [p.tables.copy() for p in state.populations]
 
 
 def _iteration_flow_runs(api_url: str) -> list:

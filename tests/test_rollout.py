@@ -300,22 +300,30 @@ def _exact_best_response_value(tree, player, populations, meta):
 @pytest.mark.slow
 @pytest.mark.parametrize("oracle", ["dqn", "ppo"])
 def test_learned_best_response_to_a_fixed_kuhn_opponent_is_within_002_of_exact(oracle):
+    from marl_core.games.tree import profile_values, sequence_reach
+    from marl_core.policies.population import Population
+    from marl_core.policies.tabular import TabularPolicy
     from marl_core.psro.config import build_config
-    from marl_core.psro.learned_oracle import exact_value, train_best_response
+    from marl_core.psro.oracles import OracleCall
+    from marl_core.psro.learned_oracle import train_best_response
 
     tree = build_tree("kuhn_poker")
     rng = np.random.default_rng(7)
-    populations = []
+    tables = []
     for player_tree in tree.players:  # a fixed, lopsided opponent: not the uniform one
         policy = rng.dirichlet(np.ones(2), size=player_tree.num_infostates) * player_tree.legal
-        populations.append((policy / policy.sum(axis=1, keepdims=True))[None])
+        tables.append((policy / policy.sum(axis=1, keepdims=True))[None])
+    populations = [Population.of(f"player_{p}", [TabularPolicy("kuhn_poker", p, tables[p][0])]) for p in range(2)]
     meta = [np.array([1.0]), np.array([1.0])]
     config = build_config({"oracle": oracle, "seed": 3})
-    pool = LocalWorkerPool(PoolConfig("kuhn_poker", workers=2, envs_per_worker=16))
+    pool = LocalWorkerPool(PoolConfig(config.psro_game.make_env, workers=2, envs_per_worker=16))
     for player in range(2):
-        policy, value, weights, metrics = train_best_response(config, tree, player, populations, meta, iteration=1, pool=pool)
-        exact = _exact_best_response_value(tree, player, populations, meta)
-        assert value == pytest.approx(exact_value(tree, player, policy, mixed_reach(tree, populations, meta)))
-        assert exact - value <= 0.02, f"{oracle} player {player}: learned {value:.4f}, exact best response {exact:.4f}"
-        assert metrics["episodes"] == config.best_response.episodes
-        assert set(weights) == set(ALGORITHMS[oracle].policy(11, 2, getattr(config, oracle)).get_weights())
+        response = train_best_response(OracleCall(config, player, populations, meta, iteration=1, pool=pool))
+        exact = _exact_best_response_value(tree, player, tables, meta)
+        reaches = mixed_reach(tree, tables, meta)
+        reaches[player] = sequence_reach(tree.players[player], response.policy.tabular[None])[0]
+        assert response.value == pytest.approx(float(profile_values(tree, reaches)[player]))
+        assert exact - response.value <= 0.02, f"{oracle} player {player}: learned {response.value:.4f}, exact best response {exact:.4f}"
+        assert response.metrics["gap_to_exact"] == pytest.approx(exact - response.value)
+        assert response.metrics["episodes"] == config.best_response.episodes
+        assert set(response.policy.weights()) == set(ALGORITHMS[oracle].policy(11, 2, getattr(config, oracle)).get_weights())
