@@ -54,15 +54,10 @@ def _exact(game, populations, profiles, **_unused) -> ProfilePayoffs:
 
 def _sampled(game, populations, profiles, *, episodes: int, seed: int, pool=None) -> ProfilePayoffs:
     from marl_core.empirical_game.sampled import evaluate_by_rollouts
-    from marl_core.rollout.pool import LocalWorkerPool, PoolConfig
+    from marl_core.rollout.pool import pool_or_local
 
-    if pool is not None:
-        return evaluate_by_rollouts(pool, game, populations, profiles, episodes=episodes, seed=seed)
-    local = LocalWorkerPool(PoolConfig(game.make_env, 1, 32))
-    try:
-        return evaluate_by_rollouts(local, game, populations, profiles, episodes=episodes, seed=seed)
-    finally:
-        local.close()
+    with pool_or_local(pool, game.make_env) as workers:
+        return evaluate_by_rollouts(workers, game, populations, profiles, episodes=episodes, seed=seed)
 
 
 # Every evaluator takes (game: PSROGame, populations: list[Population], profiles, *, episodes,

@@ -222,7 +222,9 @@ def approximate_best_response(config: PSROConfig, role: int, populations, meta_g
     from marl_core.psro.learned_oracle import estimate_value
 
     settings = config.approx_exploitability
-    with _pool_or_local(config, pool) as workers:
+    from marl_core.rollout.pool import pool_or_local
+
+    with pool_or_local(pool, psro_game_of(config).make_env, config.rollout.envs_per_worker) as workers:
         call = OracleCall(config, role, populations, meta_game.meta_strategy, iteration, workers, budget=settings.episodes, seed_key=(1,))
         response = get_oracle(config.oracle).compute(call)
         value, stderr = estimate_value(
@@ -271,26 +273,6 @@ def rollout_pool_config(config: PSROConfig):
 
     rollout = config.rollout
     return PoolConfig(psro_game_of(config).make_env, rollout.workers, rollout.envs_per_worker, rollout.worker_cpus)
-
-
-class _pool_or_local:
-    """The run's rollout workers, or a one-worker pool in this process for the step's duration."""
-
-    def __init__(self, config: PSROConfig, pool):
-        self.config, self.pool, self.local = config, pool, None
-
-    def __enter__(self):
-        if self.pool is not None:
-            return self.pool
-        from marl_core.rollout.pool import LocalWorkerPool, PoolConfig
-
-        rollout = self.config.rollout
-        self.local = LocalWorkerPool(PoolConfig(psro_game_of(self.config).make_env, 1, rollout.envs_per_worker))
-        return self.local
-
-    def __exit__(self, *exc):
-        if self.local is not None:
-            self.local.close()
 
 
 # --- one iteration, wired once ---------------------------------------------------------------

@@ -15,6 +15,7 @@ and return whole episodes, so nothing is lost or counted twice.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -175,3 +176,17 @@ def _nodes_with_cpus() -> list[str]:
 
     nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0)
     return nodes or [ray.get_runtime_context().get_node_id()]
+
+
+@contextlib.contextmanager
+def pool_or_local(pool, env: EnvSource, envs_per_worker: int = 32):
+    """`pool` (the run's rollout workers) where there is one, else one worker in this process
+    for the duration of the block."""
+    if pool is not None:
+        yield pool
+        return
+    local = LocalWorkerPool(PoolConfig(env, 1, envs_per_worker))
+    try:
+        yield local
+    finally:
+        local.close()
