@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,18 +27,34 @@ from typing import Callable, Iterator
 SERVER_START_TIMEOUT = 120.0
 
 
+# Ports for servers started here: above Ray's worker ports (10002-19999) and below the kernel's
+# ephemeral range (32768 and up), where Ray picks every other port it opens. A port found free
+# here is not bound until the server process has booted, seconds later; Ray, starting at the
+# same time, must not take it meanwhile (it did once: the health check then read Ray's gRPC).
+SERVER_PORTS = range(20000, 32768)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free now, from `SERVER_PORTS` where one is, else any the kernel gives."""
+    for port in random.sample(SERVER_PORTS, 50):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
 def healthy(url: str) -> bool:
-    """Whether the Prefect API at `url` answers its health check."""
+    """Whether the Prefect API at `url` answers its health check (anything else on the port,
+    HTTP or not, is not it)."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
             return response.status == 200
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return False
 
 
@@ -265,7 +283,8 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
 
 
 def warm_up_workers(game: str) -> list:
-    """Start one worker per CPU and load what tasks need (Prefect, the game tree) in each.
+    """Start one worker per CPU and load what tasks need (Prefect, the environment, the game
+    tree where there is one) in each.
 
     Returns Ray object refs; the workers warm up while the Prefect server boots and the flow
     starts, and the first tasks queue behind the warm-up.
@@ -276,8 +295,10 @@ def warm_up_workers(game: str) -> list:
     def warm_up(game_string: str) -> None:
         import tasks  # noqa: F401  (imports Prefect, marl_core)
         from marl_core.games.tree import build_tree
+        from marl_core.psro.game import psro_game
 
-        build_tree(game_string)
+        if psro_game(game_string).has_tree:  # makes the environment once on the way
+            build_tree(game_string)
         time.sleep(0.3)  # hold the CPU so the next warm-up lands on another worker
 
     return [warm_up.remote(game) for _ in range(int(ray.cluster_resources().get("CPU", 1)))]
