@@ -26,7 +26,10 @@ by instrumenting the driver only (nothing in the product changes for the benchma
 
 Start-up (server, Ray, MLflow store, first iteration) is printed on its own.
 
-    python benchmarks/orchestration_overhead.py [--game leduc_poker] [--iterations 40]
+    python benchmarks/orchestration_overhead.py [--game leduc_poker] [--iterations 40] [--oracle ppo --episodes 20000]
+
+With a learned oracle the in-process loop plays its rollout workers one after the other and
+the flow in parallel, so the per-stage columns mix orchestration with that difference.
 
 Time it only on a quiet machine: the load average is printed beside the figures.
 """
@@ -99,7 +102,7 @@ class DriverProbe:
 
         # Patched on classes only: Prefect pickles the iteration flow's function, with the
         # module globals it names, into every task, and the probe does not pickle.
-        take, clock_init, finish = psro_flow.Handoff.take, StageClock.__init__, IterationRecord.finish.__func__
+        take, clock_init, record_init = psro_flow.Handoff.take, StageClock.__init__, IterationRecord.__init__
 
         def timed_take(key):
             stamp(probe.iteration(), "entered")  # the body's first step
@@ -109,14 +112,13 @@ class DriverProbe:
             stamp(probe.iteration(), "began")  # the work's first step
             clock_init(clock)
 
-        def timed_finish(cls, *args, **kwargs):
-            record = finish(cls, *args, **kwargs)
-            stamp(probe.iteration(), "ended")  # the work's last step
-            return record
+        def timed_record_init(record, *args, **kwargs):
+            record_init(record, *args, **kwargs)
+            stamp(probe.iteration(), "ended")  # the work's last step: its record
 
         psro_flow.Handoff.take = staticmethod(timed_take)
         StageClock.__init__ = timed_clock_init
-        IterationRecord.finish = classmethod(timed_finish)
+        IterationRecord.__init__ = timed_record_init
         subflow = type(psro_flow.psro_iteration).__call__
 
         def timed_call(flow_self, *args, **kwargs):
@@ -133,17 +135,24 @@ class DriverProbe:
         type(psro_flow.psro_iteration).__call__ = timed_call
 
 
-def run_local(game: str, iterations: int):
+def psro_config(args, **settings):
+    """The run both paths make: exact, or a learned oracle with `--episodes` per best response."""
     from marl_core.psro.config import PSROConfig
+
+    learned = {} if args.oracle == "exact" else dict(best_response={"episodes": args.episodes, "episodes_per_round": min(1000, args.episodes)}, eval="sampled", episodes=200)
+    return PSROConfig(game=args.game, meta_solver="nash", oracle=args.oracle, iterations=args.iterations, **learned, **settings)
+
+
+def run_local(args):
     from marl_core.psro.steps import iterate_psro_local
 
-    config = PSROConfig(game=game, meta_solver="nash", oracle="exact", iterations=iterations)
+    config = psro_config(args)
     started = time.perf_counter()
     records = [record for record, _ in iterate_psro_local(config)]
     return records, time.perf_counter() - started
 
 
-def run_flow(game: str, iterations: int, probe: DriverProbe):
+def run_flow(args, probe: DriverProbe):
     from flows.runtime import prefect_api
 
     records, seen = [], []
@@ -151,13 +160,9 @@ def run_flow(game: str, iterations: int, probe: DriverProbe):
         started = time.perf_counter()
         with prefect_api() as api:
             from flows.psro_flow import run_psro
-            from marl_core.psro.config import PSROConfig
 
             probe.install()
-            config = PSROConfig(
-                game=game, meta_solver="nash", oracle="exact", iterations=iterations,
-                tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db",
-            )
+            config = psro_config(args, tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db")
             run_psro(config, lambda record, state: (records.append(record), seen.append(time.perf_counter())), api=api)
     return records, seen, started
 
@@ -166,13 +171,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--game", default="leduc_poker")
     parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--oracle", default="exact", help="exact, or a learned oracle (its best responses run as train-best-response beside collect-experience)")
+    parser.add_argument("--episodes", type=int, default=2000, help="training episodes per learned best response")
     parser.add_argument("--show", type=int, default=8, help="per-iteration rows to print")
     args = parser.parse_args()
 
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs", flush=True)
-    local, local_seconds = run_local(args.game, args.iterations)
+    local, local_seconds = run_local(args)
     probe = DriverProbe()
-    flow, seen, started = run_flow(args.game, args.iterations, probe)
+    flow, seen, started = run_flow(args, probe)
 
     rows = []
     for record, work, returned_at in zip(flow, local, seen):
@@ -195,7 +202,7 @@ def main() -> None:
         rows.append(row)
 
     columns = ["compute", "flow", "start", "waited", "finish", "api", "calls", "submit", *STAGES, "mlflow", "gap"]
-    print(f"\n{args.game}: seconds per iteration (stage columns: flow's stage time minus its compute time)")
+    print(f"\n{args.game}, oracle {args.oracle}: seconds per iteration (stage columns: flow's stage time minus its compute time)")
     print(" iter " + " ".join(f"{c[:10]:>10}" for c in columns))
 
     def line(label, row):
@@ -207,10 +214,13 @@ def main() -> None:
     steady = rows[1:] or rows
     print(line("mean", {c: statistics.fmean(r[c] for r in steady) for c in columns}) + "   (iterations 1..)")
     overhead = statistics.fmean(r["flow"] - r["compute"] for r in steady)
+    flow_mean = statistics.fmean(r["flow"] for r in steady)
     print(f"\nin-process loop: {local_seconds:.2f} s for {len(local)} iterations")
     print(f"flow: first iteration done {seen[0] - started:.2f} s after the start (server, Ray, MLflow, iteration 0); "
           f"{seen[-1] - started:.2f} s for {len(flow)} iterations")
-    print(f"orchestration per iteration (flow minus compute): {overhead:.4f} s")
+    print(f"orchestration per iteration (flow minus compute): {overhead:.4f} s, {overhead / flow_mean:.1%} of the flow's iteration")
+    best_response = statistics.fmean(r["best_response"] for r in steady)
+    print(f"best-response stage (its tasks' scheduling, transfer and Prefect engine): {best_response:.4f} s, {best_response / flow_mean:.1%} of the flow's iteration")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -3,9 +3,12 @@
 
 A member is a version of a registered model `{experiment}-{game}-{role}`; the version's source
 is the member's folder as `marl_core.policies.storage` wrote it (a table as JSON, a network as
-its JSON description and a weights-only state_dict), and its tags name its game and role (see
-`flows.tracking.layout`). Loading goes through `storage.load_policy`: nothing is ever
-unpickled, so a member from an untrusted store cannot run code.
+its JSON description and a weights-only state_dict), and its tags name its game, role and run
+(see `flows.tracking.layout`). Which roles the game has, and which agents play each, is the
+run's: a PettingZoo run may map agents to roles (`roles` in its settings), so members are
+grouped and played by the roles of the run that trained them, read from its logged settings.
+Loading goes through `storage.load_policy`: nothing is ever unpickled, so a member from an
+untrusted store cannot run code.
 
 Every failure is a `PopulationError` whose message is one line naming the bad value and what
 would have been accepted; the CLI prints it and exits with code 2.
@@ -18,10 +21,14 @@ import re
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Optional
 
 from flows.tracking import layout
 from marl_core.policies.base import Policy
 from marl_core.policies.population import Population
+
+if TYPE_CHECKING:
+    from marl_core.psro.game import PSROGame
 
 MEMBER_SYNTAX = "NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest"
 EVALUATE_EXPERIMENT = "psro-evaluate"
@@ -39,12 +46,16 @@ class MemberSpec:
     version: str | None = None
 
 
+RoleTable = Optional[tuple[tuple[str, str], ...]]  # a run's `roles` as sorted (prefix, role) pairs, as `psro_game` takes them
+
+
 @dataclasses.dataclass(frozen=True)
 class Member:
     spec: MemberSpec
     name: str
     version: str
     game: str
+    roles: RoleTable  # of the run that registered it; None: one role per agent
     role: str
     run_id: str
     policy: Policy
@@ -91,7 +102,8 @@ def load_member(client, spec: MemberSpec) -> Member:
         tags = layout.VersionTags.of(version.tags or {})
     except (KeyError, ValueError):
         raise PopulationError(f"{label} lacks the tags `psro run` registers members with (game, role, member, ...); only versions it registered are population members") from None
-    game = psro_game(tags.game)
+    roles = _run_roles(client, label, tags)
+    game = psro_game(tags.game, roles)
     if tags.role not in game.roles:
         raise PopulationError(f"{label} is tagged role {tags.role!r}, which {tags.game} does not have; its roles: {', '.join(game.roles)}")
     try:
@@ -100,7 +112,27 @@ def load_member(client, spec: MemberSpec) -> Member:
             policy = load_policy(folder, *table_key(game, tags.role))
     except Exception as error:  # a missing file, a table that does not fit the game, bad JSON: all one line
         raise PopulationError(f"cannot load {label} from {version.source}: {str(error).splitlines()[0]}") from None
-    return Member(spec, spec.name, str(version.version), tags.game, tags.role, version.run_id or "", policy)
+    return Member(spec, spec.name, str(version.version), tags.game, roles, tags.role, tags.run_id, policy)
+
+
+def _run_roles(client, label: str, tags: layout.VersionTags) -> RoleTable:
+    """The role table of the run that registered a member, from the settings it logged."""
+    from mlflow.exceptions import MlflowException
+
+    from flows.tracking.resume import logged_config
+
+    try:
+        settings = logged_config(client, tags.run_id)
+    except (MlflowException, OSError, ValueError) as error:  # the run or its config.json is gone or unreadable
+        raise PopulationError(f"{label}: cannot read the settings of its run {tags.run_id} ({str(error).splitlines()[0]}); members are played by their run's roles") from None
+    if settings.get("game") != tags.game:
+        raise PopulationError(f"{label} is tagged game {tags.game!r} but its run {tags.run_id} played {settings.get('game')!r}")
+    roles = settings.get("roles")
+    return tuple(sorted(roles.items())) if roles else None
+
+
+def describe_roles(roles: RoleTable) -> str:
+    return ", ".join(f"{prefix}*->{role}" for prefix, role in roles) if roles else "one role per agent"
 
 
 def _download(client, artifact_uri: str, directory: str) -> str:
@@ -132,21 +164,24 @@ def _resolve_version(client, spec: MemberSpec):
         raise PopulationError(f"model {spec.name!r} has no version {spec.version}; its versions: {span}") from None
 
 
-def populations_of(members: list[Member]) -> tuple[str, list[list[Member]]]:
-    """Group members by role (in the order given; roles in the game's order); all must come from
-    one game and every role needs at least one."""
+def populations_of(members: list[Member]) -> tuple["PSROGame", list[list[Member]]]:
+    """The game the members' runs played, with their roles, and the members grouped by role (in
+    the order given; roles in the game's order). All must come from one game played with the
+    same roles, and every role needs at least one."""
     from marl_core.psro.game import psro_game
 
     games = sorted({m.game for m in members})
     if len(games) > 1:
         by_game = ", ".join(f"{m.label} ({m.game})" for m in members)
         raise PopulationError(f"members come from different games: {by_game}; pick members of one game")
-    game = games[0]
-    roles = psro_game(game).roles
-    groups = [[m for m in members if m.role == role] for role in roles]
-    for role, group in zip(roles, groups):
+    if len({m.roles for m in members}) > 1:
+        by_roles = ", ".join(f"{m.label} ({describe_roles(m.roles)})" for m in members)
+        raise PopulationError(f"members come from runs with different roles: {by_roles}; pick members of runs with the same roles")
+    game = psro_game(games[0], members[0].roles)
+    groups = [[m for m in members if m.role == role] for role in game.roles]
+    for role, group in zip(game.roles, groups):
         if not group:
-            raise PopulationError(f"no member for role {role!r} of {game}; add --member with a {role} model")
+            raise PopulationError(f"no member for role {role!r} of {game.name}; add --member with a {role} model")
     return game, groups
 
 
@@ -158,30 +193,30 @@ def check_evaluable(game: str, groups: list[list[Member]], evaluator: str = "exa
         raise PopulationError(f"member(s) {', '.join(untabled)} of {game} are networks without a tabular form; evaluate them with --eval sampled")
 
 
-def evaluate(game: str, groups: list[list[Member]], evaluator: str, episodes: int, seed: int):
+def evaluate(game: "PSROGame", groups: list[list[Member]], evaluator: str, episodes: int, seed: int):
     """Every profile of the populations, by one of marl_core's evaluators; a PayoffTable."""
     from marl_core.empirical_game.evaluation import EVALUATORS
     from marl_core.empirical_game.payoffs import PayoffTable
-    from marl_core.psro.game import psro_game
 
     populations = [Population.of(group[0].role, [m.policy for m in group]) for group in groups]
     table = PayoffTable(len(populations))
     table.grow(tuple(len(group) for group in groups))
     profiles = table.missing_profiles()
-    result = EVALUATORS[evaluator](psro_game(game), populations, profiles, episodes=episodes, seed=seed)
+    result = EVALUATORS[evaluator](game, populations, profiles, episodes=episodes, seed=seed)
     table.record(profiles, result.mean, result.stderr, result.episodes)
     return table
 
 
-def log_evaluation(client, experiment: str, game: str, groups, table, settings: dict) -> str:
-    """A new MLflow run: the settings as params, `payoffs.csv` (PayoffTable's frame, members by
-    position) and `members.json` (position -> registry name, version, source run)."""
+def log_evaluation(client, experiment: str, game: "PSROGame", groups, table, settings: dict) -> str:
+    """A new MLflow run: the settings (and the game's roles) as params, `payoffs.csv`
+    (PayoffTable's frame, members by position, roles in the game's order) and `members.json`
+    (position -> registry name, version, source run)."""
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-    run = client.create_run(experiment_id, run_name=f"evaluate-{game}", tags={"game": game})
+    run = client.create_run(experiment_id, run_name=f"evaluate-{game.name}", tags={"game": game.name})
     run_id = run.info.run_id
     try:
-        for key, value in {"game": game, **settings}.items():
+        for key, value in {"game": game.name, "roles": " ".join(game.roles), **settings}.items():
             client.log_param(run_id, key, str(value))
         client.log_text(run_id, table.to_frame().to_csv(index=False), layout.EVALUATION_PAYOFFS)
         members = {

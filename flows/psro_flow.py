@@ -85,8 +85,8 @@ class RayTaskSteps:
 
     Ray starts each task as soon as its inputs exist, so no stage waits for a round trip through
     this process. Tasks get object references: each shared value is put in Ray's object store
-    once instead of being pickled into every task that reads it. A learned oracle's task drives
-    the run's rollout workers (`pool`, Ray actors) from inside the task.
+    once instead of being pickled into every task that reads it. A learned oracle's learner task
+    is served by a collector task that drives the run's rollout workers (`pool`, Ray actors).
     """
 
     def share(self, value):
@@ -94,6 +94,15 @@ class RayTaskSteps:
 
     def submit(self, step: str, *args):
         return tasks.TASKS[step].submit(*args)
+
+    def submit_beside(self, partner, step: str, *args):
+        """The step only waits on its partner and on actors, so it holds no CPU slot: it starts
+        at once beside its partner however busy the cores are. (Holding one, it would wait until
+        Ray lent it the slot of a task blocked in `ray.get`, such as its learner's first wait.)"""
+        from prefect_ray.context import remote_options
+
+        with remote_options(num_cpus=0):
+            return tasks.TASKS[step].submit(*args)
 
     def result(self, future):
         return future.result()

@@ -1,6 +1,7 @@
 from tasks.psro_tasks import (
     TASKS,
     approximate_best_response,
+    collect_experience,
     evaluate_payoffs,
     measure_exploitability,
     solve_meta_game,
@@ -10,6 +11,7 @@ from tasks.psro_tasks import (
 __all__ = [
     "TASKS",
     "approximate_best_response",
+    "collect_experience",
     "evaluate_payoffs",
     "measure_exploitability",
     "solve_meta_game",

@@ -8,6 +8,12 @@ Retries: a worker process that dies under a task is retried by Ray itself; what 
 is a failure Ray could not hide (a rollout actor out of restarts, a lost object, a dropped
 connection). Those are retried after a delay. Any other exception is a deterministic error in
 the inputs or the code: retrying would only repeat it, so it fails the run at once.
+
+A learned best response is two tasks that run at the same time: `train-best-response` (the
+learner, holding a CPU slot) and `collect-experience` (the collector, driving the rollout
+actors, holding none). Either may be retried alone: the other waits for it
+(`marl_core.rollout.pool.ExperienceStream`), and the collector plays whatever round the learner
+asks for, so a retried learner starts over with the same collector.
 """
 
 from __future__ import annotations
@@ -21,14 +27,12 @@ _options = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 def _transient(task, task_run, state) -> bool:
-    import ray.exceptions
+    from marl_core.rollout.pool import is_transient
 
     try:
         state.result()
-    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.WorkerCrashedError, ConnectionError):
-        return True
-    except Exception:
-        return False
+    except Exception as error:
+        return is_transient(error)
     return False
 
 
@@ -47,9 +51,14 @@ def _log_ray_node() -> None:
 @task(name="train-best-response", **_retrying)
 def train_best_response(config, role: int, populations, meta_strategy, iteration: int, pool=None):
     _log_ray_node()
-    if pool is not None:
-        get_run_logger().info("rollout workers on Ray nodes %s", ", ".join(pool.node_ids()))
     return steps.STEPS["train-best-response"](config, role, populations, meta_strategy, iteration, pool)
+
+
+@task(name="collect-experience", **_retrying)
+def collect_experience(config, role: int, populations, meta_strategy, iteration: int, pool):
+    _log_ray_node()
+    get_run_logger().info("rollout workers on Ray nodes %s", ", ".join(pool.node_ids()))
+    return steps.STEPS["collect-experience"](config, role, populations, meta_strategy, iteration, pool)
 
 
 @task(name="evaluate-payoffs", **_retrying)
@@ -79,6 +88,7 @@ def approximate_best_response(config, role: int, populations, responses, meta_ga
 # One task per step of `marl_core.psro.steps.STEPS`, under the same names.
 TASKS = {
     "train-best-response": train_best_response,
+    "collect-experience": collect_experience,
     "evaluate-payoffs": evaluate_payoffs,
     "solve-meta-game": solve_meta_game,
     "measure-exploitability": measure_exploitability,

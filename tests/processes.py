@@ -50,3 +50,24 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def run_config(work: Path, config_text: str, *flags: str, timeout: float = 600):
+    """`psro run` on `config_text` (written to work/run.yaml) in a clean environment with its own
+    Prefect home, MLflow in work/mlflow.db and two CPUs; asserts it succeeded and left no
+    process behind, and returns the finished process."""
+    import os
+    import subprocess
+    import sys
+
+    (work / "run.yaml").write_text(config_text)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
+    env["PREFECT_HOME"] = str(work / "prefect-home")
+    command = [
+        str(Path(sys.executable).with_name("psro")), "run", "--config", "run.yaml", "--num-cpus", "2",
+        "--tracking-uri", f"sqlite:///{work}/mlflow.db", *flags,
+    ]
+    result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_all_exited(f"PREFECT_HOME={work / 'prefect-home'}")
+    return result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pydantic
 import pytest
 
@@ -177,3 +179,16 @@ def test_non_string_yaml_key_is_a_config_error(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ConfigError):
         load_config_file(path)
+
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+def test_the_shipped_example_configs_exist():
+    assert {path.name for path in CONFIGS} >= {"simple_adversary_ppo.yaml", "connect_four_dqn.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[path.stem for path in CONFIGS])
+def test_every_shipped_example_config_is_valid(path):
+    config = build_config(load_config_file(path))
+    assert config.eval == "sampled" and config.approx_exploitability.every > 0  # PettingZoo examples: approximate measures

@@ -69,7 +69,7 @@ def test_kuhn_matches_pyspiel_step_by_step():
     step = env.reset(seed=3)
     assert all(r == 0.0 for r in step.rewards.values())
     replay = pyspiel.load_game("kuhn_poker").new_initial_state()
-    for action in env.state.history()[:2]:  # the two deals the environment sampled
+    for action in env.game_state.history()[:2]:  # the two deals the environment sampled
         replay.apply_action(action)
     for action in [1, 1]:  # bet, call: a showdown
         p = replay.current_player()
@@ -96,7 +96,7 @@ def test_seeded_reset_replays_the_deals():
 
     def deal(seed: int) -> tuple[int, ...]:
         env.reset(seed=seed)
-        return tuple(env.state.history())  # the two private cards
+        return tuple(env.game_state.history())  # the two private cards
 
     deals = [deal(seed) for seed in range(6)]
     assert deals == [deal(seed) for seed in range(6)] and len(set(deals)) > 1
@@ -104,14 +104,14 @@ def test_seeded_reset_replays_the_deals():
     a, b = OpenSpielEnv("leduc_poker", seed=5), OpenSpielEnv("leduc_poker", seed=5)
     for _ in range(5):
         a.reset(), b.reset()
-        assert a.state.history() == b.state.history()
+        assert a.game_state.history() == b.game_state.history()
 
 
 def test_rewards_sum_to_returns_over_random_episodes():
     env, rng = OpenSpielEnv("leduc_poker"), np.random.default_rng(0)
     for seed in range(20):
         steps, totals = play(env, seed, rng)
-        assert [totals[a] for a in env.spec.agents] == env.state.returns()
+        assert [totals[a] for a in env.spec.agents] == env.game_state.returns()
         assert all(r == 0.0 for step in steps[:-1] for r in step.rewards.values())  # poker pays at the end
 
 
@@ -119,7 +119,7 @@ def test_rewards_along_the_way_are_per_step():
     env = OpenSpielEnv("cliff_walking")  # -1 a step, -100 for the cliff
     steps, totals = play(env, seed=0, rng=np.random.default_rng(0))
     assert all(step.rewards["player_0"] < 0 for step in steps[1:])
-    assert totals["player_0"] == env.state.returns()[0]
+    assert totals["player_0"] == env.game_state.returns()[0]
 
 
 def test_simultaneous_matrix_game_pays_both_players():
@@ -137,7 +137,7 @@ def test_goofspiel_all_players_act_at_once():
     steps, totals = play(env, seed=0, rng=rng)
     assert len(steps) == 3  # two bids; the game plays the last, forced, card itself
     assert all(step.acting == ("player_0", "player_1") for step in steps[:-1])
-    assert [totals["player_0"], totals["player_1"]] == env.state.returns()
+    assert [totals["player_0"], totals["player_1"]] == env.game_state.returns()
 
 
 def test_step_rejects_wrong_agent_illegal_action_and_finished_episode():

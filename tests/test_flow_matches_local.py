@@ -5,7 +5,9 @@ iteration that starts while the previous one works) and `marl_core.psro.steps.it
 the same config; their payoff tables and meta-strategies must be identical, iteration by
 iteration. The flow's iterations must also be visible in Prefect as they ran: one completed
 `psro-iteration` subflow per iteration, and where the run stopped early, the subflow already
-started for the next iteration ends Cancelled rather than computing anything.
+started for the next iteration ends Cancelled rather than computing anything. A learned
+response shows as two task runs at the same time: `train-best-response` and the
+`collect-experience` that plays its rounds.
 """
 
 from __future__ import annotations
@@ -32,12 +34,28 @@ def _snapshot(state):
 def _iteration_flow_runs(api_url: str) -> list:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     async def read():
         async with get_client() as client:
             return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["psro-iteration"])))
 
-    return asyncio.run(read())
+    with temporary_settings({PREFECT_API_URL: api_url}):  # the settings this process loaded may predate the server
+        return asyncio.run(read())
+
+
+def _task_runs(api_url: str, flow_run_ids) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(flow_run_ids))))
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        return asyncio.run(read())
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +80,11 @@ def services(tmp_path_factory):
         dict(game="kuhn_poker", oracle="exact", eval="exact", iterations=12, stop_exploitability=0.05),
         # sampled evaluation fans out over the cores in the flow and runs as one chunk locally
         dict(game="kuhn_poker", oracle="exact", eval="sampled", episodes=200, iterations=3),
+        # learned responses: learner and collector as two tasks in the flow, two threads locally
+        dict(game="kuhn_poker", oracle="ppo", eval="sampled", episodes=100, iterations=2,
+             best_response={"episodes": 600, "episodes_per_round": 200}),
     ],
-    ids=["exact-stops-early", "sampled"],
+    ids=["exact-stops-early", "sampled", "learned"],
 )
 def test_flow_and_local_loop_agree(services, settings):
     from flows.psro_flow import run_psro
@@ -91,3 +112,16 @@ def test_flow_and_local_loop_agree(services, settings):
     assert states == sorted(["COMPLETED"] * iterations + (["CANCELLED"] if stopped_early else []))
     if settings.get("stop_exploitability") is not None:
         assert stopped_early, "the stop threshold was meant to end this run before its last iteration"
+
+    tasks = _task_runs(api[0], [run.id for run in runs])
+    by_step = {step: [t for t in tasks if t.name.rsplit("-", 1)[0] == step] for step in ("train-best-response", "collect-experience")}
+    learners, collectors = by_step["train-best-response"], by_step["collect-experience"]
+    assert len(learners) == 2 * (iterations - 1)
+    if config.oracle == "exact":
+        assert collectors == []
+        return
+    assert len(collectors) == len(learners) and {t.state.type.value for t in collectors} == {"COMPLETED"}
+    for collector in collectors:  # each ran while a learner of its iteration ran
+        beside = [t for t in learners if t.flow_run_id == collector.flow_run_id
+                  and t.start_time < collector.end_time and collector.start_time < t.end_time]
+        assert beside, f"{collector.name} ran from {collector.start_time} to {collector.end_time}, beside no learner"

@@ -3,8 +3,6 @@ networks checkpointed in MLflow's registry as weights only, the export checked b
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from marl_core.games.tabularize import tabularize
 from flows.tracking.layout import registered_model_name
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
-from processes import assert_all_exited
+from processes import run_config
 
 pytestmark = pytest.mark.slow
 
@@ -30,23 +28,16 @@ ITERATIONS = 2
 @pytest.fixture(scope="module")
 def learned_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("learned")
-    (work / "run.yaml").write_text(
+    result = run_config(
+        work,
         "game: kuhn_poker\n"
         "oracle: dqn\n"
         f"iterations: {ITERATIONS}\n"
         "experiment: learned\n"
         "best_response: {episodes: 3000, episodes_per_round: 1000}\n"
-        "rollout: {workers: 2, envs_per_worker: 8}\n"
+        "rollout: {workers: 2, envs_per_worker: 8}\n",
+        "--export", str(work / "export"),
     )
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(work / "prefect-home")
-    command = [
-        str(Path(sys.executable).with_name("psro")), "run", "--config", "run.yaml", "--num-cpus", "2",
-        "--tracking-uri", f"sqlite:///{work}/mlflow.db", "--export", str(work / "export"),
-    ]
-    result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert_all_exited(f"PREFECT_HOME={work / 'prefect-home'}")
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("learned").experiment_id])[0]
     return work, result, client, run

@@ -264,3 +264,118 @@ def test_export_of_a_network_without_a_table_fails_with_one_line(store, tmp_path
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "population(s) ['player_1'] have members without a tabular form" in result.output
     assert not (tmp_path / "export").exists()
+
+
+# --- a PettingZoo run whose agents map to roles ---------------------------------------------------
+
+ADVERSARY = "pettingzoo:mpe2.simple_adversary_v3"
+ROLE_TABLE = {"adversary": "adversary", "agent": "agent"}  # agent_0 and agent_1 share the population "agent"
+
+
+def _adversary_iterations(roles):
+    """Per role a uniform member at iteration 0 and a PPO network at iteration 1, and the
+    approximate NashConv such a run logs (made up: no tree to compute it on)."""
+    from marl_core.policies.base import UniformPolicy
+    from marl_core.rl import PPOConfig
+
+    game = psro_game(ADVERSARY, tuple(sorted(roles.items())) if roles else None)
+    rng = np.random.default_rng(11)
+    populations = [Population.of(role, [UniformPolicy()]) for role in game.roles]
+    payoffs = PayoffTable(game.num_roles)
+    for iteration in range(2):
+        if iteration:
+            torch.manual_seed(iteration)
+            populations = [
+                population.added(NeuralPolicy("ppo", PPOConfig().model_dump(mode="json"), game.obs_size[role], game.num_actions[role]))
+                for role, population in zip(game.roles, populations)
+            ]
+        payoffs = payoffs.copy()
+        payoffs.grow(tuple(len(p) for p in populations))
+        missing = payoffs.missing_profiles()
+        mean = rng.normal(size=(len(missing), game.num_roles))
+        payoffs.record(missing, mean, np.full_like(mean, 0.1), np.full(len(missing), 10))
+        meta = [rng.dirichlet(np.ones(len(p))) for p in populations]
+        logged = {"approx_nash_conv": 0.5, "approx_nash_conv_stderr": 0.1, "approx_exploitability": 0.5 / game.num_roles, "approx_exploitability_stderr": 0.1 / game.num_roles}
+        yield Record(iteration, [m.tolist() for m in meta], logged), State(populations, payoffs, meta)
+
+
+@pytest.fixture(scope="module")
+def adversary_store(tmp_path_factory):
+    """Two simple_adversary runs in one store: "roles" (adversary and agent populations) and
+    "agents" (no role table: one population per agent)."""
+    work = tmp_path_factory.mktemp("adversary")
+    uri = f"sqlite:///{work}/mlflow.db"
+    previous = os.getcwd()
+    os.chdir(work)
+    try:
+        runs = {}
+        for experiment, roles in (("roles", ROLE_TABLE), ("agents", None)):
+            config = PSROConfig(game=ADVERSARY, roles=roles, oracle="ppo", iterations=1, tracking_uri=uri, experiment=experiment)
+            with RunTracker(config) as tracker:
+                for record, state in _adversary_iterations(roles):
+                    tracker.log_iteration(record, state)
+                tracker.finish(state)
+            runs[experiment] = (tracker.run_id, state)
+        return uri, runs
+    finally:
+        os.chdir(previous)
+
+
+def _adversary_member(experiment: str, role: str, version: int) -> list[str]:
+    return ["--member", f"{layout.registered_model_name(experiment, ADVERSARY, role)}/{version}"]
+
+
+def test_evaluate_groups_members_by_the_roles_their_run_mapped_agents_to(adversary_store):
+    """adversary members 1 and 2 against agent member 2: two populations, both agents of the
+    role "agent" playing its member, exactly as the sampled evaluator plays the run's own
+    populations."""
+    from marl_core.empirical_game.evaluation import EVALUATORS
+
+    uri, runs = adversary_store
+    _, state = runs["roles"]
+    result = _cli("evaluate", "--tracking-uri", uri, "--eval", "sampled", "--episodes", 40, "--seed", 3,
+                  *_adversary_member("roles", "adversary", 1), *_adversary_member("roles", "agent", 2),
+                  *_adversary_member("roles", "adversary", 2))
+    assert result.exit_code == 0, result.output
+    run_id = result.output.split("logged to MLflow run ")[1].split()[0]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    assert client.get_run(run_id).data.params["roles"] == "adversary agent"
+    frame = pd.read_csv(client.download_artifacts(run_id, layout.EVALUATION_PAYOFFS), float_precision="round_trip")
+    assert frame[["member_0", "member_1"]].values.tolist() == [[0, 0], [1, 0]]
+
+    game = psro_game(ADVERSARY, tuple(sorted(ROLE_TABLE.items())))
+    assert game.roles == ("adversary", "agent") and game.agents_of("agent") == ("agent_0", "agent_1")
+    adversary, agent = state.populations
+    populations = [Population.of("adversary", [adversary[0], adversary[1]]), Population.of("agent", [agent[1]])]
+    expected = EVALUATORS["sampled"](game, populations, [[0, 0], [1, 0]], episodes=40, seed=3)
+    np.testing.assert_array_equal(frame[["payoff_0", "payoff_1"]].to_numpy(), expected.mean)
+    np.testing.assert_array_equal(frame[["stderr_0", "stderr_1"]].to_numpy(), expected.stderr)
+
+
+def test_evaluate_refuses_members_of_runs_with_different_roles(adversary_store):
+    uri, _ = adversary_store
+    result = _cli("evaluate", "--tracking-uri", uri, "--eval", "sampled",
+                  *_adversary_member("roles", "adversary", 1), *_adversary_member("agents", "agent_0", 1), *_adversary_member("agents", "agent_1", 1))
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "members come from runs with different roles: " in result.output
+    assert "(adversary*->adversary, agent*->agent)" in result.output and "(one role per agent)" in result.output
+
+
+def test_evaluate_names_the_missing_role_of_a_run_with_roles(adversary_store):
+    uri, _ = adversary_store
+    result = _cli("evaluate", "--tracking-uri", uri, "--eval", "sampled", *_adversary_member("roles", "adversary", 1))
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"no member for role 'agent' of {ADVERSARY}" in result.output
+
+
+def test_export_of_a_run_with_roles_writes_one_population_per_role(adversary_store, tmp_path):
+    uri, runs = adversary_store
+    run_id, state = runs["roles"]
+    result = _cli("export", "--run", run_id, "--tracking-uri", uri, tmp_path / "export")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "export" / "summary.json").read_text())
+    assert summary["roles"] == ["adversary", "agent"] and summary["num_players"] == 2
+    meta = json.loads((tmp_path / "export" / "meta_strategy.json").read_text())
+    for r, role in enumerate(ROLE_TABLE):
+        assert meta[str(r)] == state.meta_strategy[r].tolist()  # JSON round-trips floats exactly
+        _assert_same_member(load_policy(tmp_path / "export" / "policies" / role / "member_1"), state.populations[r].members[1])

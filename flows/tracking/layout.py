@@ -29,6 +29,8 @@ import re
 CONFIG_ARTIFACT = "config.json"
 FINAL_PAYOFFS = "payoffs/final.csv"
 EXPLOITABILITY_PLOT = "plots/exploitability.png"
+# where a run measured approx_exploitability: those points with error bars, beside the exact curve if any
+APPROX_EXPLOITABILITY_PLOT = "plots/approx_exploitability.png"
 PAYOFF_HEATMAP = "plots/payoff_heatmap.png"
 POPULATION_ROOT = "population"
 # `psro evaluate` logs one run of its own: the payoff table (members by position) and who they are.
@@ -94,3 +96,24 @@ def meta_weight_tag(weight: float) -> str:
 def versions_of_run(name: str, run_id: str) -> str:
     """The registry search filter for the versions one run registered under `name`."""
     return f"name='{name}' and tags.run_id='{run_id}'"
+
+
+# --- MARL training runs (`psro marl run`) ---------------------------------------------------
+#
+# One MLflow run per MARL run: ``config.json`` (as above); per-round metrics (`RoundRecord.metrics`,
+# step = round); ``checkpoint/learner.pt``, the learner's whole training state (weights-only
+# loadable), overwritten at each checkpoint; ``policies/<policy>/round_NNNN/`` the acting network
+# of each policy at a checkpoint (``weights.pt`` + ``policy.json``), one registry version each
+# under ``{experiment}-{env}-{policy}``; ``plots/episode_return.png``. The tag
+# ``marl.committed_round`` = N is the commit of round N's checkpoint.
+
+MARL_CHECKPOINT = "checkpoint/learner.pt"
+MARL_COMMITTED_TAG = "marl.committed_round"
+MARL_ENV_STEPS_TAG = "marl.committed_env_steps"
+EPISODE_RETURN_PLOT = "plots/episode_return.png"
+POLICY_WEIGHTS = "weights.pt"
+POLICY_DESCRIPTION = "policy.json"
+
+
+def policy_checkpoint_path(policy: str, round: int) -> str:
+    return f"policies/{policy}/round_{round:04d}"

@@ -1,4 +1,4 @@
-"""Figures people would rather look at than read: the exploitability curve and payoff heatmaps."""
+"""Figures people would rather look at than read: exploitability curves and payoff heatmaps."""
 
 from __future__ import annotations
 
@@ -17,6 +17,27 @@ def exploitability_curve(iterations, exploitability, nash_conv, title: str):
         axis.set_yscale("log")
     axis.set_xlabel("PSRO iteration")
     axis.set_ylabel("value")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    return figure
+
+
+def approx_exploitability_curve(iterations, approx, stderr, title: str, exact=None):
+    """The approximate exploitability with 95% error bars (±1.96 standard errors), and where the
+    game has a tree the exact curve `exact` = (iterations, values) on the same axes: the gap
+    between them is how far the learned responses fall short of best responses (an approximate
+    point sits at or below the exact one up to its error). Linear axes: an estimate may be negative."""
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    axis.errorbar(
+        iterations, approx, yerr=1.96 * np.asarray(stderr, dtype=np.float64),
+        fmt="o-", capsize=4, lw=2, label="approx_exploitability (±1.96 stderr)",
+    )
+    if exact is not None:
+        axis.plot(*exact, lw=1.5, alpha=0.8, label="exploitability (exact)")
+    axis.set_xlabel("PSRO iteration")
+    axis.set_ylabel("exploitability")
     axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend()
@@ -43,3 +64,17 @@ def payoff_heatmap(payoff_mean: np.ndarray, meta_strategy, title: str):
 
 def close(figure) -> None:
     plt.close(figure)
+
+
+def episode_return_curve(curves: dict[str, dict[int, float]], title: str):
+    """Greedy episode return per policy against environment steps (a MARL run's learning curve)."""
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    for policy, points in sorted(curves.items()):
+        steps = sorted(points)
+        axis.plot(steps, [points[s] for s in steps], marker="o", label=policy)
+    axis.set_xlabel("environment steps (joint steps x copies)")
+    axis.set_ylabel("greedy episode return (mean over the policy's agents)")
+    axis.set_title(title)
+    axis.legend()
+    figure.tight_layout()
+    return figure

@@ -28,6 +28,9 @@ from marl_core.psro.game import psro_game_of
 # are registered and before N is committed, the window whose leftovers resume must clean up.
 KILL_BEFORE_COMMIT = "PSRO_KILL_BEFORE_COMMIT"
 
+# The per-iteration metrics (`IterationRecord.metrics`) the end of a run plots against the iteration.
+CURVES = ("exploitability", "nash_conv", "approx_exploitability", "approx_exploitability_stderr")
+
 
 def flat_params(values: dict, prefix: str = "") -> dict:
     """Nested settings as MLflow params with dotted names: {"dqn": {"lr": 1e-3}} -> {"dqn.lr": 1e-3}."""
@@ -64,7 +67,7 @@ class RunTracker:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracking")
         self._pending: list[Future] = []
         self._history: list = []
-        self._earlier_curve: list[tuple[int, float, float]] = []  # a resumed run's committed points
+        self._earlier: dict[str, dict[int, float]] = {}  # a resumed run's committed CURVES points: name -> step -> value
         self._versions: dict[tuple[str, int], str] = {}  # (role, member) -> registry version
         self._logged_sizes: tuple[int, ...] = (0,) * self.game.num_roles  # payoff rows already logged
         if resume is not None:  # committed members are registered, their payoffs logged
@@ -163,15 +166,10 @@ class RunTracker:
                         self._versions[(population.role, member)] = version.version
                     else:
                         self.client.delete_model_version(name, version.version)
-        history = {
-            name: {m.step: m.value for m in self.client.get_metric_history(self.run_id, name)}
-            for name in ("exploitability", "nash_conv")
+        self._earlier = {
+            name: {m.step: m.value for m in self.client.get_metric_history(self.run_id, name) if m.step <= checkpoint.iteration}
+            for name in CURVES
         }
-        self._earlier_curve = [
-            (step, value, history["nash_conv"].get(step, float("nan")))
-            for step, value in sorted(history["exploitability"].items())
-            if step <= checkpoint.iteration
-        ]
 
     def _ensure_registered_model(self, name: str) -> None:
         from mlflow.exceptions import MlflowException
@@ -217,18 +215,23 @@ class RunTracker:
 
     def _finish(self, payoff_mean: np.ndarray, meta_strategy, frame) -> None:
         self.client.log_text(self.run_id, frame.to_csv(index=False), layout.FINAL_PAYOFFS)
-        logged = [(r.iteration, r.metrics()) for r in self._history]
-        curve = self._earlier_curve + [
-            (step, m["exploitability"], m.get("nash_conv", float("nan"))) for step, m in logged if "exploitability" in m
-        ]
-        if curve:  # exploitability needs a game tree; an environment without one has no curve
+        curves = self._curves()
+        exact, approx = curves["exploitability"], curves["approx_exploitability"]
+        title = f"PSRO on {self.config.game} ({self.config.meta_solver})"
+        if exact:  # exploitability needs a game tree; an environment without one has no curve
+            steps = sorted(exact)
             figure = plots.exploitability_curve(
-                [point[0] for point in curve],
-                [point[1] for point in curve],
-                [point[2] for point in curve],
-                title=f"PSRO on {self.config.game} ({self.config.meta_solver})",
+                steps, [exact[s] for s in steps], [curves["nash_conv"].get(s, float("nan")) for s in steps], title=title
             )
             self.client.log_figure(self.run_id, figure, layout.EXPLOITABILITY_PLOT)
+            plots.close(figure)
+        if approx:  # measured every few iterations where the run learns responses to estimate it
+            steps = sorted(approx)
+            figure = plots.approx_exploitability_curve(
+                steps, [approx[s] for s in steps], [curves["approx_exploitability_stderr"][s] for s in steps], title=title,
+                exact=(sorted(exact), [exact[s] for s in sorted(exact)]) if exact else None,
+            )
+            self.client.log_figure(self.run_id, figure, layout.APPROX_EXPLOITABILITY_PLOT)
             plots.close(figure)
         figure = plots.payoff_heatmap(payoff_mean, meta_strategy, title=f"Payoffs, {self.config.game}")
         self.client.log_figure(self.run_id, figure, layout.PAYOFF_HEATMAP)
@@ -238,6 +241,17 @@ class RunTracker:
             for (role, member), version in self._versions.items():
                 weight = layout.meta_weight_tag(weights[role][member])
                 self.client.set_model_version_tag(self._model_name(role), version, layout.META_WEIGHT_TAG, weight)
+
+    def _curves(self) -> dict[str, dict[int, float]]:
+        """Name -> iteration -> value of each of CURVES the run logged: a resumed run's committed
+        points, then this process's iterations."""
+        curves = {name: dict(self._earlier.get(name, {})) for name in CURVES}
+        for record in self._history:
+            metrics = record.metrics()
+            for name in CURVES:
+                if name in metrics:
+                    curves[name][record.iteration] = metrics[name]
+        return curves
 
     def _end(self, status: str) -> None:
         if self.run_id:

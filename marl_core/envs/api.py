@@ -7,6 +7,11 @@ TimeStep carries observations and action masks for exactly the agents that must 
 next `step` takes one action from each of them. Observations are flat float32 vectors so one
 network shape fits every adapter.
 
+Centralized learners (MAPPO's critic, QMIX's mixer) also need the *global state*: `state()`
+returns it where the environment defines one (PettingZoo's `state()`), else the concatenation of
+every agent's current observation (zeros for an agent that observes nothing now); its length is
+`EnvSpec.state_size`.
+
 `check_actions` and `check_rewards` hold the contract every adapter enforces, so that a wrong
 agent, an illegal action or a NaN reward fails at the environment instead of deep in a learner.
 """
@@ -29,6 +34,11 @@ class EnvSpec:
     observation_size: dict[AgentID, int]  # length of each agent's flat float32 observation
     num_actions: dict[AgentID, int]  # discrete actions per agent; masks have this length
     simultaneous: bool  # True when several agents may act in the same step
+    state_size: int = 0  # length of `MultiAgentEnv.state()`; 0: the sum of the observation sizes
+
+    def __post_init__(self):
+        if not self.state_size:
+            object.__setattr__(self, "state_size", sum(self.observation_size[a] for a in self.agents))
 
 
 @dataclasses.dataclass(slots=True)
@@ -78,6 +88,17 @@ class MultiAgentEnv(abc.ABC):
         Raises ValueError for an action of an agent that is not acting, a missing action, an
         illegal (masked) action, a step after the episode ended, and a non-finite reward.
         """
+
+    def state(self) -> np.ndarray:
+        """The global state now, float32 [spec.state_size]: by default every agent's current
+        observation, concatenated in `spec.agents` order. Adapters of environments that define a
+        state of their own return that instead."""
+        observations = self._last.observations if self._last is not None else {}
+        return np.concatenate(
+            [observations.get(a, np.zeros(self.spec.observation_size[a], np.float32)) for a in self.spec.agents]
+        ).astype(np.float32, copy=False)
+
+    _last: TimeStep | None = None  # the latest TimeStep, which adapters keep for the default `state()`
 
     def close(self) -> None:
         """Release what the environment holds; a no-op unless an adapter wraps something."""

@@ -76,7 +76,7 @@ class OpenSpielEnv(MultiAgentEnv):
         self._trues = dict.fromkeys(self._agents, True)
 
     @property
-    def state(self) -> pyspiel.State | None:
+    def game_state(self) -> pyspiel.State | None:
         """The current OpenSpiel state, to read (its history, returns); never apply actions to it."""
         return self._state
 
@@ -126,7 +126,8 @@ class OpenSpielEnv(MultiAgentEnv):
         state = self._state
         if state.is_terminal():
             self._masks = {}
-            return TimeStep({}, {}, rewards, self._trues.copy(), self._falses.copy(), {})
+            self._last = TimeStep({}, {}, rewards, self._trues.copy(), self._falses.copy(), {})
+            return self._last
         if self.spec.simultaneous and state.is_simultaneous_node():
             players = [p for p in range(len(self._agents)) if state.legal_actions(p)]
         else:
@@ -138,4 +139,5 @@ class OpenSpielEnv(MultiAgentEnv):
             masks[agent] = np.array(state.legal_actions_mask(p), dtype=bool)
             infos[agent] = {"infostate": state.information_state_string(p)}
         self._masks = masks
-        return TimeStep(observations, masks, rewards, self._falses.copy(), self._falses.copy(), infos)
+        self._last = TimeStep(observations, masks, rewards, self._falses.copy(), self._falses.copy(), infos)
+        return self._last

@@ -53,6 +53,15 @@ class _AgentSpaces:
         return observation, mask
 
 
+def _own_state_size(env: AECEnv | ParallelEnv) -> int:
+    """The length of the environment's own flat global state; 0 if it defines none."""
+    try:
+        space = env.state_space
+    except AttributeError:
+        return 0
+    return gymnasium.spaces.flatdim(space)
+
+
 def _spec(env_name: str, env: AECEnv | ParallelEnv, simultaneous: bool) -> tuple[EnvSpec, dict[AgentID, _AgentSpaces]]:
     agents = tuple(env.possible_agents)
     spaces = {a: _AgentSpaces.of(env_name, a, env.observation_space(a), env.action_space(a)) for a in agents}
@@ -62,6 +71,7 @@ def _spec(env_name: str, env: AECEnv | ParallelEnv, simultaneous: bool) -> tuple
         observation_size={a: gymnasium.spaces.flatdim(s.observation) for a, s in spaces.items()},
         num_actions={a: s.num_actions for a, s in spaces.items()},
         simultaneous=simultaneous,
+        state_size=_own_state_size(env),
     )
     return spec, spaces
 
@@ -77,6 +87,7 @@ class PettingZooAECEnv(MultiAgentEnv):
     def __init__(self, env: AECEnv):
         self.env = env
         self.spec, self._spaces = _spec(str(env.unwrapped), env, simultaneous=False)
+        self._has_own_state = _own_state_size(env) > 0
         self._masks: dict[AgentID, np.ndarray] = {}
         self._terminations: dict[AgentID, bool] = {}  # every agent of the episode, kept after it leaves
         self._truncations: dict[AgentID, bool] = {}
@@ -101,6 +112,11 @@ class PettingZooAECEnv(MultiAgentEnv):
         self._step_dead_agents(rewards, infos)
         check_rewards(self.spec.name, self._steps, rewards)
         return self._timestep(rewards, infos)
+
+    def state(self) -> np.ndarray:
+        if self._has_own_state:
+            return np.asarray(self.env.state(), dtype=np.float32).reshape(-1)
+        return super().state()
 
     def close(self) -> None:
         self.env.close()
@@ -128,7 +144,8 @@ class PettingZooAECEnv(MultiAgentEnv):
             raw_observation = self.env.observe(agent)
             observations[agent], masks[agent] = self._spaces[agent].read(raw_observation, self.env.infos[agent])
         self._masks = masks
-        return TimeStep(observations, masks, rewards, dict(self._terminations), dict(self._truncations), infos)
+        self._last = TimeStep(observations, masks, rewards, dict(self._terminations), dict(self._truncations), infos)
+        return self._last
 
 
 class PettingZooParallelEnv(MultiAgentEnv):
@@ -137,6 +154,7 @@ class PettingZooParallelEnv(MultiAgentEnv):
     def __init__(self, env: ParallelEnv):
         self.env = env
         self.spec, self._spaces = _spec(str(env.unwrapped), env, simultaneous=True)
+        self._has_own_state = _own_state_size(env) > 0
         self._masks: dict[AgentID, np.ndarray] = {}
         self._terminations: dict[AgentID, bool] = {}
         self._truncations: dict[AgentID, bool] = {}
@@ -162,14 +180,25 @@ class PettingZooParallelEnv(MultiAgentEnv):
         check_rewards(self.spec.name, self._steps, rewards)
         return self._timestep(observations, rewards, infos)
 
+    def state(self) -> np.ndarray:
+        if self._has_own_state:
+            return np.asarray(self.env.state(), dtype=np.float32).reshape(-1)
+        return super().state()
+
     def close(self) -> None:
         self.env.close()
 
     def _timestep(self, raw_observations: dict, rewards: dict[AgentID, float], infos: dict) -> TimeStep:
         observations, masks = {}, {}
-        for agent in self.env.agents:
-            if self._terminations.get(agent) or self._truncations.get(agent):
+        infos = dict(infos)
+        for agent in raw_observations:  # the live agents, and those that left in this step
+            if self._terminations.get(agent):
                 continue
-            observations[agent], masks[agent] = self._spaces[agent].read(raw_observations[agent], infos.get(agent, {}))
+            observation, mask = self._spaces[agent].read(raw_observations[agent], infos.get(agent, {}))
+            if self._truncations.get(agent):  # cut by a time limit: learners bootstrap from this
+                infos[agent] = {**infos.get(agent, {}), "final_observation": observation}
+                continue
+            observations[agent], masks[agent] = observation, mask
         self._masks = masks
-        return TimeStep(observations, masks, rewards, dict(self._terminations), dict(self._truncations), dict(infos))
+        self._last = TimeStep(observations, masks, rewards, dict(self._terminations), dict(self._truncations), infos)
+        return self._last

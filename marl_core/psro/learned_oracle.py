@@ -1,13 +1,21 @@
 """Best responses learned by reinforcement learning (DQN, PPO) against the opponents' mixture,
 on any environment the rollout workers can step.
 
-The learner loop, one round at a time:
+MALib's split into a training manager and a rollout manager, talking through a parameter
+server and a dataset server (the pool's store, `marl_core.rollout.pool`). One round:
 
-1. push the current weights to the pool's parameter store;
-2. every rollout worker plays its share of the round's episodes: the learner's network on every
-   agent of its role, and on every other role a population member drawn by its meta-strategy at
-   the start of each episode;
-3. the trainer learns from the round's experience.
+1. the learner (`learn_best_response`) pushes its weights to the store and asks for the round;
+2. the collector (`collect_experience`) builds the round's requests, one per rollout worker,
+   each worker plays its share of the episodes (the learner's network on every agent of its
+   role, on every other role a population member drawn by its meta-strategy at the start of
+   each episode), and the collector answers with the round's experience, returns and steps;
+3. the learner learns from it, and asks for the next round.
+
+In a run the two halves are two tasks, `train-best-response` and `collect-experience`
+(`marl_core.psro.steps`); anywhere else (`approximate-best-response`, a direct call) the
+collector runs in a thread beside the learner. A round is defined by its index alone (its
+episodes, seeds and split over the workers), so the collector serves whatever round it is asked
+for, a retried learner included, and the results are those of a loop that did both in turn.
 
 The network joins its population as a `NeuralPolicy`. Where the game tree fits (and the config
 asks for it) it also carries its table, the action distribution its network gives at every
@@ -17,8 +25,11 @@ available and the value reported is the response's exact value against the mixtu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -27,7 +38,8 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.psro.game import PSROGame, psro_game_of
 from marl_core.psro.oracles import BestResponse, OracleCall
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout.worker import LearnerSpec, PolicyMixture, RolloutRequest
+from marl_core.rollout.pool import COLLECTOR, LEARNER, ExperienceStream, StreamError, StreamTimeouts
+from marl_core.rollout.worker import LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
 
 
 def mixtures(populations, meta_strategy, game: PSROGame, skip: int | None = None) -> dict[str, PolicyMixture]:
@@ -39,46 +51,131 @@ def mixtures(populations, meta_strategy, game: PSROGame, skip: int | None = None
     }
 
 
-def train_best_response(call: OracleCall) -> BestResponse:
-    torch.set_num_threads(1)
-    started = time.perf_counter()
-    config, pool = call.config, call.pool
-    game = psro_game_of(config)
-    role = game.roles[call.role]
-    algorithm = ALGORITHMS[config.oracle]
-    # Each response starts from its own reproducible network initialisation.
-    seed = int(np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0])
-    algorithm_config = getattr(config, config.oracle).model_copy(update={"seed": seed})
-    trainer = algorithm.trainer(game.obs_size[role], game.num_actions[role], algorithm_config)
-    key = "/".join(map(str, ("iteration", call.iteration, role, *call.seed_key)))
-    learner = LearnerSpec(key=key, algorithm=config.oracle, config=algorithm_config)
-    opponents = mixtures(call.populations, call.meta_strategy, game, skip=call.role)
-    budget = call.budget or config.best_response.episodes
-    per_round = config.best_response.episodes_per_round
-    episodes = env_steps = 0
-    returns = []
-    for round_index in range(math.ceil(budget / per_round)):
-        pool.push(learner.key, round_index, trainer.policy.get_weights())
-        shares = np.array_split(np.arange(min(per_round, budget - episodes)), pool.size)
-        requests = [
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """A response's training rounds, as both halves of the loop derive them from its call."""
+
+    stream: str  # the response's mailbox in the store: its iteration, role and seed key
+    game: PSROGame
+    role: str
+    opponents: dict[str, PolicyMixture]
+    seed: tuple[int, ...]
+    budget: int  # training episodes in all
+    per_round: int
+
+    @classmethod
+    def of(cls, call: OracleCall) -> "Rounds":
+        config = call.config
+        game = psro_game_of(config)
+        role = game.roles[call.role]
+        return cls(
+            stream="/".join(map(str, ("iteration", call.iteration, role, *call.seed_key))),
+            game=game,
+            role=role,
+            opponents=mixtures(call.populations, call.meta_strategy, game, skip=call.role),
+            seed=(config.seed, call.iteration, call.role, *call.seed_key),
+            budget=call.budget or config.best_response.episodes,
+            per_round=config.best_response.episodes_per_round,
+        )
+
+    @property
+    def count(self) -> int:
+        return math.ceil(self.budget / self.per_round)
+
+    def requests(self, learner: LearnerSpec, round_index: int, workers: int) -> list[RolloutRequest]:
+        """Round `round_index`'s episodes split over `workers`, each share seeded by its round and worker."""
+        if not 0 <= round_index < self.count:
+            raise ValueError(f"{self.stream}: round {round_index} asked for, the response has rounds 0 to {self.count - 1}")
+        shares = np.array_split(np.arange(min(self.per_round, self.budget - round_index * self.per_round)), workers)
+        return [
             RolloutRequest(
-                roles=game.mapping,
-                populations=opponents,
+                roles=self.game.mapping,
+                populations=self.opponents,
                 episodes=len(share),
-                seed=(config.seed, call.iteration, call.role, *call.seed_key, round_index, worker),
+                seed=(*self.seed, round_index, worker),
                 learner=learner,
-                learner_role=role,
+                learner_role=self.role,
                 weights_version=round_index,
             )
             for worker, share in enumerate(shares)
             if len(share)
         ]
-        results = pool.collect(requests)
-        trainer.learn(Experience.concat([r.experience for r in results]))
-        episodes += sum(len(r.episode_returns) for r in results)
-        env_steps += sum(r.env_steps for r in results)
-        returns.extend(role_returns(r.episode_returns, game, role) for r in results)
-    pool.drop(learner.key)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundAsk:
+    """The learner's ask: play round `round` with the weights it pushed under `learner.key`."""
+
+    round: int
+    learner: LearnerSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundExperience:
+    """The collector's answer: the round's transitions, the learner role's return per episode
+    (both one entry per request, in request order) and the environment steps taken.
+
+    The learner concatenates the transitions itself: on Ray they reach it through the object
+    store as read-only arrays, and its concatenation is the writable batch a trainer expects."""
+
+    experience: list[Experience]
+    returns: list[np.ndarray]
+    env_steps: int
+
+    @classmethod
+    def of(cls, results: list[RolloutResult], rounds: Rounds) -> "RoundExperience":
+        return cls(
+            experience=[r.experience for r in results],
+            returns=[role_returns(r.episode_returns, rounds.game, rounds.role) for r in results],
+            env_steps=sum(r.env_steps for r in results),
+        )
+
+
+# --- the two halves of the loop --------------------------------------------------------------
+
+
+def collect_experience(call: OracleCall, timeouts: StreamTimeouts = StreamTimeouts()) -> int:
+    """Serve the learner of `call` round by round until it stops; returns the rounds served."""
+    torch.set_num_threads(1)  # workers of a local pool act in this thread
+    rounds, pool = Rounds.of(call), call.pool
+    served = 0
+    with ExperienceStream(pool.store, rounds.stream, COLLECTOR, timeouts) as stream:
+        while (asked := stream.next_ask()) is not None:
+            number, ask = asked
+            results = pool.collect(rounds.requests(ask.learner, ask.round, pool.size))
+            stream.answer(number, RoundExperience.of(results, rounds))
+            served += 1
+    return served
+
+
+def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeouts()) -> BestResponse:
+    """Train a network round by round on the experience its collector answers with."""
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    config, pool = call.config, call.pool
+    rounds = Rounds.of(call)
+    game = rounds.game
+    algorithm = ALGORITHMS[config.oracle]
+    # Each response starts from its own reproducible network initialisation.
+    seed = int(np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0])
+    algorithm_config = getattr(config, config.oracle).model_copy(update={"seed": seed})
+    trainer = algorithm.trainer(game.obs_size[rounds.role], game.num_actions[rounds.role], algorithm_config)
+    # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
+    # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.
+    learner = LearnerSpec(key=f"{rounds.stream}/{uuid.uuid4().hex[:8]}", algorithm=config.oracle, config=algorithm_config)
+    episodes = env_steps = 0
+    returns = []
+    try:
+        with ExperienceStream(pool.store, rounds.stream, LEARNER, timeouts) as stream:
+            for round_index in range(rounds.count):
+                pool.push(learner.key, round_index, trainer.policy.get_weights())
+                batch = stream.request(RoundAsk(round_index, learner))
+                trainer.learn(Experience.concat(batch.experience))
+                episodes += sum(len(r) for r in batch.returns)
+                env_steps += batch.env_steps
+                returns.extend(batch.returns)
+    finally:
+        pool.drop(learner.key)
 
     recent = np.concatenate(returns[-max(1, len(returns) // 10):])
     metrics = {"episodes": float(episodes), "env_steps": float(env_steps), "training_return": float(recent.mean())}
@@ -91,6 +188,24 @@ def train_best_response(call: OracleCall) -> BestResponse:
     metrics["seconds"] = time.perf_counter() - started
     member = NeuralPolicy.of(config.oracle, algorithm_config, trainer.policy, table)
     return BestResponse(role=call.role, policy=member, value=value, metrics=metrics)
+
+
+def train_best_response(call: OracleCall) -> BestResponse:
+    """The learned oracle: the learner, served by a `collect-experience` step where the call
+    says one runs beside it, else by a collector in a thread of this process."""
+    if call.collector_step:
+        return learn_best_response(call)
+    # The collector in the thread ends with the learner: it waits for no retry of it.
+    in_task = StreamTimeouts(retry=0.0)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collect-experience") as thread:
+        collector = thread.submit(collect_experience, call, in_task)
+        try:
+            response = learn_best_response(call, in_task)
+        except StreamError:
+            collector.result()  # raise the collector's own failure (Ray's errors stay retryable)
+            raise
+        collector.result()
+    return response
 
 
 def role_returns(episode_returns: np.ndarray, game: PSROGame, role: str) -> np.ndarray:

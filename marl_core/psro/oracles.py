@@ -4,8 +4,8 @@ An oracle answers "what should this role add to its population?" given the curre
 and meta-strategy. `exact` computes the true best response to the opponents' meta-strategy
 mixture by one backward pass over the game tree (OpenSpiel games whose tree fits). `dqn` and
 `ppo` learn a network from episodes played by rollout workers on any environment
-(`marl_core.psro.learned_oracle`); their torch code is imported only when they run, so choosing
-or validating an oracle stays cheap.
+(`marl_core.psro.learned_oracle`: a learner, and a collector that drives the workers); their
+torch code is imported only when they run, so choosing or validating an oracle stays cheap.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class BestResponse:
 class OracleCall:
     """Everything an oracle may use. `budget` is the training episodes of a learned response (the
     run's `best_response.episodes`, or the approximate-exploitability budget); `pool` holds the
-    rollout workers of learned oracles; `seed_key` makes each response's randomness its own."""
+    rollout workers of learned oracles; `seed_key` makes each response's randomness its own;
+    `collector_step` says that a `collect-experience` step runs beside the learner and plays its
+    rounds (else the learned oracle plays them from a thread of its own)."""
 
     config: Any  # PSROConfig
     role: int
@@ -42,6 +44,7 @@ class OracleCall:
     pool: Any = None
     budget: Optional[int] = None
     seed_key: tuple[int, ...] = ()
+    collector_step: bool = False
 
 
 def exact_oracle(call: OracleCall) -> BestResponse:

@@ -3,6 +3,8 @@
 One iteration is three named steps, as in OpenSpiel's abstract meta-trainer:
 
 1. ``best_response``: each role's oracle answers the other roles' current meta-strategy mixture;
+   a learned oracle's learner (``train-best-response``) is served its experience by a collector
+   that runs beside it (``collect-experience``), driving the rollout workers round by round;
 2. ``evaluate_payoffs``: the answers join their populations (``expand_population``) and only the
    new profiles of the payoff table are evaluated;
 3. ``solve_meta_game``: the new entries are recorded and the meta-solver turns the table into
@@ -13,15 +15,17 @@ few iterations, approximate NashConv from freshly learned best responses
 (``approximate_best_response``), each under its own name.
 
 ``run_iteration`` is the only place the steps are wired together. It hands each step to a
-`Runner`: `LocalRunner` calls it in this process (``iterate_psro_local``); the Prefect flow's
-runner submits it as a task on Ray (``flows/psro_flow.py``). Both therefore compute the same
-thing by construction, and ``tests/test_flow_matches_local.py`` checks it.
+`Runner`: `LocalRunner` calls it in this process (``iterate_psro_local``), a step submitted
+beside another in a thread while that one runs; the Prefect flow's runner submits it as a task
+on Ray (``flows/psro_flow.py``). Both therefore compute the same thing by construction, and
+``tests/test_flow_matches_local.py`` checks it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
@@ -161,9 +165,18 @@ def initial_state(config: PSROConfig) -> PSROState:
     return PSROState(populations, PayoffTable(len(populations)), meta_strategy=[])
 
 
-def best_response(config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool=None) -> BestResponse:
-    call = OracleCall(config, role, populations, meta_strategy, iteration, pool)
+def best_response(config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool=None, collector_step: bool = False) -> BestResponse:
+    """`collector_step`: a learned oracle's rounds are played by `collect_experience`, run beside this."""
+    call = OracleCall(config, role, populations, meta_strategy, iteration, pool, collector_step=collector_step)
     return get_oracle(config.oracle).compute(call)
+
+
+def collect_experience(config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool) -> int:
+    """Play the rounds that role `role`'s learned best response asks for, until it is done;
+    returns the rounds played (a retried learner's included)."""
+    from marl_core.psro.learned_oracle import collect_experience
+
+    return collect_experience(OracleCall(config, role, populations, meta_strategy, iteration, pool))
 
 
 def expand_population(populations: list[Population], responses: list[BestResponse]) -> list[Population]:
@@ -280,16 +293,24 @@ def rollout_pool_config(config: PSROConfig):
 
 class Runner(Protocol):
     """Runs the steps of `run_iteration`: `submit` starts a step (by its name in `STEPS`) and
-    returns a handle that later steps may take as an argument; `result` waits for one; `share`
+    returns a handle that later steps may take as an argument; `submit_beside` starts a step
+    that must run at the same time as the step `partner` (it serves it, and only orchestrates
+    actors, so it must not wait for a CPU slot of its own); `result` waits for one; `share`
     places a value where every step can read it."""
 
     def share(self, value: Any) -> Any: ...
 
     def submit(self, step: str, *args) -> Any: ...
 
+    def submit_beside(self, partner: Any, step: str, *args) -> Any: ...
+
     def result(self, handle: Any) -> Any: ...
 
     def evaluation_parts(self, config: PSROConfig) -> int: ...
+
+
+def _learn_beside_collector(config, role, populations, meta_strategy, iteration, pool=None) -> BestResponse:
+    return best_response(config, role, populations, meta_strategy, iteration, pool, collector_step=True)
 
 
 def _evaluate_new_profiles(config, populations, responses, profiles, pool=None) -> ProfilePayoffs:
@@ -307,7 +328,8 @@ def _approximate(config, role, populations, responses, meta_game, iteration, poo
 
 
 STEPS: dict[str, Callable] = {
-    "train-best-response": best_response,
+    "train-best-response": _learn_beside_collector,
+    "collect-experience": collect_experience,
     "evaluate-payoffs": _evaluate_new_profiles,
     "solve-meta-game": solve_meta_game,
     "measure-exploitability": _measure_exactly,
@@ -324,10 +346,15 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
     state = dataclasses.replace(previous, payoffs=previous.payoffs.copy())
     sizes = [size + (iteration > 0) for size in state.population_sizes]
     populations = runner.share(state.populations)
-    responses = []
+    responses, collectors = [], []
     if iteration > 0:
         meta_strategy = runner.share(state.meta_strategy)
         responses = [runner.submit("train-best-response", config, r, populations, meta_strategy, iteration, pool) for r in range(game.num_roles)]
+        if get_oracle(config.oracle).learns:
+            collectors = [
+                runner.submit_beside(response, "collect-experience", config, r, populations, meta_strategy, iteration, pool)
+                for r, response in enumerate(responses)
+            ]
     chunks = plan_evaluation(state.payoffs, sizes, runner.evaluation_parts(config))
     evaluations = [runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool) for chunk in chunks]
     meta_game = runner.submit("solve-meta-game", config, runner.share(state.payoffs), chunks, evaluations)
@@ -352,6 +379,8 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
     if approx:
         approximate = approx_nash_conv(state.payoffs, state.meta_strategy, [runner.result(a) for a in approx])
         clock.lap("approx_exploitability")
+    for collector in collectors:  # they end with their learners; a collector that failed has failed its learner above
+        runner.result(collector)
     state.iteration = iteration
     now = time.perf_counter()
     record = IterationRecord(
@@ -371,13 +400,19 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
 
 class LocalRunner:
     """Each step runs in this process when its result is first asked for, so the stage clock
-    of `run_iteration` times each stage's own work."""
+    of `run_iteration` times each stage's own work. A step submitted beside another runs in a
+    thread for as long as that one runs."""
 
     def share(self, value):
         return value
 
     def submit(self, step: str, *args):
         return _Deferred(step, args)
+
+    def submit_beside(self, partner: "_Deferred", step: str, *args):
+        companion = _Deferred(step, args, partner=partner)
+        partner.companions.append(companion)
+        return companion
 
     def result(self, handle):
         return handle.value() if isinstance(handle, _Deferred) else handle
@@ -387,17 +422,36 @@ class LocalRunner:
 
 
 class _Deferred:
-    def __init__(self, step: str, args: tuple):
-        self.step, self.args, self.done, self._value = step, args, False, None
+    def __init__(self, step: str, args: tuple, partner: Optional["_Deferred"] = None):
+        self.step, self.args, self.partner = step, args, partner
+        self.companions: list[_Deferred] = []
+        self.running: Optional[Future] = None  # a companion, once its partner started it
+        self.done, self._value = False, None
 
     def value(self):
+        if self.partner is not None:
+            self.partner.value()
+            return self.running.result()
         if not self.done:
-            resolve = lambda arg: [resolve(a) for a in arg] if isinstance(arg, list) else arg.value() if isinstance(arg, _Deferred) else arg
-            self._value, self.done = STEPS[self.step](*map(resolve, self.args)), True
+            args = [_resolved(a) for a in self.args]
+            if not self.companions:
+                self._value, self.done = STEPS[self.step](*args), True
+                return self._value
+            with ThreadPoolExecutor(max_workers=len(self.companions)) as threads:
+                for companion in self.companions:
+                    companion.running = threads.submit(STEPS[companion.step], *map(_resolved, companion.args))
+                self._value, self.done = STEPS[self.step](*args), True
         return self._value
 
-    def evaluation_parts(self, config: PSROConfig) -> int:
-        return 1
+
+def _resolved(arg):
+    """A step's argument with its deferred steps run: one, or a list of them (the responses, the
+    evaluations). Other lists are data (profile chunks) and are passed as they are."""
+    if isinstance(arg, _Deferred):
+        return arg.value()
+    if isinstance(arg, list) and any(isinstance(a, _Deferred) for a in arg):
+        return [_resolved(a) for a in arg]
+    return arg
 
 
 # --- one process, no orchestration -----------------------------------------------------------
