@@ -231,7 +231,7 @@ def evaluate(
         client = population.open_store(tracking_uri)
         loaded = [population.load_member(client, spec) for spec in specs]
         game, groups = population.populations_of(loaded)
-        population.check_evaluable(game, groups, eval)
+        population.check_evaluable(game.name, groups, eval)
     except population.PopulationError as error:
         _fail(str(error))
     table = population.evaluate(game, groups, eval, episodes, seed)
@@ -240,7 +240,7 @@ def evaluate(
     for group in groups:
         listed = ", ".join(f"#{k} {m.label}" + ("" if m.label == m.spec.text else f" ({m.spec.text})") for k, m in enumerate(group))
         console.print(f"{group[0].role}: {listed}", highlight=False, soft_wrap=True)
-    console.print(_payoff_table(game, groups, table, eval))
+    console.print(_payoff_table(game.name, groups, table, eval))
     console.print(f"logged to MLflow run {run_id} (experiment {experiment!r}) at {tracking_uri}", highlight=False, soft_wrap=True)
 
 
@@ -313,10 +313,6 @@ def serve(
         _fail(str(error))
 
 
-if __name__ == "__main__":
-    app()
-
-
 @app.command("server", cls=_OneLineErrors)
 def server_command(
     port: int = typer.Option(4200, help="port of the Prefect server and its UI, on 127.0.0.1 (0: a free one)"),
@@ -343,3 +339,12 @@ def server_command(
         console.print("`psro run` in another terminal reuses both; Ctrl-C stops them.", highlight=False)
 
     serve(port, num_cpus, ready)
+
+
+from flows.marl_cli import marl_app  # noqa: E402  (it reuses this module's error handling)
+
+app.add_typer(marl_app, name="marl")
+
+
+if __name__ == "__main__":
+    app()

@@ -17,6 +17,8 @@ import torch
 
 from marl_core.rl import (
     ALGORITHMS,
+    A2CConfig,
+    A2CTrainer,
     ActorCriticPolicy,
     DQNConfig,
     DQNTrainer,
@@ -160,7 +162,7 @@ def test_gae_matches_hand_computation_on_two_segments():
 # ----------------------------------------------------------------------------------- round trips
 
 
-@pytest.mark.parametrize("name", ["dqn", "ppo"])
+@pytest.mark.parametrize("name", ["dqn", "ppo", "a2c"])
 def test_policy_weights_round_trip(name):
     algorithm = ALGORITHMS[name]
     config = algorithm.config(seed=3)
@@ -190,7 +192,7 @@ def _random_rollout(policy, rng, steps=400, obs_size=5, num_actions=4) -> Experi
                       done=rng.random(steps) < 0.1, last=last, extras=extras)
 
 
-@pytest.mark.parametrize("name", ["dqn", "ppo"])
+@pytest.mark.parametrize("name", ["dqn", "ppo", "a2c"])
 def test_trainer_state_dict_round_trip_continues_identically(name):
     algorithm = ALGORITHMS[name]
     small = dict(hidden=(32, 32), **({"learning_starts": 100} if name == "dqn" else {}))
@@ -430,4 +432,22 @@ def test_dqn_learns_cartpole():
 def test_ppo_learns_cartpole():
     score, seconds = train_ppo_cartpole(seed=0)
     print(f"PPO CartPole: argmax return {score:.1f} in {seconds:.1f}s")
+    assert score >= 195
+
+
+def train_a2c_cartpole(seed: int, env_steps: int = 80_000) -> float:
+    """A2C's usual shape: 8 copies, 5-step segments, one gradient step per segment."""
+    trainer = A2CTrainer(4, 2, A2CConfig(seed=seed, lr=1e-3))
+    envs, obs = _cartpole(copies=8, seed=seed)
+    rng = np.random.default_rng(seed)
+    for _ in range(env_steps // (8 * 5)):
+        experience, obs = _collect(envs, trainer.policy, obs, steps=5, rng=rng)
+        trainer.update(experience)
+    return _evaluate(trainer.policy, seed=20_000)
+
+
+@pytest.mark.slow
+def test_a2c_learns_cartpole():
+    score = train_a2c_cartpole(seed=0)
+    print(f"A2C CartPole: argmax return {score:.1f}")
     assert score >= 195

@@ -16,7 +16,7 @@ import importlib
 from typing import NamedTuple
 
 from marl_core.registry import Registry
-from marl_core.rl.settings import DQNConfig, PPOConfig
+from marl_core.rl.settings import A2CConfig, DQNConfig, PPOConfig
 
 
 class Algorithm(NamedTuple):
@@ -28,6 +28,7 @@ class Algorithm(NamedTuple):
 ALGORITHMS: Registry[Algorithm] = Registry("RL algorithm")
 ALGORITHMS.add("dqn", "marl_core.rl.dqn:ALGORITHM")
 ALGORITHMS.add("ppo", "marl_core.rl.ppo:ALGORITHM")
+ALGORITHMS.add("a2c", "marl_core.rl.a2c:ALGORITHM")
 
 _LAZY = {
     "Experience": "marl_core.rl.batch",
@@ -35,6 +36,7 @@ _LAZY = {
     "QPolicy": "marl_core.rl.dqn",
     "ReplayBuffer": "marl_core.rl.dqn",
     "PPOTrainer": "marl_core.rl.ppo",
+    "A2CTrainer": "marl_core.rl.a2c",
     "ActorCriticPolicy": "marl_core.rl.ppo",
     "compute_gae": "marl_core.rl.ppo",
     "NetworkPolicy": "marl_core.rl.policy",
@@ -48,4 +50,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "DQNConfig", "PPOConfig", *_LAZY]
+__all__ = ["ALGORITHMS", "Algorithm", "A2CConfig", "DQNConfig", "PPOConfig", *_LAZY]

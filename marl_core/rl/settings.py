@@ -55,3 +55,20 @@ class PPOConfig(BaseModel):
     max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip")
     normalize_advantages: bool = Field(True, description="standardise advantages per minibatch")
     seed: int = Field(0, description="seeds network initialisation and minibatch shuffling")
+
+
+class A2CConfig(BaseModel):
+    """A2C hyperparameters; the defaults are Stable-Baselines3's (RMSprop, n-step returns)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="hidden layer widths of actor and critic")
+    shared_trunk: bool = Field(False, description="actor and critic share the hidden layers")
+    lr: float = Field(7e-4, gt=0, description="RMSprop learning rate")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
+    gae_lambda: float = Field(1.0, ge=0, le=1, description="1: n-step returns; below 1: GAE")
+    entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus")
+    value_coef: float = Field(0.5, ge=0, description="weight of the value loss")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip")
+    normalize_advantages: bool = Field(False, description="standardise advantages per batch")
+    seed: int = Field(0, description="seeds network initialisation")

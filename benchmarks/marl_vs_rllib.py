@@ -1,0 +1,166 @@
+"""MARL training speed against RLlib: multi-agent PPO on MPE's simple_spread, same steps, same networks.
+
+In one run on this machine it trains, one after another:
+
+- **RLlib** (the peer): `ray[rllib]` of this project's Ray version, PPO on the new API stack, through
+  RLlib's PettingZoo wrapper, every agent on one shared policy (`benchmarks/rllib_peer.py`). Its
+  own requirements may clash with the project's pins, so it runs in its own virtual environment,
+  which this script creates on first use (`--peer-venv`, default `.bench/rllib-venv`);
+- **this project's IPPO and MAPPO**, the in-process training loop (`iterate_marl_local`), one
+  shared policy, the same hidden layers, the same environment steps per update and in total.
+
+Returns are aggregated the same way on both sides: summed over an episode, averaged over the
+agents (RLlib's `episode_return_mean` sums over agents; the peer divides it by their number), and
+averaged over the training episodes that ended in an iteration, smoothed over `--window`
+iterations. Printed: environment steps per second of the whole training (collection and
+updates), the return each ends with, and the wall time each needs to reach the return RLlib ends
+with, with the ratios RLlib / ours. The load average is printed beside the figures: time only on a
+quiet machine.
+
+    python benchmarks/marl_vs_rllib.py [--env-steps 300000] [--algorithms ippo mappo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS_PER_UPDATE = 2048  # environment steps per update, both sides
+HIDDEN = [64, 64]
+ENVS = 8
+
+# this project's settings matching the peer's PPO (rllib_peer.py): lr, epochs, minibatch, entropy
+OUR_SETTINGS = {
+    "ippo": {"ppo": {"hidden": HIDDEN, "lr": 3e-4, "epochs": 4, "minibatch_size": 512, "entropy_coef": 0.01}},
+    "mappo": {"hidden": HIDDEN, "critic_hidden": HIDDEN, "lr": 3e-4, "epochs": 4, "minibatch_size": 512, "entropy_coef": 0.01},
+}
+
+
+def peer_python(venv: Path) -> Path:
+    """The peer's interpreter, creating its virtual environment first if it is missing."""
+    import ray
+    import torch
+
+    python = venv / "bin" / "python"
+    if python.exists():
+        return python
+    print(f"creating the RLlib peer's virtual environment in {venv} (once)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    from importlib.metadata import version
+
+    pins = [f"ray[rllib]=={ray.__version__}", f"torch=={torch.__version__.split('+')[0]}",
+            f"pettingzoo=={version('pettingzoo')}", f"mpe2=={version('mpe2')}"]
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+    return python
+
+
+def run_peer(python: Path, scenario: str, env_steps: int, seed: int) -> list[dict]:
+    command = [str(python), str(ROOT / "benchmarks" / "rllib_peer.py"), "--scenario", scenario,
+               "--env-steps", str(env_steps), "--batch", str(STEPS_PER_UPDATE), "--envs-per-runner", str(ENVS),
+               "--seed", str(seed), "--hidden", *map(str, HIDDEN)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    process = subprocess.run(command, capture_output=True, text=True, env=env, timeout=7200)
+    if process.returncode != 0:
+        raise SystemExit(f"RLlib peer failed:\n{process.stderr[-3000:]}")
+    return [json.loads(line) for line in process.stdout.splitlines() if line.startswith("{")]
+
+
+def run_ours(algorithm: str, scenario: str, env_steps: int, seed: int) -> list[dict]:
+    from marl_core.marl.training import MARLConfig, iterate_marl_local
+
+    config = MARLConfig(
+        env=f"pettingzoo:mpe2.{scenario}", algorithm=algorithm, settings=OUR_SETTINGS[algorithm],
+        rounds=env_steps // STEPS_PER_UPDATE, steps_per_round=STEPS_PER_UPDATE // ENVS, envs_per_worker=ENVS,
+        eval_every=10**9, seed=seed,
+    )
+    points, started = [], time.perf_counter()
+    for record, _ in iterate_marl_local(config):
+        points.append({
+            "env_steps": record.env_steps, "seconds": time.perf_counter() - started,
+            "return_per_agent": np.mean([v for k, v in record.train_returns.items() if not k.startswith("policy/")])
+            if record.train_returns else None,
+        })
+    return points
+
+
+def uniform_random_return(scenario: str, episodes: int = 400) -> float:
+    """Mean episode return per agent of uniformly random actions: where learning starts from."""
+    import torch
+
+    from marl_core.marl.collector import JointCollector
+    from marl_core.marl.training import policy_mapping, MARLConfig
+    from marl_core.rl.policy import NetworkPolicy, uniform_legal
+
+    class Uniform(NetworkPolicy):
+        def act(self, obs, mask, explore, generator):
+            return uniform_legal(mask, generator), {}
+
+        def action_probs(self, obs, mask):
+            return mask / mask.sum(axis=1, keepdims=True)
+
+    config = MARLConfig(env=f"pettingzoo:mpe2.{scenario}", algorithm="ippo")
+    collector = JointCollector(config.env, ENVS, policy_mapping(config), seed=99)
+    policies = {p: Uniform(collector.layout.obs_size[p], collector.layout.num_actions[p]) for p in collector.layout.groups}
+    with torch.inference_mode():
+        return float(collector.play_episodes(policies, episodes, seed=99, explore=True).mean())
+
+
+def smoothed(points: list[dict], window: int) -> list[tuple[int, float, float]]:
+    """(env steps, seconds, return averaged over the last `window` iterations that had one)."""
+    out, recent = [], []
+    for p in points:
+        if p["return_per_agent"] is not None:
+            recent = (recent + [p["return_per_agent"]])[-window:]
+        if recent:
+            out.append((p["env_steps"], p["seconds"], float(np.mean(recent))))
+    return out
+
+
+def time_to(curve, target: float):
+    return next((seconds for _, seconds, value in curve if value >= target), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", default="simple_spread_v3")
+    parser.add_argument("--env-steps", type=int, default=300_000)
+    parser.add_argument("--algorithms", nargs="+", default=["ippo", "mappo", "qmix"])
+    parser.add_argument("--window", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peer-venv", type=Path, default=ROOT / ".bench" / "rllib-venv")
+    args = parser.parse_args()
+
+    python = peer_python(args.peer_venv)
+    print(f"load average before: {os.getloadavg()[0]:.2f} (time only on a quiet machine)", flush=True)
+    curves = {"rllib ppo": smoothed(run_peer(python, args.scenario, args.env_steps, args.seed), args.window)}
+    for algorithm in args.algorithms:
+        curves[algorithm] = smoothed(run_ours(algorithm, args.scenario, args.env_steps, args.seed), args.window)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+    target = curves["rllib ppo"][-1][2]
+    uniform = uniform_random_return(args.scenario)
+    reference = time_to(curves["rllib ppo"], target)
+    rate = {name: curve[-1][0] / curve[-1][1] for name, curve in curves.items()}
+    print(f"\n{args.scenario}, {args.env_steps} environment steps, {STEPS_PER_UPDATE} per update, hidden {HIDDEN}")
+    print("return: summed over an episode, mean over agents, mean over an iteration's episodes, "
+          f"smoothed over {args.window} iterations; target = RLlib's final return {target:.2f}; "
+          f"uniform random play {uniform:.2f}")
+    print(f"{'':12s} {'steps/s':>9s} {'x rllib':>8s} {'final return':>13s} {'of the way':>10s} {'s to target':>12s} {'speed-up':>9s}")
+    for name, curve in curves.items():
+        reached = time_to(curve, target)
+        speedup = f"{reference / reached:8.2f}x" if reached else "   never"
+        progress = (curve[-1][2] - uniform) / (target - uniform)  # 0: uniform random play, 1: RLlib's final return
+        print(f"{name:12s} {rate[name]:9.0f} {rate[name] / rate['rllib ppo']:7.2f}x {curve[-1][2]:13.2f} {progress:9.0%} "
+              f"{reached if reached is None else round(reached, 1)!s:>12s} {speedup:>9s}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""MLflow tracking of a MARL training run, and resuming one from what it committed.
+
+Per round: the round's metrics (returns per agent and policy, learner losses, environment steps
+per second, stage times). Per checkpoint: the learner's whole training state, each policy's
+acting weights as a registry version, then the commit tag (see `flows.tracking.layout`). All
+MLflow calls run on one background thread, so tracking never holds up the next round; `commit`
+and `finish` wait for it, so a committed round is really stored.
+
+Nothing is unpickled on resume: the training state is loaded with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+from flows.tracking import layout
+from flows.tracking.resume import ResumeError
+from flows.tracking.run_tracker import flat_params
+
+# Fault injection for tests: SIGKILL the process once round N's policies are registered and
+# before N is committed, the window whose leftovers resume must clean up.
+KILL_BEFORE_COMMIT = "MARL_KILL_BEFORE_COMMIT"
+
+
+@dataclasses.dataclass(frozen=True)
+class MARLCheckpoint:
+    run_id: str
+    config: dict
+    round: int  # the last committed round
+    env_steps: int
+    state: dict  # the learner's training state
+
+
+def load_marl_checkpoint(tracking_uri: str, run_id: str) -> MARLCheckpoint:
+    import mlflow
+    import torch
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ResumeError(f"no MLflow run {run_id!r} in {tracking_uri}") from None
+    if layout.MARL_COMMITTED_TAG not in run.data.tags:
+        raise ResumeError(f"run {run_id} has no committed round to resume from (was it a `psro marl run`?)")
+    with tempfile.TemporaryDirectory() as directory:
+        config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
+        state = torch.load(client.download_artifacts(run_id, layout.MARL_CHECKPOINT, directory), weights_only=True)
+    return MARLCheckpoint(
+        run_id, config, int(run.data.tags[layout.MARL_COMMITTED_TAG]), int(run.data.tags[layout.MARL_ENV_STEPS_TAG]), state
+    )
+
+
+class MARLTracker:
+    def __init__(self, config, resume: Optional[MARLCheckpoint] = None):
+        self.config = config
+        self.resume = resume
+        self.run_id: Optional[str] = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracking")
+        self._pending: list[Future] = []
+        self._curve: dict[str, dict[int, float]] = {}  # policy -> env steps -> greedy return (tracking thread's)
+
+    def __enter__(self) -> MARLTracker:
+        self._submit(self._start)
+        return self
+
+    def log_round(self, record) -> None:
+        self._raise_failures()
+        self._submit(self._log_round, record.round, record.env_steps, record.metrics)
+
+    def commit(self, round: int, env_steps: int, state: dict, weights: dict) -> None:
+        self._submit(self._commit, round, env_steps, state, weights)
+        self._drain()
+
+    def finish(self) -> None:
+        self._submit(self._plot)
+        self._drain()
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        try:
+            self._submit(self._end, "FINISHED" if exc_type is None else "FAILED")
+            self._drain()
+        finally:
+            self._thread.shutdown(wait=True)
+
+    def _submit(self, fn, *args) -> None:
+        self._pending.append(self._thread.submit(fn, *args))
+
+    def _raise_failures(self) -> None:
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for future in done:
+            future.result()
+
+    def _drain(self) -> None:
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    # --- the tracking thread ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        import mlflow
+        from mlflow.entities import Param
+
+        config = self.config
+        self.client = mlflow.MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
+        if self.resume is not None:
+            self.run_id = self.resume.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            self._forget_uncommitted(self.resume.round)
+            self._reload_curve(self.resume.round)
+            return
+        experiment = self.client.get_experiment_by_name(config.experiment)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(config.experiment)
+        run = self.client.create_run(
+            experiment_id, run_name=f"marl-{config.env}-{config.algorithm}",
+            tags={"env": config.env, "algorithm": config.algorithm, "scenario": "marl"},
+        )
+        self.run_id = run.info.run_id
+        params = [Param(key, str(value)) for key, value in flat_params(config.model_dump()).items()]
+        self.client.log_batch(self.run_id, params=params)
+        self.client.log_dict(self.run_id, config.model_dump(mode="json"), layout.CONFIG_ARTIFACT)
+
+    def _forget_uncommitted(self, committed: int) -> None:
+        """Registry versions of a checkpoint that never committed (the run died between
+        registering and tagging) would be registered again: delete them first."""
+        for model in self.client.search_registered_models(filter_string=f"name LIKE '{self._model_prefix()}%'"):
+            for version in self.client.search_model_versions(layout.versions_of_run(model.name, self.run_id)):
+                if int(version.tags.get("round", -1)) > committed:
+                    self.client.delete_model_version(model.name, version.version)
+
+    def _reload_curve(self, committed: int) -> None:
+        """The committed rounds' greedy returns, so the final plot shows the whole run."""
+        run = self.client.get_run(self.run_id)
+        steps = {m.step: int(m.value) for m in self.client.get_metric_history(self.run_id, "env_steps")}
+        for key in run.data.metrics:
+            if key.startswith("eval_return/policy/"):
+                curve = self._curve.setdefault(key.removeprefix("eval_return/policy/"), {})
+                for m in self.client.get_metric_history(self.run_id, key):
+                    if m.step <= committed and m.step in steps:
+                        curve.setdefault(steps[m.step], m.value)
+
+    def _model_prefix(self) -> str:
+        return layout.registered_model_name(self.config.experiment, self.config.env, "")
+
+    def _log_round(self, round: int, env_steps: int, metrics: dict[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        for key, value in metrics.items():
+            if key.startswith("eval_return/policy/"):
+                self._curve.setdefault(key.removeprefix("eval_return/policy/"), {})[env_steps] = value
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, round) for k, v in metrics.items()])
+
+    def _commit(self, round: int, env_steps: int, state: dict, weights: dict) -> None:
+        import torch
+        from mlflow.exceptions import MlflowException
+
+        with tempfile.TemporaryDirectory() as directory:
+            root = Path(directory)
+            torch.save(state, root / "learner.pt")
+            self.client.log_artifact(self.run_id, str(root / "learner.pt"), layout.MARL_CHECKPOINT.rsplit("/", 1)[0])
+            artifact_uri = self.client.get_run(self.run_id).info.artifact_uri
+            for policy, policy_weights in weights.items():
+                folder = root / policy
+                folder.mkdir()
+                torch.save(policy_weights, folder / layout.POLICY_WEIGHTS)
+                description = {"algorithm": self.config.algorithm, "env": self.config.env, "policy": policy, "round": round}
+                (folder / layout.POLICY_DESCRIPTION).write_text(json.dumps(description))
+                path = layout.policy_checkpoint_path(policy, round)
+                self.client.log_artifacts(self.run_id, str(folder), path)
+                name = layout.registered_model_name(self.config.experiment, self.config.env, policy)
+                try:
+                    self.client.get_registered_model(name)
+                except MlflowException:
+                    self.client.create_registered_model(name, description=f"MARL policy {policy} of {self.config.env}")
+                tags = {"run_id": self.run_id, "policy": policy, "round": str(round), "env_steps": str(env_steps)}
+                version = self.client.create_model_version(name, f"{artifact_uri}/{path}", run_id=self.run_id, tags=tags)
+                self.client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
+        if os.environ.get(KILL_BEFORE_COMMIT) == str(round):
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.client.set_tag(self.run_id, layout.MARL_ENV_STEPS_TAG, str(env_steps))
+        self.client.set_tag(self.run_id, layout.MARL_COMMITTED_TAG, str(round))  # last: the commit
+
+    def _plot(self) -> None:
+        if not self._curve:
+            return
+        import matplotlib.pyplot as plt
+
+        from flows.tracking import plots
+
+        figure = plots.episode_return_curve(self._curve, f"{self.config.algorithm} on {self.config.env}")
+        self.client.log_figure(self.run_id, figure, layout.EPISODE_RETURN_PLOT)
+        plt.close(figure)
+
+    def _end(self, status: str) -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status)

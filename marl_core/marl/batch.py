@@ -1,0 +1,124 @@
+"""`JointExperience`: what a MARL rollout hands to a multi-agent learner.
+
+Centralized learners need more than each agent's own transitions: a critic of the global state
+(MAPPO), a mixer conditioned on it (QMIX), or every agent's action beside every agent's
+observation (MADDPG). So a batch is *joint* and *time-major*: T consecutive steps of E environment
+copies, in which every agent acts in every step. Per-agent arrays are keyed by agent (agents may
+differ in observation and action sizes); shared ones are [T, E].
+
+Episodes run on across segments: a copy that finishes an episode mid-segment is reset, and its
+next row starts the new episode. Two flags say where episodes end:
+
+- `terminated[t, e]`: the episode ended at step t; nothing is bootstrapped from `next_state`.
+- `truncated[t, e]`: the episode was cut by a time limit (MPE's `max_cycles`); the return goes on
+  past it, so on-policy methods bootstrap from the value of `next_state` / `next_obs`.
+
+The final row of a segment continues into the next one unless it is flagged, and is bootstrapped
+like a truncation. `next_obs`, `next_mask` and `next_state` of a row are what followed *that* step,
+before any reset, so every row stands alone as a transition for replay buffers (`flat`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from marl_core.envs import AgentID
+from marl_core.rl.batch import Experience
+
+
+@dataclass
+class JointExperience:
+    """T joint steps of E environment copies (shapes below; O_a, A_a: agent a's sizes, S: state size)."""
+
+    agents: tuple[AgentID, ...]
+    obs: dict[AgentID, np.ndarray]  # [T, E, O_a] float32
+    mask: dict[AgentID, np.ndarray]  # [T, E, A_a] bool
+    action: dict[AgentID, np.ndarray]  # [T, E] int64
+    reward: dict[AgentID, np.ndarray]  # [T, E] float32
+    next_obs: dict[AgentID, np.ndarray]  # [T, E, O_a] float32
+    next_mask: dict[AgentID, np.ndarray]  # [T, E, A_a] bool (all False after a terminal step)
+    state: np.ndarray  # [T, E, S] float32, the global state the step was taken in
+    next_state: np.ndarray  # [T, E, S] float32
+    terminated: np.ndarray  # [T, E] bool
+    truncated: np.ndarray  # [T, E] bool
+    extras: dict[AgentID, dict[str, np.ndarray]] = field(default_factory=dict)  # per agent, [T, E] each
+
+    @property
+    def steps(self) -> int:
+        return self.terminated.shape[0]
+
+    @property
+    def envs(self) -> int:
+        return self.terminated.shape[1]
+
+    @property
+    def episode_end(self) -> np.ndarray:
+        """[T, E] bool: the episode ended at this step, by termination or truncation."""
+        return self.terminated | self.truncated
+
+    def agent_experience(self, agents: list[AgentID]) -> Experience:
+        """The given agents' transitions as single-agent streams (one per agent and environment copy).
+
+        Independent learners (IPPO, IQL) train on these: each agent sees the others as part of
+        the environment. A stream's `last` marks truncations and the segment's end.
+        """
+        streams = []
+        for agent in agents:
+            extras = self.extras.get(agent, {})
+            for e in range(self.envs):
+                last = self.truncated[:, e].copy()
+                last[-1] = True
+                streams.append(
+                    Experience(
+                        obs=self.obs[agent][:, e],
+                        mask=self.mask[agent][:, e],
+                        action=self.action[agent][:, e],
+                        reward=self.reward[agent][:, e],
+                        next_obs=self.next_obs[agent][:, e],
+                        next_mask=self.next_mask[agent][:, e],
+                        done=self.terminated[:, e].copy(),
+                        last=last,
+                        extras={key: value[:, e] for key, value in extras.items()},
+                    )
+                )
+        return Experience.concat(streams)
+
+    @classmethod
+    def concat_envs(cls, batches: list[JointExperience]) -> JointExperience:
+        """Segments of the same length from several workers, side by side on the E axis."""
+        if not batches:
+            raise ValueError("cannot concatenate an empty list of JointExperience")
+        first = batches[0]
+        if any(b.agents != first.agents or b.steps != first.steps for b in batches):
+            raise ValueError("JointExperience batches to concatenate need the same agents and number of steps")
+
+        def per_agent(name: str) -> dict[AgentID, np.ndarray]:
+            return {a: np.concatenate([getattr(b, name)[a] for b in batches], axis=1) for a in first.agents}
+
+        extras = {
+            a: {key: np.concatenate([b.extras[a][key] for b in batches], axis=1) for key in first.extras.get(a, {})}
+            for a in first.extras
+        }
+        return cls(
+            agents=first.agents,
+            **{name: per_agent(name) for name in ("obs", "mask", "action", "reward", "next_obs", "next_mask")},
+            **{name: np.concatenate([getattr(b, name) for b in batches], axis=1)
+               for name in ("state", "next_state", "terminated", "truncated")},
+            extras=extras,
+        )
+
+    def flat(self) -> JointExperience:
+        """The same transitions as T*E rows of one step each (T = T*E, E = 1), for replay buffers."""
+
+        def rows(array: np.ndarray) -> np.ndarray:
+            return array.reshape(-1, 1, *array.shape[2:])
+
+        return JointExperience(
+            agents=self.agents,
+            **{name: {a: rows(v) for a, v in getattr(self, name).items()}
+               for name in ("obs", "mask", "action", "reward", "next_obs", "next_mask")},
+            **{name: rows(getattr(self, name)) for name in ("state", "next_state", "terminated", "truncated")},
+            extras={a: {k: rows(v) for k, v in ex.items()} for a, ex in self.extras.items()},
+        )

@@ -1,0 +1,72 @@
+"""Independent learners (IPPO, IQL, A2C): the single-agent PPO, DQN and A2C, one trainer per policy id.
+
+Each agent treats the others as part of its environment (de Witt et al. 2020 show how far this
+goes with PPO). Agents mapped to one policy id pool their transitions into that id's trainer, so
+parameter sharing needs nothing more. The acting networks are the trainers' own policies.
+"""
+
+from __future__ import annotations
+
+from marl_core.marl import MARLAlgorithm
+from marl_core.marl.batch import JointExperience
+from marl_core.marl.collector import PolicyLayout
+from marl_core.marl.settings import IA2CConfig, IPPOConfig, IQLConfig
+from marl_core.rl import ALGORITHMS
+
+
+class IndependentLearner:
+    algorithm = ""  # the single-agent algorithm in marl_core.rl.ALGORITHMS
+
+    def __init__(self, layout: PolicyLayout, state_size: int, config):
+        self.layout = layout
+        self.config = config
+        trainer = ALGORITHMS[self.algorithm].trainer
+        self.trainers = {
+            policy: trainer(layout.obs_size[policy], layout.num_actions[policy], self._settings())
+            for policy in layout.groups
+        }
+        self.policies = {policy: trainer.policy for policy, trainer in self.trainers.items()}
+
+    def _settings(self):
+        raise NotImplementedError
+
+    def learn(self, batch: JointExperience) -> dict[str, float]:
+        metrics = {}
+        for policy, trainer in self.trainers.items():
+            experience = batch.agent_experience(list(self.layout.groups[policy]))
+            for name, value in trainer.learn(experience).items():
+                metrics[f"{policy}/{name}"] = value
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {policy: trainer.state_dict() for policy, trainer in self.trainers.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for policy, trainer in self.trainers.items():
+            trainer.load_state_dict(state[policy])
+
+
+class IndependentPPO(IndependentLearner):
+    algorithm = "ppo"
+
+    def _settings(self):
+        return self.config.ppo
+
+
+class IndependentDQN(IndependentLearner):
+    algorithm = "dqn"
+
+    def _settings(self):
+        return self.config.dqn
+
+
+class IndependentA2C(IndependentLearner):
+    algorithm = "a2c"
+
+    def _settings(self):
+        return self.config.a2c
+
+
+IPPO = MARLAlgorithm(IPPOConfig, IndependentPPO)
+A2C = MARLAlgorithm(IA2CConfig, IndependentA2C)
+IQL = MARLAlgorithm(IQLConfig, IndependentDQN)
