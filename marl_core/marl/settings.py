@@ -6,7 +6,7 @@ settings never imports torch. Independent learners reuse the single-agent settin
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from marl_core.rl.settings import A2CConfig, DQNConfig, PPOConfig
 
@@ -40,3 +40,142 @@ class IA2CConfig(BaseModel):
 
 
 SETTINGS.update(ippo=IPPOConfig, iql=IQLConfig, a2c=IA2CConfig)
+
+
+# --- MAPPO (marl_core/marl/mappo.py) ---------------------------------------------------------
+
+
+class MAPPOConfig(BaseModel):
+    """MAPPO (Yu et al. 2022): PPO with decentralized actors, one per policy id, and a
+    centralized critic per policy id that values the global state (plus the agent's one-hot
+    when several agents share it).
+
+    Steps are joint environment steps; a batch holds every agent of a policy id in every step
+    and copy. The defaults follow the paper's particle-environment choices where they matter
+    (value normalization, advantage normalization, value loss weight 1, gradient-norm clip 10)
+    and PPO's usual clip, GAE and entropy settings for the rest; they suit MPE's simple_spread
+    (3 agents, 25 steps).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="actor hidden layer widths")
+    critic_hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="centralized critic hidden layer widths")
+    lr: float = Field(5e-4, gt=0, description="Adam learning rate of the actors")
+    critic_lr: float | None = Field(None, gt=0, description="Adam learning rate of the critics (default: lr)")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE bias/variance trade-off")
+    clip: float = Field(0.2, gt=0, description="probability-ratio clip of the surrogate objective")
+    epochs: int = Field(4, gt=0, description="passes over each batch")
+    minibatch_size: int = Field(512, gt=0, description="agent transitions (of one policy id) per gradient step")
+    entropy_coef: float = Field(0.01, ge=0, description="weight of the entropy bonus")
+    value_coef: float = Field(1.0, ge=0, description="weight of the critic's loss")
+    max_grad_norm: float = Field(10.0, gt=0, description="gradient-norm clip, of actor and critic separately")
+    normalize_advantages: bool = Field(True, description="standardise advantages over each policy id's batch")
+    value_norm: bool = Field(True, description="critics predict returns standardised by running statistics")
+    seed: int = Field(0, description="seeds network initialisation and minibatch shuffling")
+
+
+SETTINGS["mappo"] = MAPPOConfig
+
+
+class _ReplaySettings(BaseModel):
+    """Checks shared by the off-policy learners: the replay buffer must hold one batch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _buffer_holds_a_batch(self):
+        if self.buffer_size < self.batch_size:
+            raise ValueError(f"buffer_size {self.buffer_size} is smaller than batch_size {self.batch_size}")
+        return self
+
+
+# --- VDN and QMIX (marl_core/marl/value_decomposition.py) ------------------------------------
+
+class ValueDecompositionConfig(_ReplaySettings):
+    """What VDN and QMIX share: per-policy agent Q-networks trained through a mixer on a replay
+    buffer of joint transitions, with double-Q targets and epsilon-greedy exploration.
+
+    Steps are joint environment steps (one per environment copy per step, however many agents
+    act in it), the unit of the MARL loop's `env_steps`. The defaults are tuned for MPE's
+    simple_spread (3 agents, 25 steps an episode) over a few hundred thousand steps. There
+    QMIX's values run away upward (to +1000 with rewards that are all negative) with frequent
+    target copies (every 200 gradient steps = 1,600 joint steps) and lr 5e-4 once exploration
+    gets low: a target copy every 1,000 gradient steps (8,000 joint steps, near EPyMARL's 200
+    episodes), lr 2.5e-4 and a shorter epsilon decay keep them bounded and learn faster.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden: tuple[int, ...] = Field((128, 128), min_length=1, description="agent Q-network hidden layer widths")
+    lr: float = Field(2.5e-4, gt=0, description="Adam learning rate (agents and mixer together)")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
+    batch_size: int = Field(256, gt=0, description="joint transitions per gradient step")
+    buffer_size: int = Field(100_000, gt=0, description="replay buffer capacity in joint transitions")
+    learning_starts: int = Field(5_000, ge=0, description="joint environment steps before the first gradient step")
+    train_every: int = Field(8, gt=0, description="joint environment steps per gradient step")
+    target_update_interval: int = Field(1_000, gt=0, description="gradient steps between target-network copies")
+    epsilon_start: float = Field(1.0, ge=0, le=1, description="exploration rate at the first step")
+    epsilon_end: float = Field(0.05, ge=0, le=1, description="exploration rate after the decay")
+    epsilon_decay_steps: int = Field(50_000, gt=0, description="joint environment steps of the linear decay")
+    double: bool = Field(True, description="online agents pick the next actions, target agents and mixer value them")
+    max_grad_norm: float = Field(10.0, gt=0, description="gradient-norm clip")
+    seed: int = Field(0, description="seeds network initialisation and replay sampling")
+
+
+
+class VDNConfig(ValueDecompositionConfig):
+    """VDN (Sunehag et al. 2018): the team's Q-value is the sum of the agents' utilities."""
+
+
+class QMIXConfig(ValueDecompositionConfig):
+    """QMIX (Rashid et al. 2018): the team's Q-value is a monotonic mixing network of the agents'
+    utilities, whose weights hypernetworks compute from the global state."""
+
+    mixing_embed: int = Field(32, gt=0, description="width of the mixing network's hidden layer")
+    hypernet_hidden: int = Field(64, gt=0, description="hidden width of the hypernetworks that make its weights")
+
+
+SETTINGS.update(vdn=VDNConfig, qmix=QMIXConfig)
+
+
+# --- MADDPG (marl_core/marl/maddpg.py) -------------------------------------------------------
+
+class MADDPGConfig(_ReplaySettings):
+    """MADDPG (Lowe et al. 2017) for discrete actions: per-policy actors trained through
+    Gumbel-softmax samples against per-policy centralized critics of every agent's observation
+    and action, on a replay buffer of joint transitions with every agent's own reward.
+
+    Steps are joint environment steps (one per environment copy per step), the unit of the MARL
+    loop's `env_steps`. The defaults are the paper's for the particle environments (section 5 and
+    appendix; the authors' code for the rest): Adam at 1e-2, gamma 0.95, two ReLU layers of 64,
+    minibatches of 1024 from a buffer of a million transitions, one update every 100 steps once
+    the buffer holds 1024 episodes of 25 steps, Polyak averaging at tau 0.01, gradient-norm clip
+    0.5 and a 1e-3 penalty on the squared actor logits.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="actor hidden layer widths")
+    critic_hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="centralized critic hidden layer widths")
+    actor_lr: float = Field(1e-2, gt=0, description="Adam learning rate of the actors")
+    critic_lr: float = Field(1e-2, gt=0, description="Adam learning rate of the critics")
+    gamma: float = Field(0.95, ge=0, le=1, description="discount factor")
+    tau: float = Field(0.01, gt=0, le=1, description="Polyak rate: target <- (1 - tau) target + tau online, every update")
+    batch_size: int = Field(1024, gt=0, description="joint transitions per update")
+    buffer_size: int = Field(1_000_000, gt=0, description="replay buffer capacity in joint transitions")
+    learning_starts: int = Field(25_600, ge=0, description="joint environment steps before the first update")
+    train_every: int = Field(100, gt=0, description="joint environment steps per update (of every critic and actor)")
+    gumbel_temperature: float = Field(
+        1.0, gt=0, description="temperature of the Gumbel-softmax relaxation that the actor's gradient flows through"
+    )
+    logit_penalty: float = Field(
+        1e-3, ge=0, description="weight of the mean squared actor logits in the actor loss (keeps the softmax from saturating)"
+    )
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip, per network")
+    seed: int = Field(0, description="seeds network initialisation, replay sampling and Gumbel noise")
+
+
+
+SETTINGS["maddpg"] = MADDPGConfig
