@@ -16,10 +16,10 @@ import json
 import os
 import signal
 import tempfile
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
+from flows.tracking.background import BackgroundTracker
 from flows.tracking import layout
 from flows.tracking.resume import ResumeError
 from flows.tracking.run_tracker import flat_params
@@ -58,18 +58,13 @@ def load_marl_checkpoint(tracking_uri: str, run_id: str) -> MARLCheckpoint:
     )
 
 
-class MARLTracker:
+class MARLTracker(BackgroundTracker):
     def __init__(self, config, resume: Optional[MARLCheckpoint] = None):
+        super().__init__()
         self.config = config
         self.resume = resume
         self.run_id: Optional[str] = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracking")
-        self._pending: list[Future] = []
         self._curve: dict[str, dict[int, float]] = {}  # policy -> env steps -> greedy return (tracking thread's)
-
-    def __enter__(self) -> MARLTracker:
-        self._submit(self._start)
-        return self
 
     def log_round(self, record) -> None:
         self._raise_failures()
@@ -82,27 +77,6 @@ class MARLTracker:
     def finish(self) -> None:
         self._submit(self._plot)
         self._drain()
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        try:
-            self._submit(self._end, "FINISHED" if exc_type is None else "FAILED")
-            self._drain()
-        finally:
-            self._thread.shutdown(wait=True)
-
-    def _submit(self, fn, *args) -> None:
-        self._pending.append(self._thread.submit(fn, *args))
-
-    def _raise_failures(self) -> None:
-        done = [f for f in self._pending if f.done()]
-        self._pending = [f for f in self._pending if not f.done()]
-        for future in done:
-            future.result()
-
-    def _drain(self) -> None:
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
 
     # --- the tracking thread ------------------------------------------------------------------
 

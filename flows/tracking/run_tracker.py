@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from flows.tracking.background import BackgroundTracker
 from flows.tracking import layout, plots
 from flows.tracking.resume import table_key
 from marl_core.psro.game import psro_game_of
@@ -50,7 +50,7 @@ def prepare_store(tracking_uri: str) -> None:
     mlflow.MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
 
 
-class RunTracker:
+class RunTracker(BackgroundTracker):
     """Tracks a new run, or with `resume` (a `flows.tracking.resume.Checkpoint`) continues one.
 
     `tags` go on a new run: what its caller needs to find it again (see `flows.tracking.resume.find_tagged`).
@@ -59,13 +59,12 @@ class RunTracker:
     """
 
     def __init__(self, config, resume=None, tags: dict[str, str] | None = None):
+        super().__init__()
         self.config = config
         self.game = psro_game_of(config)
         self.resume = resume
         self.tags = tags or {}
         self.run_id: str | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracking")
-        self._pending: list[Future] = []
         self._history: list = []
         self._earlier: dict[str, dict[int, float]] = {}  # a resumed run's committed CURVES points: name -> step -> value
         self._versions: dict[tuple[str, int], str] = {}  # (role, member) -> registry version
@@ -76,10 +75,6 @@ class RunTracker:
                 self._versions.update({(population.role, member): "" for member in range(len(population))})
 
     # --- driver side: cheap snapshots, work queued ---------------------------------------------
-
-    def __enter__(self) -> "RunTracker":
-        self._submit(self._start)  # failures surface at the next log_iteration
-        return self
 
     def log_iteration(self, record, state) -> None:
         """`state.populations` is a list of `Population`, in the game's role order."""
@@ -101,28 +96,6 @@ class RunTracker:
         meta = [m.copy() for m in state.meta_strategy]
         self._submit(self._finish, payoff_mean, meta, state.payoffs.to_frame())
         self._drain()
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        status = "FINISHED" if exc_type is None else "FAILED"
-        try:
-            self._submit(self._end, status)
-            self._drain()
-        finally:
-            self._pool.shutdown(wait=True)
-
-    def _submit(self, fn, *args) -> None:
-        self._pending.append(self._pool.submit(fn, *args))
-
-    def _raise_failures(self) -> None:
-        done = [f for f in self._pending if f.done()]
-        self._pending = [f for f in self._pending if not f.done()]
-        for future in done:
-            future.result()
-
-    def _drain(self) -> None:
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
 
     # --- tracking thread -----------------------------------------------------------------------
 
