@@ -41,11 +41,31 @@ ENVS = 8
 OUR_SETTINGS = {
     "ippo": {"ppo": {"hidden": HIDDEN, "lr": 3e-4, "epochs": 4, "minibatch_size": 512, "entropy_coef": 0.01}},
     "mappo": {"hidden": HIDDEN, "critic_hidden": HIDDEN, "lr": 3e-4, "epochs": 4, "minibatch_size": 512, "entropy_coef": 0.01},
+    "qmix": {},  # off-policy: its own defaults (marl_core.marl.settings.QMIXConfig)
 }
 
 
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _reachable(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except OSError:
+        return False
+
+
 def peer_python(venv: Path) -> Path:
-    """The peer's interpreter, creating its virtual environment first if it is missing."""
+    """The peer's interpreter, creating its virtual environment first if it is missing.
+
+    Pins Ray, torch, PettingZoo and mpe2 to this project's versions. Torch is the CPU build: the
+    exact version of this venv's torch (``2.x.y+cpu`` here, found through pip's own configured
+    indexes and find-links), with PyTorch's CPU index added when it can be reached; a plain
+    ``2.x.y`` pin alone would pull the CUDA build from PyPI.
+    """
     import ray
     import torch
 
@@ -53,12 +73,19 @@ def peer_python(venv: Path) -> Path:
     if python.exists():
         return python
     print(f"creating the RLlib peer's virtual environment in {venv} (once)", flush=True)
+    started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     from importlib.metadata import version
 
-    pins = [f"ray[rllib]=={ray.__version__}", f"torch=={torch.__version__.split('+')[0]}",
+    base = torch.__version__.split("+")[0]
+    torch_pin = f"torch=={base}+cpu"
+    index = ["--extra-index-url", TORCH_CPU_INDEX] if _reachable(TORCH_CPU_INDEX + "/torch/") else []
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, *index, torch_pin], check=True)  # first, so that nothing below picks a CUDA build
+    pins = [f"ray[rllib]=={ray.__version__}", torch_pin,
             f"pettingzoo=={version('pettingzoo')}", f"mpe2=={version('mpe2')}"]
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+    subprocess.run([*pip, *index, *pins], check=True)
+    print(f"peer environment ready in {time.perf_counter() - started:.0f} s", flush=True)
     return python
 
 
@@ -135,6 +162,7 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["ippo", "mappo", "qmix"])
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", type=Path, help="save the return curves (against wall seconds and steps) as a PNG here")
     parser.add_argument("--peer-venv", type=Path, default=ROOT / ".bench" / "rllib-venv")
     args = parser.parse_args()
 
@@ -160,6 +188,31 @@ def main() -> None:
         progress = (curve[-1][2] - uniform) / (target - uniform)  # 0: uniform random play, 1: RLlib's final return
         print(f"{name:12s} {rate[name]:9.0f} {rate[name] / rate['rllib ppo']:7.2f}x {curve[-1][2]:13.2f} {progress:9.0%} "
               f"{reached if reached is None else round(reached, 1)!s:>12s} {speedup:>9s}")
+    if args.plot:
+        plot(curves, target, uniform, args.scenario, args.plot)
+
+
+def plot(curves: dict, target: float, uniform: float, scenario: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (by_time, by_steps) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for name, curve in curves.items():
+        steps, seconds, value = zip(*curve)
+        by_time.plot(seconds, value, label=name)
+        by_steps.plot(steps, value, label=name)
+    for axes, label in [(by_time, "wall seconds"), (by_steps, "environment steps")]:
+        axes.axhline(target, color="grey", linestyle="--", linewidth=0.8)
+        axes.axhline(uniform, color="grey", linestyle=":", linewidth=0.8)
+        axes.set_xlabel(label)
+    by_time.set_ylabel("episode return per agent")
+    by_steps.legend()
+    figure.suptitle(f"{scenario}: dashed, RLlib's final return; dotted, uniform random play")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -192,3 +192,18 @@ def test_the_shipped_example_configs_exist():
 def test_every_shipped_example_config_is_valid(path):
     config = build_config(load_config_file(path))
     assert config.eval == "sampled" and config.approx_exploitability.every > 0  # PettingZoo examples: approximate measures
+
+
+
+MARL_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "marl").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", MARL_CONFIGS, ids=[path.stem for path in MARL_CONFIGS])
+def test_every_shipped_marl_config_is_valid(path):
+    """`psro marl run --config` examples: each loads as MARL settings, its algorithm's included."""
+    import yaml
+
+    from marl_core.marl.training import MARLConfig
+
+    config = MARLConfig(**yaml.safe_load(path.read_text()))
+    assert config.algorithm_settings is not None and path.stem.endswith(config.algorithm)
