@@ -40,7 +40,7 @@ def _config(values: dict):
 def run(
     config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
     env: Optional[str] = typer.Option(None, help="simultaneous environment, pettingzoo:<module with parallel_env()>"),
-    algorithm: Optional[str] = typer.Option(None, help="MARL algorithm: ippo, iql, mappo, vdn, qmix, maddpg"),
+    algorithm: Optional[str] = typer.Option(None, help="MARL algorithm: mappo, qmix, vdn, maddpg, ippo, iql, a2c"),
     rounds: Optional[int] = typer.Option(None, help="training rounds"),
     seed: Optional[int] = typer.Option(None, help="random seed"),
     num_cpus: Optional[int] = typer.Option(None, help="CPUs for the local Ray instance"),
