@@ -4,16 +4,23 @@
 
 Trains `marl_core.marl.maddpg` with the paper's settings (`MADDPGConfig` defaults) by the MARL
 loop in this process (`iterate_marl_local`), agents mapped by role: adversary_0 -> "adversary",
-agent_0 and agent_1 -> "agent" (one shared actor and critic). Every `--eval-every` rounds it
-plays `--eval-episodes` greedy episodes from fresh resets and prints a row: joint environment
-steps, the good agents' mean episode return and the adversary's (+- standard error). It stops at
-`--env-steps`, or at the first evaluation after `--minutes` of wall time.
+agent_0 and agent_1 -> "agent" (one shared actor and critic), or with `--separate` one policy
+per agent as in the paper (adversary_0 -> "adversary", agent_0 -> "agent_0", agent_1 ->
+"agent_1"). Every `--eval-every` rounds it plays `--eval-episodes` greedy episodes from fresh
+resets and prints a row: joint environment steps, the good agents' mean episode return (the mean
+over every agent whose name does not start with "adversary") and the adversary's (+- standard
+error); `--per-policy` adds each policy's own column, and `--stochastic-eval` adds the same two
+figures for episodes played by sampling from the policies instead of their argmax. It stops at
+`--env-steps`, or at the first evaluation after `--minutes` of wall time; `--csv` saves the rows and
+`--save` the final actors.
 
 What to expect: simple_adversary rewards the adversary for being near the goal landmark
 (-distance), and the good agents for being near it themselves while the adversary is far from it
 (adversary's distance - nearest good agent's distance). The adversary does not know which of the
-two landmarks is the goal; the good agents learn to cover both so it cannot tell. So once both
-sides move with purpose, the good agents' return rises and the adversary's falls.
+two landmarks is the goal; the good agents can hide it by covering both. The untrained greedy
+adversary walks off in a fixed direction, so its return first rises, to a plateau between the
+scripted "head for the landmarks' midpoint" and "head for the goal" adversaries; docs/marl.md has
+the measured curves.
 """
 
 from __future__ import annotations
@@ -22,11 +29,14 @@ import argparse
 import ast
 import time
 
+import numpy as np
 import torch
 
-from marl_core.marl.training import MARLConfig, iterate_marl_local
+from marl_core.marl.collector import JointCollector
+from marl_core.marl.training import MARLConfig, iterate_marl_local, policy_mapping
 
 ENV = "pettingzoo:mpe2.simple_adversary_v3"
+SEPARATE = {"adversary_": "adversary", "agent_0": "agent_0", "agent_1": "agent_1"}  # the paper: no sharing
 
 
 def main() -> None:
@@ -39,7 +49,12 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE", help="a MADDPGConfig field, e.g. train_every=50")
+    parser.add_argument("--separate", action="store_true", help="one actor and critic per agent (the paper), no sharing")
+    parser.add_argument("--per-policy", action="store_true", help="also print every policy's own return")
+    parser.add_argument("--stochastic-eval", action="store_true", help="also evaluate sampled (not greedy) actions")
     parser.add_argument("--plot", help="save the curves as a PNG here")
+    parser.add_argument("--csv", help="save the rows as CSV here")
+    parser.add_argument("--save", help="save the final actors ({policy id: state_dict}, torch.save) here")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -52,42 +67,78 @@ def main() -> None:
         env=ENV, algorithm="maddpg", settings=settings, rounds=max(1, args.env_steps // per_round),
         steps_per_round=args.steps_per_round, envs_per_worker=args.envs, eval_every=args.eval_every,
         eval_episodes=args.eval_episodes, seed=args.seed,
+        policies=SEPARATE if args.separate else None,
     )
-    print(f"MADDPG on {ENV}: {config.algorithm_settings!r}", flush=True)
-    print(f"{'env_steps':>10} {'agent':>14} {'adversary':>14} {'minutes':>8}", flush=True)
+    groups = JointCollector(ENV, 1, policy_mapping(config), config.agent_ids, args.seed).layout.groups
+    sampled = JointCollector(ENV, args.envs, policy_mapping(config), config.agent_ids, args.seed) if args.stochastic_eval else None
+    columns = ["greedy good", "greedy adversary"]
+    if sampled is not None:
+        columns += ["sampled good", "sampled adversary"]
+    if args.per_policy:
+        columns += [f"greedy {policy}" for policy in groups]
+    print(f"MADDPG on {ENV}: {config.algorithm_settings!r}; policies: {groups}", flush=True)
+    print(f"{'env_steps':>10}" + "".join(f"{name:>18}" for name in columns) + f"{'minutes':>8}", flush=True)
     rows, started = [], time.perf_counter()
-    for record, _ in iterate_marl_local(config):
+    for record, learner in iterate_marl_local(config):
         if record.eval_returns is None:
             continue
-        minutes = (time.perf_counter() - started) / 60
         mean, err = record.eval_returns, record.eval_stderr
-        rows.append((record.env_steps, mean["policy/agent"], err["policy/agent"], mean["policy/adversary"], err["policy/adversary"]))
-        print(
-            f"{record.env_steps:>10} {mean['policy/agent']:>8.2f} ±{err['policy/agent']:<5.2f}"
-            f"{mean['policy/adversary']:>8.2f} ±{err['policy/adversary']:<5.2f}{minutes:>8.1f}",
-            flush=True,
-        )
+        good = [a for a in sorted(groups_agents(groups)) if not a.startswith("adversary")]
+        adversaries = [a for a in sorted(groups_agents(groups)) if a.startswith("adversary")]
+        # The mean of the agents' standard errors bounds the standard error of their mean (equal to
+        # it here: simple_adversary's good agents share one reward).
+        values = [
+            (float(np.mean([mean[a] for a in good])), float(np.mean([err[a] for a in good]))),
+            (float(np.mean([mean[a] for a in adversaries])), float(np.mean([err[a] for a in adversaries]))),
+        ]
+        if sampled is not None:
+            returns = sampled.play_episodes(learner.policies, args.eval_episodes, seed=10_000 + record.round, explore=True)
+            agents = list(sampled.spec.agents)
+            for members in (good, adversaries):
+                per_episode = returns[:, [agents.index(a) for a in members]].mean(axis=1)
+                values.append((float(per_episode.mean()), float(per_episode.std(ddof=1) / np.sqrt(len(per_episode)))))
+        if args.per_policy:
+            values += [(mean[f"policy/{policy}"], err[f"policy/{policy}"]) for policy in groups]
+        minutes = (time.perf_counter() - started) / 60
+        rows.append((record.env_steps, values))
+        print(f"{record.env_steps:>10}" + "".join(f"{m:>10.2f} ±{e:<6.2f}" for m, e in values) + f"{minutes:>8.1f}", flush=True)
         if minutes > args.minutes:
             break
+    if args.save:
+        torch.save({p: policy.state_dict() for p, policy in learner.policies.items()}, args.save)
+        print(f"actors: {args.save}")
+    if args.csv:
+        with open(args.csv, "w") as out:
+            out.write(",".join(["env_steps"] + [f"{c.replace(' ', '_')}{s}" for c in columns for s in ("", "_se")]) + "\n")
+            for steps, values in rows:
+                out.write(",".join([str(steps)] + [f"{x:.4f}" for pair in values for x in pair]) + "\n")
+        print(f"csv: {args.csv}")
     if args.plot:
-        plot(rows, args.plot)
+        plot(rows, columns, args.plot, "separate actors and critics" if args.separate else "good agents share a network")
 
 
-def plot(rows, path: str) -> None:
+def groups_agents(groups: dict[str, list[str]]) -> list[str]:
+    return [a for members in groups.values() for a in members]
+
+
+def plot(rows, columns: list[str], path: str, subtitle: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    steps, agent, agent_err, adversary, adversary_err = map(np.array, zip(*rows))
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for mean, err, label in [(agent, agent_err, "good agents"), (adversary, adversary_err, "adversary")]:
-        axes.plot(steps, mean, label=label)
-        axes.fill_between(steps, mean - err, mean + err, alpha=0.3)
+    steps = np.array([s for s, _ in rows])
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for k, name in enumerate(columns[:4]):  # greedy (solid) and, if evaluated, sampled (dashed)
+        mean = np.array([values[k][0] for _, values in rows])
+        err = np.array([values[k][1] for _, values in rows])
+        line = axes.plot(steps, mean, label=name, linestyle="-" if name.startswith("greedy") else "--",
+                         color="tab:blue" if "good" in name else "tab:red")
+        axes.fill_between(steps, mean - err, mean + err, alpha=0.25, color=line[0].get_color())
     axes.set_xlabel("joint environment steps")
-    axes.set_ylabel("greedy episode return")
-    axes.set_title("MADDPG on simple_adversary_v3")
+    axes.set_ylabel("evaluation episode return (mean ± se)")
+    axes.set_title(f"MADDPG on simple_adversary_v3 ({subtitle})")
+    axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
