@@ -50,7 +50,7 @@ from marl_core.marl.settings import MAPPOConfig
 from marl_core.policies.tabular import sample_rows
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
-from marl_core.rl.ppo import compute_gae
+from marl_core.rl.ppo import compute_gae, step_metrics
 
 # --- the decentralized actor: what rollout workers act with -----------------------------------
 
@@ -289,17 +289,7 @@ class MAPPOLearner:
         torch.nn.utils.clip_grad_norm_(actor.parameters(), c.max_grad_norm)
         torch.nn.utils.clip_grad_norm_(critic.parameters(), c.max_grad_norm)
         optimizer.step()
-        with torch.no_grad():
-            approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance KL estimator
-            clip_fraction = ((ratio - 1).abs() > c.clip).float().mean()
-        return {
-            "loss": loss.item(),
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": entropy.item(),
-            "approx_kl": approx_kl.item(),
-            "clip_fraction": clip_fraction.item(),
-        }
+        return step_metrics(loss, policy_loss, value_loss, entropy, ratio, log_ratio, c.clip)
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly: networks, optimizers, value statistics, RNG, counter."""

@@ -47,7 +47,7 @@ from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
 from marl_core.marl.collector import PolicyLayout
 from marl_core.marl.settings import QMIXConfig, ValueDecompositionConfig, VDNConfig
-from marl_core.rl.dqn import QPolicy
+from marl_core.rl.dqn import QPolicy, take_owed_gradient_steps
 from marl_core.rl.networks import masked_argmax
 from marl_core.rl.settings import DQNConfig
 
@@ -219,26 +219,11 @@ class ValueDecompositionLearner:
 
     def learn(self, batch: JointExperience) -> dict[str, float]:
         """Store the segment, move epsilon on, and take the gradient steps owed for it."""
-        c = self.config
         self.buffer.add(batch)
         self.env_steps += batch.steps * batch.envs
         for policy in self.policies.values():
             policy.epsilon.fill_(self.epsilon())
-        owed = max(0, self.env_steps - c.learning_starts) // c.train_every - self.gradient_steps
-        losses, q_values = [], []
-        for _ in range(owed):
-            loss, q = self._gradient_step()
-            losses.append(loss)
-            q_values.append(q)
-        metrics = {
-            "gradient_steps": float(self.gradient_steps),
-            "env_steps": float(self.env_steps),
-            "epsilon": self.epsilon(),
-            "updates": float(owed),
-        }
-        if losses:
-            metrics.update(loss=float(np.mean(losses)), q_tot=float(np.mean(q_values)))
-        return metrics
+        return take_owed_gradient_steps(self, q_name="q_tot")
 
     def utilities(self, networks: dict[str, nn.Module], obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each policy's Q-values [B, n_p, A_p] for its stacked agents: one forward pass per policy."""

@@ -151,22 +151,7 @@ class DQNTrainer:
 
     def update(self) -> dict[str, float]:
         """All gradient steps owed for the environment steps seen so far; returns their mean metrics."""
-        c = self.config
-        owed = max(0, self.env_steps - c.learning_starts) // c.train_every - self.gradient_steps
-        losses, q_values = [], []
-        for _ in range(owed):
-            loss, q = self._gradient_step()
-            losses.append(loss)
-            q_values.append(q)
-        metrics = {
-            "gradient_steps": float(self.gradient_steps),
-            "env_steps": float(self.env_steps),
-            "epsilon": self.epsilon(),
-            "updates": float(owed),
-        }
-        if losses:
-            metrics.update(loss=float(np.mean(losses)), q=float(np.mean(q_values)))
-        return metrics
+        return take_owed_gradient_steps(self, q_name="q")
 
     def _gradient_step(self) -> tuple[float, float]:
         c = self.config
@@ -216,3 +201,26 @@ class DQNTrainer:
 
 
 ALGORITHM = Algorithm(DQNConfig, DQNTrainer, QPolicy)
+
+
+def take_owed_gradient_steps(learner, q_name: str) -> dict[str, float]:
+    """One gradient step per `train_every` environment steps after `learning_starts`, however
+    the steps arrived: a learner that got a big batch catches up, one that got a small one waits.
+    `learner` is a replay learner (DQN, VDN/QMIX): `config`, `env_steps`, `gradient_steps`,
+    `epsilon()` and `_gradient_step() -> (loss, mean Q)`."""
+    c = learner.config
+    owed = max(0, learner.env_steps - c.learning_starts) // c.train_every - learner.gradient_steps
+    losses, q_values = [], []
+    for _ in range(owed):
+        loss, q = learner._gradient_step()
+        losses.append(loss)
+        q_values.append(q)
+    metrics = {
+        "gradient_steps": float(learner.gradient_steps),
+        "env_steps": float(learner.env_steps),
+        "epsilon": learner.epsilon(),
+        "updates": float(owed),
+    }
+    if losses:
+        metrics.update({"loss": float(np.mean(losses)), q_name: float(np.mean(q_values))})
+    return metrics

@@ -187,17 +187,7 @@ class PPOTrainer:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
         self.optimizer.step()
-        with torch.no_grad():
-            approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance KL estimator
-            clip_fraction = ((ratio - 1).abs() > c.clip).float().mean()
-        return {
-            "loss": loss.item(),
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": entropy.item(),
-            "approx_kl": approx_kl.item(),
-            "clip_fraction": clip_fraction.item(),
-        }
+        return step_metrics(loss, policy_loss, value_loss, entropy, ratio, log_ratio, c.clip)
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly: networks, optimizer, RNG, counter."""
@@ -216,3 +206,18 @@ class PPOTrainer:
 
 
 ALGORITHM = Algorithm(PPOConfig, PPOTrainer, ActorCriticPolicy)
+
+
+def step_metrics(loss, policy_loss, value_loss, entropy, ratio, log_ratio, clip: float) -> dict[str, float]:
+    """A PPO gradient step's figures, with the two that say how far the policy moved."""
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance KL estimator
+        clip_fraction = ((ratio - 1).abs() > clip).float().mean()
+    return {
+        "loss": loss.item(),
+        "policy_loss": policy_loss.item(),
+        "value_loss": value_loss.item(),
+        "entropy": entropy.item(),
+        "approx_kl": approx_kl.item(),
+        "clip_fraction": clip_fraction.item(),
+    }
