@@ -78,13 +78,14 @@ def main() -> None:
         columns += [f"greedy {policy}" for policy in groups]
     print(f"MADDPG on {ENV}: {config.algorithm_settings!r}; policies: {groups}", flush=True)
     print(f"{'env_steps':>10}" + "".join(f"{name:>18}" for name in columns) + f"{'minutes':>8}", flush=True)
+    agents = sorted(a for members in groups.values() for a in members)
+    good = [a for a in agents if not a.startswith("adversary")]
+    adversaries = [a for a in agents if a.startswith("adversary")]
     rows, started = [], time.perf_counter()
     for record, learner in iterate_marl_local(config):
         if record.eval_returns is None:
             continue
         mean, err = record.eval_returns, record.eval_stderr
-        good = [a for a in sorted(groups_agents(groups)) if not a.startswith("adversary")]
-        adversaries = [a for a in sorted(groups_agents(groups)) if a.startswith("adversary")]
         # The mean of the agents' standard errors bounds the standard error of their mean (equal to
         # it here: simple_adversary's good agents share one reward).
         values = [
@@ -93,9 +94,9 @@ def main() -> None:
         ]
         if sampled is not None:
             returns = sampled.play_episodes(learner.policies, args.eval_episodes, seed=10_000 + record.round, explore=True)
-            agents = list(sampled.spec.agents)
+            order = list(sampled.spec.agents)
             for members in (good, adversaries):
-                per_episode = returns[:, [agents.index(a) for a in members]].mean(axis=1)
+                per_episode = returns[:, [order.index(a) for a in members]].mean(axis=1)
                 values.append((float(per_episode.mean()), float(per_episode.std(ddof=1) / np.sqrt(len(per_episode)))))
         if args.per_policy:
             values += [(mean[f"policy/{policy}"], err[f"policy/{policy}"]) for policy in groups]
@@ -115,10 +116,6 @@ def main() -> None:
         print(f"csv: {args.csv}")
     if args.plot:
         plot(rows, columns, args.plot, "separate actors and critics" if args.separate else "good agents share a network")
-
-
-def groups_agents(groups: dict[str, list[str]]) -> list[str]:
-    return [a for members in groups.values() for a in members]
 
 
 def plot(rows, columns: list[str], path: str, subtitle: str) -> None:

@@ -58,6 +58,7 @@ from marl_core.marl.collector import PolicyLayout
 from marl_core.marl.settings import MADDPGConfig
 from marl_core.marl.value_decomposition import JointReplayBuffer
 from marl_core.policies.tabular import sample_rows
+from marl_core.rl.dqn import owed_gradient_steps
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 
@@ -145,26 +146,12 @@ class Transitions(NamedTuple):
 
 
 class PerAgentReplayBuffer(JointReplayBuffer):
-    """VDN/QMIX's joint replay buffer, plus what MADDPG needs besides: each agent's own reward
-    (the parent keeps only the team's mean) and the legal actions of the step itself (the actor
-    update samples actions there)."""
+    """VDN/QMIX's joint replay buffer with MADDPG's fields: each agent's own reward (besides the
+    team's mean) and the legal actions of the step itself (the actor update samples actions
+    there). The critics see every agent's observation, so the global state is not kept."""
 
-    PER_POLICY = JointReplayBuffer.PER_POLICY + ("mask",)  # the parent stores, saves and loads these
-
-    def __init__(self, capacity: int, layout: PolicyLayout, state_size: int):
-        super().__init__(capacity, layout, state_size)
-        self.mask, self.agent_reward = {}, {}
-        for policy, agents in layout.groups.items():
-            self.mask[policy] = np.zeros((capacity, len(agents), layout.num_actions[policy]), np.bool_)
-            self.agent_reward[policy] = np.zeros((capacity, len(agents)), np.float32)
-
-    def add(self, batch: JointExperience) -> None:
-        rows = batch.flat()
-        n = min(rows.steps, self.capacity)
-        slots = (self.position + np.arange(n)) % self.capacity  # where the parent puts them
-        super().add(batch)
-        for policy, agents in self.layout.groups.items():
-            self.agent_reward[policy][slots] = np.stack([rows.reward[a][-n:, 0] for a in agents], axis=1)
+    PER_POLICY = {**JointReplayBuffer.PER_POLICY, "mask": "mask", "agent_reward": "reward"}
+    SHARED = ("reward", "terminated")
 
     def sample(self, batch_size: int, generator: np.random.Generator) -> Transitions:
         index = generator.integers(self.size, size=batch_size)
@@ -177,16 +164,6 @@ class PerAgentReplayBuffer(JointReplayBuffer):
             next_obs=rows(self.next_obs), next_mask=rows(self.next_mask),
             terminated=torch.from_numpy(self.terminated[index]),
         )
-
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["agent_reward"] = {p: torch.from_numpy(v[: self.size].copy()) for p, v in self.agent_reward.items()}
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        for policy, values in self.agent_reward.items():
-            values[: self.size] = state["agent_reward"][policy].numpy()
 
 
 # --- the learner -------------------------------------------------------------------------------
@@ -226,10 +203,9 @@ class MADDPGLearner:
 
     def learn(self, batch: JointExperience) -> dict[str, float]:
         """Store the segment and make the updates owed for it."""
-        c = self.config
         self.buffer.add(batch)
         self.env_steps += batch.steps * batch.envs
-        owed = max(0, self.env_steps - c.learning_starts) // c.train_every - self.gradient_steps
+        owed = owed_gradient_steps(self)
         history: dict[str, list[float]] = {}
         for _ in range(owed):
             for name, value in self._update().items():

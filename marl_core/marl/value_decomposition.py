@@ -47,7 +47,7 @@ from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
 from marl_core.marl.collector import PolicyLayout
 from marl_core.marl.settings import QMIXConfig, ValueDecompositionConfig, VDNConfig
-from marl_core.rl.dqn import QPolicy, take_owed_gradient_steps
+from marl_core.rl.dqn import QPolicy, linear_epsilon, take_owed_gradient_steps
 from marl_core.rl.networks import masked_argmax
 from marl_core.rl.settings import DQNConfig
 
@@ -108,30 +108,46 @@ class JointTransitions(NamedTuple):
     terminated: torch.Tensor  # [B] bool
 
 
+_DTYPES = {
+    "obs": np.float32, "next_obs": np.float32, "action": np.int64, "mask": np.bool_, "next_mask": np.bool_,
+    "reward": np.float32, "state": np.float32, "next_state": np.float32, "terminated": np.bool_,
+}
+
+
+def _tail(source: str, layout: PolicyLayout, policy: str) -> tuple[int, ...]:
+    """The shape of one agent's entry of a per-agent field, e.g. its observation size."""
+    if source in ("obs", "next_obs"):
+        return (layout.obs_size[policy],)
+    if source in ("mask", "next_mask"):
+        return (layout.num_actions[policy],)
+    return ()  # action, reward
+
+
 class JointReplayBuffer:
     """A numpy ring buffer of joint transitions: once full, new ones overwrite the oldest.
 
     Agents are stored stacked by policy id (in the layout's group order), so a minibatch feeds
     each shared network in one forward pass. The legal-action masks of the step itself are not
     kept: the action taken was legal, and only the next step's masks enter the target.
+
+    The fields are declared, not written out: `PER_POLICY` maps each per-policy field to the
+    per-agent `JointExperience` field it copies, `SHARED` names the fields of the whole step
+    (`reward` is the team's: the mean over agents). A subclass that needs other fields (MADDPG)
+    changes the two declarations; storing, saving and loading follow them.
     """
 
-    PER_POLICY = ("obs", "action", "next_obs", "next_mask")
+    PER_POLICY = {"obs": "obs", "action": "action", "next_obs": "next_obs", "next_mask": "next_mask"}
     SHARED = ("reward", "state", "next_state", "terminated")
 
     def __init__(self, capacity: int, layout: PolicyLayout, state_size: int):
         self.capacity, self.layout = capacity, layout
-        self.obs, self.action, self.next_obs, self.next_mask = {}, {}, {}, {}
-        for policy, agents in layout.groups.items():
-            n, size, actions = len(agents), layout.obs_size[policy], layout.num_actions[policy]
-            self.obs[policy] = np.zeros((capacity, n, size), np.float32)
-            self.action[policy] = np.zeros((capacity, n), np.int64)
-            self.next_obs[policy] = np.zeros((capacity, n, size), np.float32)
-            self.next_mask[policy] = np.zeros((capacity, n, actions), np.bool_)
-        self.reward = np.zeros(capacity, np.float32)
-        self.state = np.zeros((capacity, state_size), np.float32)
-        self.next_state = np.zeros((capacity, state_size), np.float32)
-        self.terminated = np.zeros(capacity, np.bool_)
+        for name, source in self.PER_POLICY.items():
+            setattr(self, name, {
+                policy: np.zeros((capacity, len(agents), *_tail(source, layout, policy)), _DTYPES[source])
+                for policy, agents in layout.groups.items()
+            })
+        for name in self.SHARED:
+            setattr(self, name, np.zeros((capacity, *((state_size,) if "state" in name else ())), _DTYPES[name]))
         self.size = 0  # transitions held
         self.position = 0  # where the next one goes
 
@@ -139,20 +155,20 @@ class JointReplayBuffer:
         return self.size
 
     def add(self, batch: JointExperience) -> None:
-        """Every [t, e] row of the batch as one joint transition, with the team reward."""
+        """Every [t, e] row of the batch as one joint transition."""
         rows = batch.flat()  # [T*E, 1, ...]: each row a transition that stands alone
         n = min(rows.steps, self.capacity)  # more than fits: only the newest survive anyway
         if n == 0:
             return
         slots = (self.position + np.arange(n)) % self.capacity
-        for policy, agents in self.layout.groups.items():
-            for name in self.PER_POLICY:
-                stacked = np.stack([getattr(rows, name)[a][-n:, 0] for a in agents], axis=1)
-                getattr(self, name)[policy][slots] = stacked
-        self.reward[slots] = np.mean([rows.reward[a][-n:, 0] for a in rows.agents], axis=0)
-        self.state[slots] = rows.state[-n:, 0]
-        self.next_state[slots] = rows.next_state[-n:, 0]
-        self.terminated[slots] = rows.terminated[-n:, 0]
+        for name, source in self.PER_POLICY.items():
+            for policy, agents in self.layout.groups.items():
+                getattr(self, name)[policy][slots] = np.stack([getattr(rows, source)[a][-n:, 0] for a in agents], axis=1)
+        for name in self.SHARED:
+            if name == "reward":
+                self.reward[slots] = np.mean([rows.reward[a][-n:, 0] for a in rows.agents], axis=0)
+            else:
+                getattr(self, name)[slots] = getattr(rows, name)[-n:, 0]
         self.position = (self.position + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
@@ -212,10 +228,7 @@ class ValueDecompositionLearner:
         raise NotImplementedError
 
     def epsilon(self) -> float:
-        """Linear decay from epsilon_start to epsilon_end over the first epsilon_decay_steps steps."""
-        c = self.config
-        fraction = min(self.env_steps / c.epsilon_decay_steps, 1.0)
-        return c.epsilon_start + fraction * (c.epsilon_end - c.epsilon_start)
+        return linear_epsilon(self.config, self.env_steps)
 
     def learn(self, batch: JointExperience) -> dict[str, float]:
         """Store the segment, move epsilon on, and take the gradient steps owed for it."""

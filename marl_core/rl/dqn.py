@@ -133,10 +133,7 @@ class DQNTrainer:
         self.gradient_steps = 0
 
     def epsilon(self) -> float:
-        """Linear decay from epsilon_start to epsilon_end over the first epsilon_decay_steps steps."""
-        c = self.config
-        fraction = min(self.env_steps / c.epsilon_decay_steps, 1.0)
-        return c.epsilon_start + fraction * (c.epsilon_end - c.epsilon_start)
+        return linear_epsilon(self.config, self.env_steps)
 
     def add(self, experience: Experience) -> None:
         """Store transitions, count them as environment steps, and advance epsilon."""
@@ -203,13 +200,25 @@ class DQNTrainer:
 ALGORITHM = Algorithm(DQNConfig, DQNTrainer, QPolicy)
 
 
+def linear_epsilon(config, env_steps: int) -> float:
+    """Linear decay from epsilon_start to epsilon_end over the first epsilon_decay_steps steps."""
+    fraction = min(env_steps / config.epsilon_decay_steps, 1.0)
+    return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+
+
+def owed_gradient_steps(learner) -> int:
+    """Gradient steps owed for the environment steps seen: one per `train_every` after
+    `learning_starts`, less those taken."""
+    c = learner.config
+    return max(0, learner.env_steps - c.learning_starts) // c.train_every - learner.gradient_steps
+
+
 def take_owed_gradient_steps(learner, q_name: str) -> dict[str, float]:
     """One gradient step per `train_every` environment steps after `learning_starts`, however
     the steps arrived: a learner that got a big batch catches up, one that got a small one waits.
     `learner` is a replay learner (DQN, VDN/QMIX): `config`, `env_steps`, `gradient_steps`,
     `epsilon()` and `_gradient_step() -> (loss, mean Q)`."""
-    c = learner.config
-    owed = max(0, learner.env_steps - c.learning_starts) // c.train_every - learner.gradient_steps
+    owed = owed_gradient_steps(learner)
     losses, q_values = [], []
     for _ in range(owed):
         loss, q = learner._gradient_step()
