@@ -73,6 +73,7 @@ BAD = [
     ({"stop_exploitability": float("nan")}, "nan"),
     ({"num_cpus": 0}, "num_cpus"),
     ({"experiment": ""}, "experiment"),
+    ({"best_response": {"opponent_epsilon": 1.5}}, "opponent_epsilon"),
 ]
 
 

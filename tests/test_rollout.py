@@ -112,6 +112,38 @@ def test_all_agents_of_a_role_act_with_the_member_drawn_for_the_episode():
     assert np.all(result.draws[:, 0] == 0) and len(set(result.draws[:, 1].tolist())) == 3
 
 
+@pytest.mark.parametrize("epsilon", [0.0, 1.0])
+def test_trembling_opponents_make_uniformly_random_moves_at_the_asked_rate(epsilon):
+    # Kuhn, both players always pass: every hand is a showdown for the ante of 1. Each move
+    # trembles with chance e to a uniform one (a bet with chance e/2), and a stake of 2 needs a
+    # bet that is called: P = (e/2)^2 (1 - e/2) + (e/2)^2 = 0.375 at e = 1.
+    passing = {f"player_{p}": PolicyMixture((_always("kuhn_poker", p, PASS, PASS),), np.array([1.0])) for p in (0, 1)}
+    worker = RolloutWorker("kuhn_poker", envs_per_worker=8)
+    stakes = np.abs(worker.collect(RolloutRequest(PLAYERS, passing, episodes=4000, seed=(3,), opponent_epsilon=epsilon)).episode_returns[:, 0])
+    called = (stakes == 2).mean()
+    expected = (epsilon / 2) ** 2 * (2 - epsilon / 2)
+    assert abs(called - expected) <= 4 * np.sqrt(max(expected * (1 - expected), 1e-12) / 4000)
+
+
+def test_the_learner_never_trembles():
+    # The learner's network always passes (its last layer puts all value on PASS) and so folds to
+    # a bet; only trembling opponents ever bet. A stake of 2 would need the learner to bet or call.
+    always_pass = PolicyMixture((_always("kuhn_poker", 1, PASS, PASS),), np.array([1.0]))
+    spec = _dqn_learner()
+    policy = ALGORITHMS["dqn"].policy(11, 2, spec.config)
+    weights = policy.get_weights()
+    last = [name for name in weights if name.endswith("weight")][-1]
+    weights[last].zero_()
+    weights[last.replace("weight", "bias")].copy_(torch.tensor([1.0, 0.0]))
+    store = ParameterStore()
+    store.push(spec.key, 0, weights)
+    worker = RolloutWorker("kuhn_poker", envs_per_worker=8, parameter_store=store)
+    request = RolloutRequest(PLAYERS, {"player_1": always_pass}, episodes=500, seed=(4,), learner=spec, learner_role="player_0", explore=False, opponent_epsilon=1.0)
+    result = worker.collect(request)
+    stakes = np.abs(result.episode_returns[:, 0])
+    assert np.all(result.experience.action == PASS) and set(np.unique(stakes)) == {1.0}
+
+
 def test_mixed_tabular_and_neural_members_in_one_population():
     # Kuhn: player 0 always bets. Player 1's tabular member always passes (folds), so player 0
     # wins exactly 1 in its episodes; its network member (an untrained actor, neither 0 nor 1

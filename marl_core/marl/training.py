@@ -225,12 +225,14 @@ def round_record(config, round: int, env_steps: int, collected: Collected, learn
     )
 
 
-def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0) -> Iterator[tuple[RoundRecord, Any]]:
-    """The rounds in this process: yields (record, learner) after each round."""
+def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0, workers=None) -> Iterator[tuple[RoundRecord, Any]]:
+    """The rounds in this process: yields (record, learner) after each round. `workers`: anything
+    with `Workers`' interface (`flows.marl_flow.RayWorkers` plays on Ray actors at the same time);
+    by default the workers play here, one after another."""
     import torch
 
     torch.set_num_threads(1)  # small networks, many small batches: threads only contend
-    workers = Workers(config)
+    workers = workers or Workers(config)
     learner = learner or make_learner(config, workers.layout, workers.spec.state_size)
     for round in range(first_round, config.rounds):
         collected = workers.collect(learner.policies, config.steps_per_round)

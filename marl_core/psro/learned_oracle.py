@@ -62,6 +62,7 @@ class Rounds:
     seed: tuple[int, ...]
     budget: int  # training episodes in all
     per_round: int
+    opponent_epsilon: float
 
     @classmethod
     def of(cls, call: OracleCall) -> "Rounds":
@@ -76,6 +77,7 @@ class Rounds:
             seed=(config.seed, call.iteration, call.role, *call.seed_key),
             budget=call.budget or config.best_response.episodes,
             per_round=config.best_response.episodes_per_round,
+            opponent_epsilon=call.opponent_epsilon,
         )
 
     @property
@@ -96,6 +98,7 @@ class Rounds:
                 learner=learner,
                 learner_role=self.role,
                 weights_version=round_index,
+                opponent_epsilon=self.opponent_epsilon,
             )
             for worker, share in enumerate(shares)
             if len(share)

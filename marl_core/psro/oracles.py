@@ -34,7 +34,9 @@ class OracleCall:
     run's `best_response.episodes`, or the approximate-exploitability budget); `pool` holds the
     rollout workers of learned oracles; `seed_key` makes each response's randomness its own;
     `collector_step` says that a `collect-experience` step runs beside the learner and plays its
-    rounds (else the learned oracle plays them from a thread of its own)."""
+    rounds (else the learned oracle plays them from a thread of its own); `opponent_epsilon` makes
+    the opponents tremble while a learned response trains (the run's responses do, the
+    approximate-exploitability ones train against the mixture as it is)."""
 
     config: Any  # PSROConfig
     role: int
@@ -45,6 +47,7 @@ class OracleCall:
     budget: Optional[int] = None
     seed_key: tuple[int, ...] = ()
     collector_step: bool = False
+    opponent_epsilon: float = 0.0
 
 
 def exact_oracle(call: OracleCall) -> BestResponse:

@@ -13,6 +13,11 @@ class BestResponseTraining(BaseModel):
 
     episodes: int = Field(20_000, gt=0, description="training episodes per best response")
     episodes_per_round: int = Field(1_000, gt=0, description="episodes between weight updates of the workers")
+    opponent_epsilon: float = Field(
+        0.0, ge=0, le=1,
+        description="chance that an opponent's move, while a response trains, is a uniformly random legal one "
+        "(trembling opponents: the response also meets positions its opponents' greedy members never reach)",
+    )
 
 
 class RolloutSettings(BaseModel):

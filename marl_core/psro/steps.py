@@ -167,7 +167,10 @@ def initial_state(config: PSROConfig) -> PSROState:
 
 def best_response(config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool=None, collector_step: bool = False) -> BestResponse:
     """`collector_step`: a learned oracle's rounds are played by `collect_experience`, run beside this."""
-    call = OracleCall(config, role, populations, meta_strategy, iteration, pool, collector_step=collector_step)
+    call = OracleCall(
+        config, role, populations, meta_strategy, iteration, pool,
+        collector_step=collector_step, opponent_epsilon=config.best_response.opponent_epsilon,
+    )
     return get_oracle(config.oracle).compute(call)
 
 
@@ -176,7 +179,8 @@ def collect_experience(config: PSROConfig, role: int, populations, meta_strategy
     returns the rounds played (a retried learner's included)."""
     from marl_core.psro.learned_oracle import collect_experience
 
-    return collect_experience(OracleCall(config, role, populations, meta_strategy, iteration, pool))
+    call = OracleCall(config, role, populations, meta_strategy, iteration, pool, opponent_epsilon=config.best_response.opponent_epsilon)
+    return collect_experience(call)
 
 
 def expand_population(populations: list[Population], responses: list[BestResponse]) -> list[Population]:

@@ -39,6 +39,7 @@ from marl_core.envs import AgentID, AgentMapping, MultiAgentEnv, TimeStep, make_
 from marl_core.policies.base import Observations, Policy
 from marl_core.policies.tabular import TabularPolicy, sample_rows
 from marl_core.rl import ALGORITHMS, Experience
+from marl_core.rl.policy import uniform_legal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +80,7 @@ class RolloutRequest:
     learner_role: Optional[str] = None  # its agents all act with the learner's network; their transitions come back
     weights_version: int = 0  # the version the learner pushed for this request
     explore: bool = True
+    opponent_epsilon: float = 0.0  # chance that a population member's move is replaced by a uniformly random legal one
 
 
 @dataclasses.dataclass
@@ -142,6 +144,8 @@ class RolloutWorker:
             raise ValueError(f"role {learner_role!r} is played by the learner; it cannot also have a population")
         if not isinstance(request.episodes, int) or request.episodes < 0:
             raise ValueError(f"episodes must be a non-negative integer, got {request.episodes!r}")
+        if not 0 <= request.opponent_epsilon <= 1:
+            raise ValueError(f"opponent_epsilon must be in [0, 1], got {request.opponent_epsilon!r}")
         index = {role: k for k, role in enumerate(request.populations)}
         slot: dict[AgentID, int] = {}
         for agent in self.spec.agents:
@@ -262,6 +266,9 @@ class RolloutWorker:
                     for (chosen_here, agent, *_), action in zip(at, mixture.members[member].act(batch, rng).tolist()):
                         chosen_here[agent] = action
 
+            if request.opponent_epsilon > 0:
+                for (_, episode), chosen_here in zip(stepping, actions):
+                    _tremble(chosen_here, episode.step.action_masks, slot, request.opponent_epsilon, rng)
             for (i, episode), chosen_here in zip(stepping, actions):
                 step = self.envs[i].step(chosen_here)
                 env_steps += 1
@@ -284,6 +291,13 @@ class RolloutWorker:
             weights_version=version,
             seconds=time.perf_counter() - started,
         )
+
+
+def _tremble(chosen: dict[AgentID, int], masks: dict[AgentID, np.ndarray], slot: dict[AgentID, int], epsilon: float, rng: np.random.Generator) -> None:
+    """Replace each population member's move, with chance `epsilon`, by a uniformly random legal one."""
+    for agent in chosen:
+        if slot[agent] != LEARNER and rng.random() < epsilon:
+            chosen[agent] = int(uniform_legal(masks[agent][None], rng)[0])
 
 
 def _stacked_tables(mixture: PolicyMixture) -> Optional[np.ndarray]:
