@@ -17,12 +17,17 @@ updates), the return each ends with, and the wall time each needs to reach the r
 with, with the ratios RLlib / ours. The load average is printed beside the figures: time only on a
 quiet machine.
 
-    python benchmarks/marl_vs_rllib.py [--env-steps 300000] [--algorithms ippo mappo]
+With `--workers 2` both sides sample with two processes (ours: Ray actors, RLlib: two remote
+EnvRunners), the learner in the driver; each worker count is its own comparison, the same number
+of environments and steps per update on both sides.
+
+    python benchmarks/marl_vs_rllib.py [--env-steps 300000] [--algorithms ippo mappo] [--workers 1 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -89,10 +94,10 @@ def peer_python(venv: Path) -> Path:
     return python
 
 
-def run_peer(python: Path, scenario: str, env_steps: int, seed: int) -> list[dict]:
+def run_peer(python: Path, scenario: str, env_steps: int, seed: int, workers: int) -> list[dict]:
     command = [str(python), str(ROOT / "benchmarks" / "rllib_peer.py"), "--scenario", scenario,
                "--env-steps", str(env_steps), "--batch", str(STEPS_PER_UPDATE), "--envs-per-runner", str(ENVS),
-               "--seed", str(seed), "--hidden", *map(str, HIDDEN)]
+               "--env-runners", str(0 if workers == 1 else workers), "--seed", str(seed), "--hidden", *map(str, HIDDEN)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     process = subprocess.run(command, capture_output=True, text=True, env=env, timeout=7200)
     if process.returncode != 0:
@@ -100,22 +105,45 @@ def run_peer(python: Path, scenario: str, env_steps: int, seed: int) -> list[dic
     return [json.loads(line) for line in process.stdout.splitlines() if line.startswith("{")]
 
 
-def run_ours(algorithm: str, scenario: str, env_steps: int, seed: int) -> list[dict]:
+def run_ours(algorithm: str, scenario: str, env_steps: int, seed: int, workers: int) -> list[dict]:
+    """The in-process training loop; with more than one worker its workers are Ray actors
+    (`flows.marl_flow.RayWorkers`) that play at the same time, the learner staying here."""
     from marl_core.marl.training import MARLConfig, iterate_marl_local
 
     config = MARLConfig(
         env=f"pettingzoo:mpe2.{scenario}", algorithm=algorithm, settings=OUR_SETTINGS[algorithm],
-        rounds=env_steps // STEPS_PER_UPDATE, steps_per_round=STEPS_PER_UPDATE // ENVS, envs_per_worker=ENVS,
-        eval_every=10**9, seed=seed,
+        rounds=env_steps // STEPS_PER_UPDATE, steps_per_round=STEPS_PER_UPDATE // (ENVS * workers), envs_per_worker=ENVS,
+        workers=workers, eval_every=10**9, seed=seed,
     )
-    points, started = [], time.perf_counter()
-    for record, _ in iterate_marl_local(config):
-        points.append({
-            "env_steps": record.env_steps, "seconds": time.perf_counter() - started,
-            "return_per_agent": np.mean([v for k, v in record.train_returns.items() if not k.startswith("policy/")])
-            if record.train_returns else None,
-        })
+    with _ray_workers(config) as pool:
+        points, started = [], time.perf_counter()
+        for record, _ in iterate_marl_local(config, workers=pool):
+            points.append({
+                "env_steps": record.env_steps, "seconds": time.perf_counter() - started,
+                "return_per_agent": np.mean([v for k, v in record.train_returns.items() if not k.startswith("policy/")])
+                if record.train_returns else None,
+            })
     return points
+
+
+@contextlib.contextmanager
+def _ray_workers(config):
+    """None (the loop's own workers) for one worker; else Ray actors on a local Ray of
+    `config.workers` CPUs, started before the clock and stopped after."""
+    if config.workers == 1:
+        yield None
+        return
+    import ray
+
+    from flows.marl_flow import RayWorkers
+
+    ray.init(num_cpus=config.workers, address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        pool = RayWorkers(config)
+        ray.get([actor.__ray_ready__.remote() for actor in pool.actors])
+        yield pool
+    finally:
+        ray.shutdown()
 
 
 def uniform_random_return(scenario: str, episodes: int = 400) -> float:
@@ -163,21 +191,30 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, help="save the return curves (against wall seconds and steps) as a PNG here")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2],
+                        help="rollout workers per side, one comparison each (1: everything in one process)")
     parser.add_argument("--peer-venv", type=Path, default=ROOT / ".bench" / "rllib-venv")
     args = parser.parse_args()
 
     python = peer_python(args.peer_venv)
-    print(f"load average before: {os.getloadavg()[0]:.2f} (time only on a quiet machine)", flush=True)
-    curves = {"rllib ppo": smoothed(run_peer(python, args.scenario, args.env_steps, args.seed), args.window)}
-    for algorithm in args.algorithms:
-        curves[algorithm] = smoothed(run_ours(algorithm, args.scenario, args.env_steps, args.seed), args.window)
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-
-    target = curves["rllib ppo"][-1][2]
     uniform = uniform_random_return(args.scenario)
+    for workers in args.workers:
+        print(f"load average before: {os.getloadavg()[0]:.2f} (time only on a quiet machine)", flush=True)
+        curves = {"rllib ppo": smoothed(run_peer(python, args.scenario, args.env_steps, args.seed, workers), args.window)}
+        for algorithm in args.algorithms:
+            curves[algorithm] = smoothed(run_ours(algorithm, args.scenario, args.env_steps, args.seed, workers), args.window)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        report(curves, uniform, args, workers)
+        if args.plot:
+            plot(curves, curves["rllib ppo"][-1][2], uniform, args.scenario, args.plot.with_stem(f"{args.plot.stem}-{workers}w"))
+
+
+def report(curves: dict, uniform: float, args, workers: int) -> None:
+    target = curves["rllib ppo"][-1][2]
     reference = time_to(curves["rllib ppo"], target)
     rate = {name: curve[-1][0] / curve[-1][1] for name, curve in curves.items()}
-    print(f"\n{args.scenario}, {args.env_steps} environment steps, {STEPS_PER_UPDATE} per update, hidden {HIDDEN}")
+    sampling = "one process each" if workers == 1 else f"{workers} rollout workers each (RLlib: EnvRunners), the learner in the driver"
+    print(f"\n{args.scenario}, {args.env_steps} environment steps, {STEPS_PER_UPDATE} per update, hidden {HIDDEN}, {sampling}")
     print("return: summed over an episode, mean over agents, mean over an iteration's episodes, "
           f"smoothed over {args.window} iterations; target = RLlib's final return {target:.2f}; "
           f"uniform random play {uniform:.2f}")
@@ -187,9 +224,7 @@ def main() -> None:
         speedup = f"{reference / reached:8.2f}x" if reached else "   never"
         progress = (curve[-1][2] - uniform) / (target - uniform)  # 0: uniform random play, 1: RLlib's final return
         print(f"{name:12s} {rate[name]:9.0f} {rate[name] / rate['rllib ppo']:7.2f}x {curve[-1][2]:13.2f} {progress:9.0%} "
-              f"{reached if reached is None else round(reached, 1)!s:>12s} {speedup:>9s}")
-    if args.plot:
-        plot(curves, target, uniform, args.scenario, args.plot)
+              f"{reached if reached is None else round(reached, 1)!s:>12s} {speedup:>9s}", flush=True)
 
 
 def plot(curves: dict, target: float, uniform: float, scenario: str, path: Path) -> None:

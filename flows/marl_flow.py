@@ -51,6 +51,8 @@ class RayWorkers:
 
     def __init__(self, config: MARLConfig):
         self.actors = [ray.remote(num_cpus=0)(_Worker).remote(config, i) for i in range(config.workers)]
+        probe = training.Workers(config.model_copy(update={"workers": 1, "envs_per_worker": 1}))
+        self.layout, self.spec = probe.layout, probe.spec
 
     def collect(self, policies, steps: int) -> training.Collected:
         started = time.perf_counter()
