@@ -2,7 +2,8 @@
 
 A quick check that a run learned something: per role, the role's population, mixed by the
 meta-strategy of the run's last committed iteration (one member drawn per game, as PSRO mixes),
-plays N games against `UniformPolicy` on every other role, greedily (explore=False), on a local
+plays N games against `UniformPolicy` on every other role, each member acting as it does in
+evaluation (explore=False: a DQN member with its `epsilon_eval`), on a local
 rollout worker. Populations and meta-strategies are read back exactly as `psro resume` reads
 them (`flows.tracking.resume.load_checkpoint`), so no server is needed, only the MLflow store.
 

@@ -74,6 +74,7 @@ BAD = [
     ({"num_cpus": 0}, "num_cpus"),
     ({"experiment": ""}, "experiment"),
     ({"best_response": {"opponent_epsilon": 1.5}}, "opponent_epsilon"),
+    ({"oracle": "dqn", "dqn": {"epsilon_eval": -0.1}}, "epsilon_eval"),
 ]
 
 

@@ -81,16 +81,43 @@ def test_acting_never_picks_masked_actions(policy):
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=0, atol=1e-12)
 
 
-def test_q_policy_means_greedy_with_ties_to_lowest_index():
-    policy = QPolicy(2, 4, DQNConfig())
-    with torch.no_grad():  # constant Q-values (3, 7, 7, 1) whatever the observation
+def _constant_q_policy(values, **settings) -> QPolicy:
+    """Q-values `values` whatever the observation (2 features)."""
+    policy = QPolicy(2, len(values), DQNConfig(**settings))
+    with torch.no_grad():
         for layer in policy.q:
             if isinstance(layer, torch.nn.Linear):
                 layer.weight.zero_()
-        policy.q[-1].bias.copy_(torch.tensor([3.0, 7.0, 7.0, 1.0]))
+        policy.q[-1].bias.copy_(torch.tensor(values))
+    return policy
+
+
+def test_q_policy_means_greedy_with_ties_to_lowest_index():
+    policy = _constant_q_policy([3.0, 7.0, 7.0, 1.0])
     obs = np.zeros((3, 2), np.float32)
     mask = np.array([[1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 0, 1]], bool)
     np.testing.assert_array_equal(policy.action_probs(obs, mask), np.eye(4)[[1, 2, 0]])
+
+
+def test_q_policy_with_epsilon_eval_means_and_plays_epsilon_greedy():
+    policy = _constant_q_policy([3.0, 7.0, 1.0, 0.0], epsilon_eval=0.2, epsilon_start=1.0)
+    mask = np.array([[1, 1, 1, 0], [1, 0, 1, 1]], bool)
+    obs = np.zeros((2, 2), np.float32)
+    expected = np.array([[0.2 / 3, 0.8 + 0.2 / 3, 0.2 / 3, 0], [0.8 + 0.2 / 3, 0, 0.2 / 3, 0.2 / 3]])
+    np.testing.assert_allclose(policy.action_probs(obs, mask), expected, rtol=0, atol=1e-12)
+    # evaluation acts with epsilon_eval, not the training schedule's epsilon (1.0 here)
+    n = 20_000
+    actions, _ = policy.act(np.zeros((n, 2), np.float32), np.repeat(mask[:1], n, axis=0), False, np.random.default_rng(0))
+    frequencies = np.bincount(actions, minlength=4) / n
+    np.testing.assert_allclose(frequencies, expected[0], atol=4 * np.sqrt(0.25 / n))
+
+
+def test_greedy_q_policy_draws_no_random_numbers_in_evaluation():
+    policy = _constant_q_policy([3.0, 7.0, 1.0])
+    rng = np.random.default_rng(0)
+    actions, _ = policy.act(np.zeros((5, 2), np.float32), np.ones((5, 3), bool), False, rng)
+    assert (actions == 1).all()
+    assert rng.random() == np.random.default_rng(0).random()
 
 
 def test_ppo_log_probs_match_the_masked_softmax():

@@ -32,16 +32,19 @@ from marl_core.rl.settings import DQNConfig
 
 
 class QPolicy(NetworkPolicy):
-    """Epsilon-greedy over legal actions on a Q-network; it means the greedy policy.
+    """Epsilon-greedy over legal actions on a Q-network.
 
-    With probability `epsilon` a sample takes a uniformly random legal action, otherwise the legal
-    action of highest Q-value (ties to the lowest index). Extras: none.
+    With probability epsilon a sample takes a uniformly random legal action, otherwise the legal
+    action of highest Q-value (ties to the lowest index). While it trains, epsilon follows the
+    schedule (the `epsilon` buffer); the policy it stands for, as a population member and in
+    evaluation (`explore=False`), uses the fixed `epsilon_eval`, greedy by default. Extras: none.
     """
 
     def __init__(self, obs_size: int, num_actions: int, config: DQNConfig):
         super().__init__(obs_size, num_actions)
         self.q = mlp(obs_size, config.hidden, num_actions, nn.ReLU)
         self.register_buffer("epsilon", torch.tensor(float(config.epsilon_start)))
+        self.epsilon_eval = config.epsilon_eval
 
     def _greedy(self, obs: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         obs_t, mask_t = self._tensors(obs, mask)
@@ -50,15 +53,19 @@ class QPolicy(NetworkPolicy):
 
     def act(self, obs, mask, explore, generator):
         greedy, mask = self._greedy(obs, mask)
-        if not explore:
+        if explore:
+            epsilon = float(self.epsilon)
+        elif self.epsilon_eval == 0:
             return greedy, {}
-        random = generator.random(len(greedy)) < float(self.epsilon)
+        else:
+            epsilon = self.epsilon_eval
+        random = generator.random(len(greedy)) < epsilon
         return np.where(random, uniform_legal(mask, generator), greedy), {}
 
     def action_probs(self, obs, mask):
-        greedy, _ = self._greedy(obs, mask)
-        probs = np.zeros((len(greedy), self.num_actions))
-        probs[np.arange(len(greedy)), greedy] = 1.0
+        greedy, mask = self._greedy(obs, mask)
+        probs = self.epsilon_eval * mask / mask.sum(axis=1, keepdims=True)
+        probs[np.arange(len(greedy)), greedy] += 1.0 - self.epsilon_eval
         return probs
 
 

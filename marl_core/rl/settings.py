@@ -26,6 +26,11 @@ class DQNConfig(BaseModel):
     epsilon_start: float = Field(1.0, ge=0, le=1, description="exploration rate at the first step")
     epsilon_end: float = Field(0.04, ge=0, le=1, description="exploration rate after the decay")
     epsilon_decay_steps: int = Field(8_000, gt=0, description="environment steps of the linear decay")
+    epsilon_eval: float = Field(
+        0.0, ge=0, le=1,
+        description="exploration rate of the policy the network stands for: a population member and greedy "
+        "evaluation (0: greedy; a little keeps deterministic members from playing each other one game forever)",
+    )
     double: bool = Field(True, description="online network picks the next action, target network values it")
     max_grad_norm: float = Field(10.0, gt=0, description="gradient-norm clip")
     seed: int = Field(0, description="seeds network initialisation and replay sampling")
