@@ -233,6 +233,11 @@ def test_simple_spread_parallel_adapter_against_the_raw_env():
         assert step.rewards == {a: float(r) for a, r in raw_rewards.items()}
         steps += 1
     assert steps == 25 and step_kinds(step) == {"truncated"}
+    # the steps above ran without PettingZoo's checking wrappers; the adapter checks actions itself
+    assert type(env.env.aec_env) is simple_spread_v3.raw_env
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"illegal action 5 for agent 'agent_0'; legal actions: \[0, 1, 2, 3, 4\]"):
+        env.step({"agent_0": 5, "agent_1": 0, "agent_2": 0})
 
 
 def test_simple_spread_aec_adapter_steps_truncated_agents_out():

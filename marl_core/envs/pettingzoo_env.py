@@ -20,6 +20,8 @@ import dataclasses
 import gymnasium
 import numpy as np
 from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.utils.conversions import aec_to_parallel_wrapper
+from pettingzoo.utils.wrappers import AssertOutOfBoundsWrapper, BaseWrapper, OrderEnforcingWrapper
 
 from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep, check_actions, check_rewards
 
@@ -148,11 +150,31 @@ class PettingZooAECEnv(MultiAgentEnv):
         return self._last
 
 
+# PettingZoo wrappers that only check how the environment is called, never change what it does.
+_CHECKING_WRAPPERS = (OrderEnforcingWrapper, AssertOutOfBoundsWrapper)
+
+
+def _without_checking_wrappers(env: ParallelEnv) -> ParallelEnv:
+    """A parallel env converted from an AEC env (`parallel_wrapper_fn`, as MPE's `parallel_env()`)
+    rebuilt on the raw AEC env when every wrapper in between only checks: the adapter itself checks
+    each action against the agent's mask (`check_actions`) and calls reset and step in order, and
+    the checks' attribute forwarding costs a large share of an MPE step. Anything else is returned
+    as it is."""
+    if not isinstance(env, aec_to_parallel_wrapper):
+        return env
+    inner = env.aec_env
+    while isinstance(inner, _CHECKING_WRAPPERS):
+        inner = inner.env
+    if inner is env.aec_env or isinstance(inner, BaseWrapper):
+        return env
+    return aec_to_parallel_wrapper(inner)
+
+
 class PettingZooParallelEnv(MultiAgentEnv):
     """A parallel PettingZoo env: every live agent acts in every step."""
 
     def __init__(self, env: ParallelEnv):
-        self.env = env
+        self.env = env = _without_checking_wrappers(env)
         self.spec, self._spaces = _spec(str(env.unwrapped), env, simultaneous=True)
         self._has_own_state = _own_state_size(env) > 0
         self._masks: dict[AgentID, np.ndarray] = {}
