@@ -72,10 +72,18 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
 
 
-class LocalPrefectServer:
-    """A `prefect server start` process on 127.0.0.1; `wait()` blocks until it answers."""
+# Services a server kept for one run does without: it schedules no deployments, runs no
+# automations and outlives no worker, so their loops would only take CPU from the run.
+ONE_RUN_SERVICES_OFF = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "TRIGGERS", "PAUSE_EXPIRATIONS", "REPOSSESSOR")
 
-    def __init__(self, home: Path, port: int | None = None):
+
+class LocalPrefectServer:
+    """A `prefect server start` process on 127.0.0.1; `wait()` blocks until it answers.
+
+    `one_run`: the server records a single run and stops with it (`ONE_RUN_SERVICES_OFF`).
+    """
+
+    def __init__(self, home: Path, port: int | None = None, one_run: bool = False):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/api"
         self.home = home
@@ -85,6 +93,8 @@ class LocalPrefectServer:
             os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_API_URL=self.url,
             PSRO_SERVER_EXIT_WITH_PARENT="1",  # a killed driver cannot stop it: it stops itself
         )
+        if one_run:
+            env.update({f"PREFECT_SERVER_SERVICES_{service}_ENABLED": "false" for service in ONE_RUN_SERVICES_OFF})
         self._log = open(home / "server.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "flows.prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
@@ -158,7 +168,7 @@ def prefect_api(home: Path | None = None) -> Iterator[tuple[str, Callable[[], No
             _flush_prefect_clients()
             os.environ.pop("PREFECT_API_URL", None)
         return
-    server = LocalPrefectServer(home)
+    server = LocalPrefectServer(home, one_run=True)
     os.environ["PREFECT_API_URL"] = server.url
     try:
         yield server.url, server.wait

@@ -82,3 +82,20 @@ def test_bad_server_settings_fail_in_one_line(tmp_path, args, message):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message]
     assert not (tmp_path / "psro-server.json").exists()
+
+
+@pytest.mark.parametrize("one_run", [True, False])
+def test_only_a_one_run_server_turns_its_scheduling_services_off(tmp_path, one_run):
+    """A server kept for one run (`prefect_api` without a `psro server`) drops the services that only
+    schedule or reap; a long-lived server (`psro server`, which serves deployments) keeps them."""
+    from flows.runtime import ONE_RUN_SERVICES_OFF, LocalPrefectServer
+
+    server = LocalPrefectServer(tmp_path / "prefect-home", one_run=one_run)
+    try:
+        environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().decode().split("\0")
+    finally:
+        server.stop()
+    off = {f"PREFECT_SERVER_SERVICES_{service}_ENABLED=false" for service in ONE_RUN_SERVICES_OFF}
+    assert "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED=false" in off
+    assert (off <= set(environ)) is one_run
+    assert not (off & set(environ)) or one_run
