@@ -9,6 +9,10 @@ In one run on this machine it trains, one after another:
 - **this project's IPPO and MAPPO**, the in-process training loop (`iterate_marl_local`), one
   shared policy, the same hidden layers, the same environment steps per update and in total.
 
+Both sides step the same environment object: MPE's raw env converted to parallel, without
+PettingZoo's checking-only wrappers (this project's adapter drops them and checks actions against
+the masks itself; the peer is handed the same construction).
+
 Returns are aggregated the same way on both sides: summed over an episode, averaged over the
 agents (RLlib's `episode_return_mean` sums over agents; the peer divides it by their number), and
 averaged over the training episodes that ended in an iteration, smoothed over `--window`

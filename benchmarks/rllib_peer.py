@@ -1,7 +1,8 @@
 """The RLlib side of `marl_vs_rllib.py`; runs inside the peer's own virtual environment.
 
 RLlib's PPO (new API stack: RLModule, Learner, EnvRunner) on a PettingZoo parallel MPE scenario
-through RLlib's own `ParallelPettingZooEnv` wrapper, every agent mapped to one shared policy
+through RLlib's own `ParallelPettingZooEnv` wrapper (around the same environment object as this
+project's side: the raw env without PettingZoo's checking-only wrappers), every agent mapped to one shared policy
 (parameter sharing, as this project's default), for a fixed number of environment steps.
 Prints one JSON line per training iteration: environment steps so far (RLlib's
 `num_env_steps_sampled_lifetime`: joint steps, as ours), wall seconds since training started
@@ -63,6 +64,7 @@ def main() -> None:
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
     from ray.tune.registry import register_env
+    from pettingzoo.utils.conversions import aec_to_parallel_wrapper
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -70,7 +72,9 @@ def main() -> None:
     probe = module.parallel_env(continuous_actions=False)
     agents, episode_length = probe.possible_agents, probe.unwrapped.max_cycles
     probe.close()
-    register_env("scenario", lambda _: ParallelPettingZooEnv(module.parallel_env(continuous_actions=False)))
+    # The environment this project's adapter steps: MPE's raw AEC env converted to parallel, without
+    # PettingZoo's checking-only wrappers (marl_core.envs.pettingzoo_env._without_checking_wrappers).
+    register_env("scenario", lambda _: ParallelPettingZooEnv(aec_to_parallel_wrapper(module.raw_env(continuous_actions=False))))
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
     try:
