@@ -51,8 +51,7 @@ class RayWorkers:
 
     def __init__(self, config: MARLConfig):
         self.actors = [ray.remote(num_cpus=0)(_Worker).remote(config, i) for i in range(config.workers)]
-        probe = training.Workers(config.model_copy(update={"workers": 1, "envs_per_worker": 1}))
-        self.layout, self.spec = probe.layout, probe.spec
+        self.layout, self.spec = training.layout_and_spec(config)
 
     def collect(self, policies, steps: int) -> training.Collected:
         started = time.perf_counter()
@@ -75,8 +74,8 @@ class _Learner:
         import torch
 
         torch.set_num_threads(1)
-        probe = training.Workers(config.model_copy(update={"workers": 1, "envs_per_worker": 1}))
-        self.layout, self.state_size = probe.layout, probe.spec.state_size
+        self.layout, spec = training.layout_and_spec(config)
+        self.state_size = spec.state_size
         self.learner = training.make_learner(config, self.layout, self.state_size)
         if state is not None:
             self.learner.load_state_dict(state)

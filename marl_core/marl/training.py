@@ -144,6 +144,16 @@ class Workers:
         ])
 
 
+def layout_and_spec(config: MARLConfig):
+    """The policy layout and environment spec of `config`, read from one environment copy: what a
+    learner or a pool of remote workers needs to know without stepping anything."""
+    from marl_core.marl.collector import JointCollector
+
+    probe = JointCollector(config.env, 1, policy_mapping(config), config.agent_ids, config.seed)
+    probe.close()
+    return probe.layout, probe.spec
+
+
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
