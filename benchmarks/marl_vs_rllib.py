@@ -140,14 +140,12 @@ def _ray_workers(config):
     import ray
 
     from flows.marl_flow import RayWorkers
+    from flows.runtime import ray_session
 
-    ray.init(num_cpus=config.workers, address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
+    with ray_session(None, config.workers, {}):
         pool = RayWorkers(config)
         ray.get([actor.__ray_ready__.remote() for actor in pool.actors])
         yield pool
-    finally:
-        ray.shutdown()
 
 
 def uniform_random_return(scenario: str, episodes: int = 400) -> float:

@@ -2,8 +2,9 @@
 
 RLlib's PPO (new API stack: RLModule, Learner, EnvRunner) on a PettingZoo parallel MPE scenario
 through RLlib's own `ParallelPettingZooEnv` wrapper (around the same environment object as this
-project's side: the raw env without PettingZoo's checking-only wrappers), every agent mapped to one shared policy
-(parameter sharing, as this project's default), for a fixed number of environment steps.
+project's side: the raw env without PettingZoo's checking-only wrappers), every agent mapped to
+one shared policy (parameter sharing, as this project's default), for a fixed number of
+environment steps.
 Prints one JSON line per training iteration: environment steps so far (RLlib's
 `num_env_steps_sampled_lifetime`: joint steps, as ours), wall seconds since training started
 (the algorithm built, the clock starts at the first `train()`), and the mean episode return
@@ -60,11 +61,11 @@ def main() -> None:
 
     import ray
     import torch
+    from pettingzoo.utils.conversions import aec_to_parallel_wrapper
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
     from ray.tune.registry import register_env
-    from pettingzoo.utils.conversions import aec_to_parallel_wrapper
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
