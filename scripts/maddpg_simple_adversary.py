@@ -19,8 +19,11 @@ What to expect: simple_adversary rewards the adversary for being near the goal l
 (adversary's distance - nearest good agent's distance). The adversary does not know which of the
 two landmarks is the goal; the good agents can hide it by covering both. The untrained greedy
 adversary walks off in a fixed direction, so its return first rises, to a plateau between the
-scripted "head for the landmarks' midpoint" and "head for the goal" adversaries; docs/marl.md has
-the measured curves.
+scripted "head for the landmarks' midpoint" and "head for the goal" adversaries. Trained together,
+the good agents rarely learn to cover both landmarks while the adversary keeps adapting; with
+`--freeze adversary --freeze-at N` the adversary stops learning at N joint steps and the good
+agents, now against a fixed opponent, learn to deceive it: their return rises and the
+adversary's falls. docs/marl.md has the measured curves.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE", help="a MADDPGConfig field, e.g. train_every=50")
+    parser.add_argument("--freeze", action="append", default=[], metavar="POLICY",
+                        help="from --freeze-at joint steps on, this policy acts but no longer learns (MADDPG's frozen)")
+    parser.add_argument("--freeze-at", type=int, default=0, help="joint steps at which the --freeze policies stop learning")
     parser.add_argument("--separate", action="store_true", help="one actor and critic per agent (the paper), no sharing")
     parser.add_argument("--per-policy", action="store_true", help="also print every policy's own return")
     parser.add_argument("--stochastic-eval", action="store_true", help="also evaluate sampled (not greedy) actions")
@@ -70,6 +76,9 @@ def main() -> None:
         policies=SEPARATE if args.separate else None,
     )
     groups = JointCollector(ENV, 1, policy_mapping(config), config.agent_ids, args.seed).layout.groups
+    for policy in args.freeze:
+        if policy not in groups:
+            parser.error(f"--freeze {policy!r}: no such policy; the policies are {sorted(groups)}")
     sampled = JointCollector(ENV, args.envs, policy_mapping(config), config.agent_ids, args.seed) if args.stochastic_eval else None
     columns = ["greedy good", "greedy adversary"]
     if sampled is not None:
@@ -77,12 +86,16 @@ def main() -> None:
     if args.per_policy:
         columns += [f"greedy {policy}" for policy in groups]
     print(f"MADDPG on {ENV}: {config.algorithm_settings!r}; policies: {groups}", flush=True)
+    if args.freeze:
+        print(f"from {args.freeze_at} joint steps on, {args.freeze} act but do not learn", flush=True)
     print(f"{'env_steps':>10}" + "".join(f"{name:>18}" for name in columns) + f"{'minutes':>8}", flush=True)
     agents = sorted(a for members in groups.values() for a in members)
     good = [a for a in agents if not a.startswith("adversary")]
     adversaries = [a for a in agents if a.startswith("adversary")]
     rows, started = [], time.perf_counter()
     for record, learner in iterate_marl_local(config):
+        if record.env_steps >= args.freeze_at:  # takes effect from the next round's updates
+            learner.frozen = set(args.freeze)
         if record.eval_returns is None:
             continue
         mean, err = record.eval_returns, record.eval_stderr
@@ -115,10 +128,11 @@ def main() -> None:
                 out.write(",".join([str(steps)] + [f"{x:.4f}" for pair in values for x in pair]) + "\n")
         print(f"csv: {args.csv}")
     if args.plot:
-        plot(rows, columns, args.plot, "separate actors and critics" if args.separate else "good agents share a network")
+        subtitle = "separate actors and critics" if args.separate else "good agents share a network"
+        plot(rows, columns, args.plot, subtitle, args.freeze_at if args.freeze else None, args.freeze)
 
 
-def plot(rows, columns: list[str], path: str, subtitle: str) -> None:
+def plot(rows, columns: list[str], path: str, subtitle: str, freeze_at: int | None, frozen: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,6 +146,8 @@ def plot(rows, columns: list[str], path: str, subtitle: str) -> None:
         line = axes.plot(steps, mean, label=name, linestyle="-" if name.startswith("greedy") else "--",
                          color="tab:blue" if "good" in name else "tab:red")
         axes.fill_between(steps, mean - err, mean + err, alpha=0.25, color=line[0].get_color())
+    if freeze_at is not None:
+        axes.axvline(freeze_at, color="gray", linestyle=":", label=f"{', '.join(frozen)} frozen")
     axes.set_xlabel("joint environment steps")
     axes.set_ylabel("evaluation episode return (mean ± se)")
     axes.set_title(f"MADDPG on simple_adversary_v3 ({subtitle})")

@@ -13,6 +13,7 @@ agent_0 and agent_1 -> "agent", sharing one actor and one critic):
 
 from __future__ import annotations
 
+import copy
 import io
 
 import numpy as np
@@ -185,3 +186,28 @@ def test_a_learner_restored_mid_training_makes_exactly_the_same_updates(setup):
         for p, module in getattr(original, name).items():
             for (key, a), b in zip(module.state_dict().items(), getattr(restored, name)[p].state_dict().values()):
                 assert torch.equal(a, b), f"{name}.{p}.{key}"
+
+
+def test_a_frozen_policy_acts_but_does_not_learn_while_the_others_do(setup):
+    config, workers, _, batch = setup
+    frozen = MARLConfig(env=ADVERSARY, algorithm="maddpg", settings={**SMALL, "frozen": ("adversary",)}, envs_per_worker=2)
+    learner = make_learner(frozen, workers.layout, workers.spec.state_size)
+    before = {name: {p: copy.deepcopy(m.state_dict()) for p, m in getattr(learner, name).items()} for name in ("policies", "critics")}
+    metrics = learner.learn(batch)
+    assert metrics["updates"] == 5 and "agent/actor_loss" in metrics and "adversary/actor_loss" not in metrics
+    for name, networks in before.items():
+        for p, state in networks.items():
+            now = getattr(learner, name)[p].state_dict()
+            unchanged = all(torch.equal(state[key], now[key]) for key in state)
+            assert unchanged == (p == "adversary"), f"{name}.{p}"
+    learner.frozen = set()  # unfrozen between rounds: it learns again
+    learner.learn(batch)
+    assert not torch.equal(before["policies"]["adversary"]["actor.0.weight"], learner.policies["adversary"].state_dict()["actor.0.weight"])
+
+
+def test_freezing_a_policy_the_layout_lacks_is_refused_before_any_work():
+    from marl_core.marl.training import check
+
+    config = MARLConfig(env=ADVERSARY, algorithm="maddpg", settings={**SMALL, "frozen": ("adversaries",)})
+    with pytest.raises(ValueError, match=r"settings.frozen=\['adversaries'\]: no such policy; the policies are \['adversary', 'agent'\]"):
+        check(config)

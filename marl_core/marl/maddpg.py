@@ -40,6 +40,12 @@ of joint transitions and, for every policy id p and its agents i:
    actor's straight-through sample (the others are the replayed actions), plus a small penalty
    on the squared logits, as in the authors' code, which keeps the softmax from saturating;
 3. every target network moves toward its online network by Polyak averaging (rate tau).
+
+Frozen policies (`frozen`, or the learner's `frozen` set changed between rounds) still act and
+are still played against, but their actor and critic take no step: the others then learn
+against a fixed opponent, as a best response does in PSRO. On simple_adversary that is what lets
+the good agents learn to deceive a trained adversary (docs/marl.md has the curves); against an
+adversary that keeps adapting they rarely find it.
 """
 
 from __future__ import annotations
@@ -195,6 +201,10 @@ class MADDPGLearner:
         adam = lambda network, lr: torch.optim.Adam(network.parameters(), lr=lr, fused=True)  # noqa: E731  (fused: faster)
         self.actor_optimizers = {p: adam(actor, config.actor_lr) for p, actor in self.actors.items()}
         self.critic_optimizers = {p: adam(critic, config.critic_lr) for p, critic in self.critics.items()}
+        unknown = sorted(set(config.frozen) - set(groups))
+        if unknown:
+            raise ValueError(f"frozen={unknown}: no such policy; the policies are {sorted(groups)}")
+        self.frozen: set[str] = set(config.frozen)  # policy ids that take no step; may change between rounds
         self.buffer = PerAgentReplayBuffer(config.buffer_size, layout, state_size)
         self.generator = np.random.default_rng(config.seed)  # replay sampling
         self.noise = torch.Generator().manual_seed(config.seed)  # Gumbel noise
@@ -236,12 +246,15 @@ class MADDPGLearner:
         joint = self.joint(batch.obs, taken)
         metrics = {}
         for p in self.layout.groups:
+            if p in self.frozen:
+                continue
             critic_loss, q = self.critic_loss(p, batch, joint, next_joint)
             self._step(self.critic_optimizers[p], self.critics[p], critic_loss)
             actor_loss = self.actor_loss(p, batch, taken)
             self._step(self.actor_optimizers[p], self.actors[p], actor_loss)
             metrics.update({f"{p}/critic_loss": critic_loss.item(), f"{p}/actor_loss": actor_loss.item(), f"{p}/q": q})
         with torch.no_grad():
+            # (a frozen network's target keeps moving toward it, so it ends up equal to it)
             for online, target in [*zip(self.actors.values(), self.target_actors.values()),
                                    *zip(self.critics.values(), self.target_critics.values())]:
                 for w, w_target in zip(online.parameters(), target.parameters()):

@@ -174,8 +174,10 @@ class MADDPGConfig(_ReplaySettings):
         1e-3, ge=0, description="weight of the mean squared actor logits in the actor loss (keeps the softmax from saturating)"
     )
     max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip, per network")
+    frozen: tuple[str, ...] = Field(
+        (), description="policy ids that act but do not learn (e.g. a trained adversary the good agents learn to deceive)"
+    )
     seed: int = Field(0, description="seeds network initialisation, replay sampling and Gumbel noise")
-
 
 
 SETTINGS["maddpg"] = MADDPGConfig

@@ -75,11 +75,15 @@ class MARLConfig(BaseModel):
 
 def check(config: MARLConfig) -> None:
     """Make one copy of the environment and lay out its policies: a ValueError naming what is
-    wrong (an unknown or turn-based environment, agents that cannot share a policy) before
-    any server, actor or run starts."""
+    wrong (an unknown or turn-based environment, agents that cannot share a policy, a frozen
+    policy id that is not in the layout) before any server, actor or run starts."""
     from marl_core.marl.collector import JointCollector
 
-    JointCollector(config.env, 1, policy_mapping(config), config.agent_ids, config.seed).close()
+    collector = JointCollector(config.env, 1, policy_mapping(config), config.agent_ids, config.seed)
+    collector.close()
+    unknown = sorted(set(getattr(config.algorithm_settings, "frozen", ())) - set(collector.layout.groups))
+    if unknown:
+        raise ValueError(f"settings.frozen={unknown}: no such policy; the policies are {sorted(collector.layout.groups)}")
 
 
 def role_of(agent: str) -> str:
