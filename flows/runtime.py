@@ -201,7 +201,7 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
     finally:
         import ray
 
-        ray.shutdown()
+        ray.shutdown(wait_for_processes=True)  # else it stops waiting for a slow process to exit after about 2 s
 
 
 def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> None:
@@ -289,7 +289,7 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
                 started.result()  # never shut down under a start still in flight
             import ray
 
-            ray.shutdown()
+            ray.shutdown(wait_for_processes=True)
 
 
 def warm_up_workers(game: str) -> list:

@@ -73,5 +73,5 @@ def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer]
     finally:
         with contextlib.suppress(FileNotFoundError):
             state_path.unlink()
-        ray.shutdown()
+        ray.shutdown(wait_for_processes=True)
         server.stop()
