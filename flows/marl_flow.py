@@ -22,6 +22,7 @@ from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from flows.ray_runner import FastRayTaskRunner
+from flows.subflows import fresh_every_call
 from flows.runtime import prefect_api, ray_session, reap_on_crash
 from marl_core.marl import training
 from marl_core.marl.training import MARLConfig, RoundRecord
@@ -94,6 +95,7 @@ class _Learner:
         return self.layout
 
 
+@fresh_every_call
 @flow(name="marl-round", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
 def marl_round(config: MARLConfig, round: int, env_steps: int, workers: RayWorkers, learner) -> RoundRecord:
     from tasks import marl_tasks

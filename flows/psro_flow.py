@@ -21,10 +21,12 @@ from prefect import flow
 from prefect.exceptions import CancelledRun
 from prefect.runtime import flow_run
 from prefect.states import Cancelled
+from prefect.utilities.annotations import opaque
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 import tasks
 from flows.ray_runner import FastRayTaskRunner
+from flows.subflows import fresh_every_call
 from flows.tracking.layout import FLOW_RUN_TAG
 from flows.runtime import prefect_api, ray_in_background, ray_session, ray_to_use, reap_on_crash
 from marl_core.psro import steps as psro
@@ -57,6 +59,7 @@ class Handoff:
         return cls._open.pop(key)
 
 
+@fresh_every_call
 @flow(name="psro-iteration", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
 def psro_iteration(config: PSROConfig, iteration: int, run_started: float, pool, handoff: str):
     """Best responses, then the new payoff entries, then the meta-game; iteration 0 only evaluates.
@@ -85,15 +88,16 @@ class RayTaskSteps:
 
     Ray starts each task as soon as its inputs exist, so no stage waits for a round trip through
     this process. Tasks get object references: each shared value is put in Ray's object store
-    once instead of being pickled into every task that reads it. A learned oracle's learner task
-    is served by a collector task that drives the run's rollout workers (`pool`, Ray actors).
+    once instead of being pickled into every task that reads it, and marked `opaque` so Prefect
+    takes it whole. A learned oracle's learner task is served by a collector task that drives
+    the run's rollout workers (`pool`, Ray actors).
     """
 
     def share(self, value):
-        return ray.put(value)
+        return opaque(ray.put(value))
 
     def submit(self, step: str, *args):
-        return tasks.TASKS[step].submit(*args)
+        return tasks.TASKS[step].submit(*_opaque_futures(args))
 
     def submit_beside(self, partner, step: str, *args):
         """The step only waits on its partner and on actors, so it holds no CPU slot: it starts
@@ -102,13 +106,30 @@ class RayTaskSteps:
         from prefect_ray.context import remote_options
 
         with remote_options(num_cpus=0):
-            return tasks.TASKS[step].submit(*args)
+            return tasks.TASKS[step].submit(*_opaque_futures(args))
 
     def result(self, future):
         return future.result()
 
     def evaluation_parts(self, config: PSROConfig) -> int:
         return 1 if config.eval == "exact" else max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def _opaque_futures(args: tuple) -> tuple:
+    """Earlier tasks' futures (alone or in a list) wrapped in `opaque`, as `share` wraps what it
+    puts in Ray's object store: Prefect resolves them and records them as the task's inputs, but
+    does not walk every value inside a population or a table looking for more futures, which it
+    otherwise does three times per task (it was a fifth of a worker's time on Leduc)."""
+    from prefect.futures import PrefectFuture
+
+    def wrap(value):
+        if isinstance(value, PrefectFuture):
+            return opaque(value)
+        if isinstance(value, list) and value and all(isinstance(item, PrefectFuture) for item in value):
+            return [opaque(item) for item in value]
+        return value
+
+    return tuple(wrap(arg) for arg in args)
 
 
 @flow(name="psro", validate_parameters=False, persist_result=False)

@@ -2,13 +2,21 @@
 
 Profiles (prefect 3.8.8, prefect-ray 0.6.0) showed work that is the same for every task:
 
-- driver side, each submit serializes the whole Prefect settings model, and wraps the task
-  body in a new `ray.remote` function, which Ray pickles and exports again on its first call;
+- driver side, each submit serializes the whole Prefect settings model, wraps the task body in
+  a new `ray.remote` function, which Ray pickles and exports again on its first call, and
+  pickles the task's and its flow's functions by value: a `@task` or `@flow` function's module
+  name is bound to the Task or Flow, not to the function, so cloudpickle cannot refer to it and
+  scans every loaded module (thousands in a driver that imported MLflow and Ray) per function;
 - worker side, each task rebuilds that settings model from the dict (pydantic-settings re-reads
-  every source) and opens a new HTTP client with a fresh SSL context.
+  every source) and opens a new HTTP client with a fresh SSL context;
+- every Prefect API client builds its own SSL context from certifi's bundle (tens of
+  milliseconds of CPU), even for an http:// server; the flow engine makes a new client for the
+  tracking task of every subflow, so a PSRO run paid that once per iteration in the driver.
 
 So settings are serialized once per settings context and rebuilt once per worker process, the
-remote function is built once per set of Ray options, and each worker keeps one API client.
+remote function is built once per set of Ray options, tasks and flows that a module defines
+travel as that module's name and attribute, each worker keeps one API client, and clients share
+one SSL context per TLS setting.
 Task semantics (states, retries, logs, events) are untouched: the task still runs through
 Prefect's own engine. `tests/test_patch_canaries.py` fails if an upgrade moves what this relies on.
 """
@@ -16,7 +24,9 @@ Prefect's own engine. `tests/test_patch_canaries.py` fails if an upgrade moves w
 from __future__ import annotations
 
 import functools
+import importlib
 import json
+import sys
 from typing import Any
 
 from prefect.context import SettingsContext
@@ -50,6 +60,56 @@ def _memoize_settings_serialization() -> None:
 _memoize_settings_serialization()
 
 
+_tls_contexts: dict[tuple[bool, str], Any] = {}
+
+
+def _shared_tls_context():
+    """The SSL context Prefect's client would build for the current TLS settings, built once.
+
+    Clients only read it (httpx wraps each connection's socket with it), so sharing is safe.
+    """
+    import ssl
+
+    import certifi
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
+
+    insecure = bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value())
+    cert_file = "" if insecure else (PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    context = _tls_contexts.get((insecure, cert_file))
+    if context is None:
+        if insecure:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        else:
+            context = ssl.create_default_context(cafile=cert_file)
+        context = _tls_contexts[(insecure, cert_file)] = context
+    return context
+
+
+def _share_client_tls_contexts() -> None:
+    """Hand every Prefect client that is given no `verify` the shared context (the client then
+    skips building its own: it only builds one when `verify` is not an SSLContext)."""
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
+
+    for client_class in (PrefectClient, SyncPrefectClient):
+        original = client_class.__init__
+        if getattr(original, "_shared_tls", False):
+            continue
+
+        @functools.wraps(original)  # __wrapped__: tests/test_patch_canaries.py checks Prefect's signature
+        def __init__(self, api, *args, httpx_settings: dict[str, Any] | None = None, _original=original, **kwargs):
+            if not httpx_settings or "verify" not in httpx_settings:
+                httpx_settings = {**(httpx_settings or {}), "verify": _shared_tls_context()}
+            _original(self, api, *args, httpx_settings=httpx_settings, **kwargs)
+
+        __init__._shared_tls = True
+        client_class.__init__ = __init__
+
+
+_share_client_tls_contexts()
+
+
 def _with_cached_settings(context: dict[str, Any]) -> dict[str, Any]:
     """Swap the serialized settings for a Settings instance built once per distinct value."""
     from prefect.settings import Settings
@@ -73,6 +133,79 @@ def _worker_client_context():
         _client_context = SyncClientContext()
         _client_context.__enter__()
     return _client_context
+
+
+class _ModuleAttribute:
+    """A task or flow sent as the module attribute it is: the worker imports it instead of
+    unpickling its function."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def load(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)
+
+
+def _by_reference(task_or_flow: Any) -> Any:
+    """A `_ModuleAttribute` when an importable module binds the object under its function's
+    name (as `@task` and `@flow` at module level do); otherwise the object itself."""
+    function = getattr(task_or_flow, "fn", None)
+    module_name, name = getattr(function, "__module__", None), getattr(function, "__name__", None)
+    module = sys.modules.get(module_name) if module_name != "__main__" else None
+    if module is not None and name and getattr(module, name, None) is task_or_flow:
+        return _ModuleAttribute(module_name, name)
+    return task_or_flow
+
+
+def _loaded(value: Any) -> Any:
+    return value.load() if isinstance(value, _ModuleAttribute) else value
+
+
+def _flow_by_reference(context: dict[str, Any]) -> dict[str, Any]:
+    flow_run_context = context.get("flow_run_context")
+    if not flow_run_context or "flow" not in flow_run_context:
+        return context
+    return {**context, "flow_run_context": {**flow_run_context, "flow": _by_reference(flow_run_context["flow"])}}
+
+
+def _flow_loaded(context: dict[str, Any]) -> dict[str, Any]:
+    flow_run_context = context.get("flow_run_context")
+    if not flow_run_context or not isinstance(flow_run_context.get("flow"), _ModuleAttribute):
+        return context
+    return {**context, "flow_run_context": {**flow_run_context, "flow": flow_run_context["flow"].load()}}
+
+
+class _Opaque:
+    """A parameter marked `opaque` on its way to a worker. Ray sends tuples, and so Prefect's
+    annotations (tuple subclasses), as plain tuples: the mark would be lost on the way."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def _each_item(value: Any, change) -> Any:
+    """`change` applied to a parameter, or to each item of a parameter that is a list."""
+    return [change(item) for item in value] if isinstance(value, list) else change(value)
+
+
+def _carry_opaque(parameters: dict[str, Any]) -> dict[str, Any]:
+    from prefect.utilities.annotations import opaque
+
+    def carry(value: Any) -> Any:
+        return _Opaque(value.unwrap()) if isinstance(value, opaque) else value
+
+    return {name: _each_item(value, carry) for name, value in parameters.items()}
+
+
+def _restore_opaque(parameters: dict[str, Any]) -> dict[str, Any]:
+    from prefect.utilities.annotations import opaque
+
+    def restore(value: Any) -> Any:
+        return opaque(value.value) if isinstance(value, _Opaque) else value
+
+    return {name: _each_item(value, restore) for name, value in parameters.items()}
 
 
 _remote_functions: dict[str, Any] = {}
@@ -113,20 +246,23 @@ class FastRayTaskRunner(RayTaskRunner):
         parameters, upstream_ray_obj_refs = self._exchange_prefect_for_ray_futures(parameters)
         remote = _remote_task_body(RemoteOptionsContext.get().current_remote_options)
         object_ref = remote.options(name=task.name).remote(
-            *upstream_ray_obj_refs, task=task, task_run_id=task_run_id, parameters=parameters,
-            wait_for=wait_for, dependencies=dependencies, context=context,
+            *upstream_ray_obj_refs, task=_by_reference(task), task_run_id=task_run_id, parameters=_carry_opaque(parameters),
+            wait_for=wait_for, dependencies=dependencies, context=_flow_by_reference(context),
         )
         return PrefectRayFuture(task_run_id=task_run_id, wrapped_future=object_ref)
 
     @staticmethod
-    def _run_prefect_task(*upstream_ray_obj_refs: Any, context: dict[str, Any], **kwargs: Any) -> Any:
+    def _run_prefect_task(
+        *upstream_ray_obj_refs: Any, task: Any, parameters: dict[str, Any], context: dict[str, Any], **kwargs: Any
+    ) -> Any:
         from prefect.context import SyncClientContext
 
         client_context = _worker_client_context()
         token = SyncClientContext.__var__.set(client_context)
         try:
             return RayTaskRunner._run_prefect_task(
-                *upstream_ray_obj_refs, context=_with_cached_settings(context), **kwargs
+                *upstream_ray_obj_refs, task=_loaded(task), parameters=_restore_opaque(parameters),
+                context=_with_cached_settings(_flow_loaded(context)), **kwargs,
             )
         finally:
             SyncClientContext.__var__.reset(token)

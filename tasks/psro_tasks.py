@@ -39,12 +39,31 @@ def _transient(task, task_run, state) -> bool:
 _retrying = dict(_options, retries=2, retry_delay_seconds=5, retry_condition_fn=_transient)
 
 
-def _log_ray_node() -> None:
-    """One log line naming the Ray node the task runs on: on a cluster, Prefect's task-run logs
-    then show where the work went (tests/test_cluster.py reads them)."""
+_NODE_COUNT_TTL = 60.0
+_node_count: tuple[float, int] = (float("-inf"), 0)  # (when counted, alive nodes) in this worker
+
+
+def _several_nodes() -> bool:
+    """Whether the Ray cluster has more than one live node, asked of Ray at most once a minute."""
+    import time
+
     import ray
 
-    if ray.is_initialized():
+    global _node_count
+    counted_at, count = _node_count
+    if time.monotonic() - counted_at > _NODE_COUNT_TTL:
+        count = sum(1 for node in ray.nodes() if node.get("Alive"))
+        _node_count = (time.monotonic(), count)
+    return count > 1
+
+
+def _log_ray_node() -> None:
+    """One log line naming the Ray node the task runs on, when there is more than one: on a
+    cluster, Prefect's task-run logs then show where the work went (tests/test_cluster.py reads
+    them). On a single machine the line would say nothing and cost the server a row per task."""
+    import ray
+
+    if ray.is_initialized() and _several_nodes():
         get_run_logger().info("on Ray node %s", ray.get_runtime_context().get_node_id())
 
 

@@ -1,7 +1,9 @@
 """Canaries for the private code this project patches or leans on: one per patch.
 
-flows/ray_runner.py memoizes Prefect's SettingsContext.serialize and overrides prefect-ray's
-RayTaskRunner._run_prefect_task; flows/prefect_server.py patches Prefect's SQLite configuration;
+flows/ray_runner.py memoizes Prefect's SettingsContext.serialize, shares one SSL context among
+Prefect's API clients and overrides prefect-ray's RayTaskRunner._run_prefect_task;
+flows/subflows.py skips two reads in Prefect's subflow engine; flows/prefect_server.py patches
+Prefect's SQLite configuration;
 flows/cli.py catches the exceptions of the click that typer bundles (typer._click);
 flows/runtime.py drains Prefect's log and event workers and quiets one of Ray's private loggers.
 None of that is public API, so pyproject.toml pins those packages. An upgrade changes the pin;
@@ -24,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # package -> the files whose patches rely on its internals
 PATCHED = {
-    "prefect": "flows/ray_runner.py, flows/prefect_server.py, flows/runtime.py",
+    "prefect": "flows/ray_runner.py, flows/subflows.py, flows/prefect_server.py, flows/runtime.py",
     "prefect-ray": "flows/ray_runner.py",
     "ray": "flows/runtime.py",
     "typer": "flows/cli.py",
@@ -170,6 +172,160 @@ def test_the_worker_client_context_is_the_one_prefects_engine_uses():
             assert used is mine, "SyncClientContext.get_or_create() ignores the context set in SyncClientContext.__var__"
     finally:
         SyncClientContext.__var__.reset(token)
+
+
+def test_prefect_clients_share_one_tls_context_and_keep_one_they_are_given():
+    """Prefect's client builds an SSL context from certifi's bundle unless `verify` is one
+    already; the patch hands it the shared one, so two clients must hold the same context, and a
+    client given its own `verify` must keep it."""
+    import ssl
+
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
+
+    import flows.ray_runner  # noqa: F401  (applies the patch)
+
+    for client_class in (PrefectClient, SyncPrefectClient):
+        patched = client_class.__init__
+        assert getattr(patched, "_shared_tls", False), f"flows/ray_runner.py no longer patches {client_class.__name__}.__init__"
+        assert "httpx_settings" in inspect.signature(patched.__wrapped__).parameters, (
+            f"{client_class.__name__}.__init__ no longer takes httpx_settings: flows/ray_runner.py passes the shared context there"
+        )
+        source = inspect.getsource(patched.__wrapped__)
+        assert 'httpx_settings.get("verify")' in source and "isinstance(tls_verify, ssl.SSLContext)" in source, (
+            f"{client_class.__name__} no longer skips building an SSL context when given one: the shared context saves nothing"
+        )
+    contexts = [client._client._transport._pool._ssl_context for client in (
+        PrefectClient("http://127.0.0.1:1/api"), PrefectClient("http://127.0.0.1:1/api"), SyncPrefectClient("http://127.0.0.1:1/api"),
+    )]
+    assert isinstance(contexts[0], ssl.SSLContext) and all(context is contexts[0] for context in contexts)
+    own = ssl.create_default_context()
+    given = PrefectClient("http://127.0.0.1:1/api", httpx_settings={"verify": own})
+    assert given._client._transport._pool._ssl_context is own
+
+
+def test_module_level_tasks_and_flows_travel_by_name_and_others_whole():
+    """A `@task` or `@flow` at module level is bound to its function's name, so the worker can
+    import it; one made by `with_options` (not bound anywhere) must travel as itself."""
+    import tasks
+    from flows.psro_flow import psro_iteration
+    from flows.ray_runner import _by_reference, _ModuleAttribute, _loaded
+
+    for task_or_flow in (tasks.TASKS["solve-meta-game"], psro_iteration):
+        reference = _by_reference(task_or_flow)
+        assert isinstance(reference, _ModuleAttribute) and _loaded(reference) is task_or_flow
+    renamed = tasks.TASKS["solve-meta-game"].with_options(name="renamed")
+    assert _by_reference(renamed) is renamed
+
+
+def test_opaque_parameters_survive_the_trip_to_a_worker_and_prefect_unwraps_them():
+    """Ray flattens tuple subclasses such as Prefect's `opaque`, so flows/ray_runner.py carries
+    the mark across in its own class; on the worker Prefect must resolve the restored mark to
+    the bare value without walking into it."""
+    from prefect.utilities.annotations import opaque
+    from prefect.utilities.engine import resolve_inputs_sync
+
+    from flows.ray_runner import _carry_opaque, _restore_opaque
+
+    value = {"table": [1, 2, 3]}
+    carried = _carry_opaque({"x": opaque(value), "xs": [opaque(value), 7], "plain": value})
+    restored = _restore_opaque(carried)
+    assert isinstance(restored["x"], opaque) and restored["x"].unwrap() is value
+    assert isinstance(restored["xs"][0], opaque) and restored["xs"][1] == 7 and restored["plain"] is value
+    resolved = resolve_inputs_sync(restored)
+    assert resolved["x"] is value and resolved["xs"] == [value, 7], (
+        "prefect no longer unwraps `opaque` when it resolves a task's parameters: flows/psro_flow.py's tasks would get the wrapper"
+    )
+
+
+# --- flows/subflows.py ------------------------------------------------------------------------
+
+
+def test_the_patched_engine_methods_keep_prefects_signatures():
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.flow_engine import FlowRunEngine
+
+    import flows.subflows  # noqa: F401  (applies the patch)
+
+    expected = {
+        (FlowRunEngine, "load_subflow_run"): ["self", "parent_task_run", "client", "context"],
+        (FlowRunEngine, "create_flow_run"): ["self", "client"],
+        (SyncPrefectClient, "read_flow_run"): ["self", "flow_run_id"],
+    }
+    for (owner, name), parameters in expected.items():
+        patched = getattr(owner, name)
+        assert getattr(patched, "_fresh_aware", False), f"flows/subflows.py no longer patches {owner.__name__}.{name}"
+        assert list(inspect.signature(patched.__wrapped__).parameters) == parameters, (
+            f"prefect changed {owner.__name__}.{name}{inspect.signature(patched.__wrapped__)}; flows/subflows.py passes {parameters}"
+        )
+    engine_source = inspect.getsource(importlib.import_module("prefect.flow_engine"))
+    assert "self.flow_run = client.read_flow_run(self.flow_run.id)" in engine_source, (
+        "prefect's subflow engine no longer reads back the flow run it created: flows/subflows.py's read skip may be obsolete"
+    )
+    assert "if subflow_run := self.load_subflow_run(" in engine_source
+
+
+@pytest.mark.slow
+def test_a_fresh_subflow_skips_both_reads_and_still_nests_under_its_parent(tmp_path):
+    """Against a real server: a marked subflow makes no lookup of earlier runs and no read-back,
+    an unmarked one makes both (so the patch is what makes the difference), and both end
+    Completed under their parent's tracking task run."""
+    from prefect import flow
+    from prefect.client.base import PrefectHttpxSyncClient
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.runtime import LocalPrefectServer, _flush_prefect_clients
+    from flows.subflows import fresh_every_call
+
+    calls: list[str] = []
+    send = PrefectHttpxSyncClient.send
+
+    def counted_send(self, request, *args, **kwargs):
+        path = request.url.path
+        if request.method == "POST" and path.endswith("/flow_runs/filter"):
+            calls.append("lookup")
+        elif request.method == "GET" and "/flow_runs/" in path:
+            calls.append("read")
+        return send(self, request, *args, **kwargs)
+
+    @fresh_every_call
+    @flow
+    def fresh() -> int:
+        return 1
+
+    @flow
+    def plain() -> int:
+        return 2
+
+    @flow
+    def parent() -> tuple[list[str], list[str]]:
+        calls.clear()
+        fresh()
+        during_fresh = list(calls)
+        calls.clear()
+        plain()
+        return during_fresh, list(calls)
+
+    server = LocalPrefectServer(tmp_path / "prefect", one_run=True)
+    try:
+        server.wait()
+        with temporary_settings({PREFECT_API_URL: server.url}):
+            PrefectHttpxSyncClient.send = counted_send
+            try:
+                during_fresh, during_plain = parent()
+            finally:
+                PrefectHttpxSyncClient.send = send
+            assert during_fresh == [] and sorted(during_plain) == ["lookup", "read"], (during_fresh, during_plain)
+
+            async def subflow_runs():
+                async with get_client() as client:
+                    return [run for run in await client.read_flow_runs() if run.parent_task_run_id]
+
+            runs = asyncio.run(subflow_runs())
+            _flush_prefect_clients()  # the runs' logs, while the server still listens
+    finally:
+        server.stop()
+    assert len(runs) == 2 and all(run.state.is_completed() for run in runs)
 
 
 # --- flows/prefect_server.py ------------------------------------------------------------------
