@@ -16,7 +16,9 @@ Profiles (prefect 3.8.8, prefect-ray 0.6.0) showed work that is the same for eve
 So settings are serialized once per settings context and rebuilt once per worker process, the
 remote function is built once per set of Ray options, tasks and flows that a module defines
 travel as that module's name and attribute, each worker keeps one API client, and clients share
-one SSL context per TLS setting.
+one SSL context per TLS setting. Parameters marked with Prefect's `opaque` (which Ray would
+flatten into plain tuples) keep the mark on the way to the worker.
+
 Task semantics (states, retries, logs, events) are untouched: the task still runs through
 Prefect's own engine. `tests/test_patch_canaries.py` fails if an upgrade moves what this relies on.
 """
