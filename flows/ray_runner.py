@@ -85,7 +85,7 @@ def _shared_tls_context():
             context.verify_mode = ssl.CERT_NONE
         else:
             context = ssl.create_default_context(cafile=cert_file)
-        context = _tls_contexts[(insecure, cert_file)] = context
+        _tls_contexts[(insecure, cert_file)] = context
     return context
 
 
