@@ -163,18 +163,12 @@ def _loaded(value: Any) -> Any:
     return value.load() if isinstance(value, _ModuleAttribute) else value
 
 
-def _flow_by_reference(context: dict[str, Any]) -> dict[str, Any]:
+def _with_flow(context: dict[str, Any], change) -> dict[str, Any]:
+    """The serialized context with `change` applied to its flow run's flow, if it has one."""
     flow_run_context = context.get("flow_run_context")
     if not flow_run_context or "flow" not in flow_run_context:
         return context
-    return {**context, "flow_run_context": {**flow_run_context, "flow": _by_reference(flow_run_context["flow"])}}
-
-
-def _flow_loaded(context: dict[str, Any]) -> dict[str, Any]:
-    flow_run_context = context.get("flow_run_context")
-    if not flow_run_context or not isinstance(flow_run_context.get("flow"), _ModuleAttribute):
-        return context
-    return {**context, "flow_run_context": {**flow_run_context, "flow": flow_run_context["flow"].load()}}
+    return {**context, "flow_run_context": {**flow_run_context, "flow": change(flow_run_context["flow"])}}
 
 
 class _Opaque:
@@ -249,7 +243,7 @@ class FastRayTaskRunner(RayTaskRunner):
         remote = _remote_task_body(RemoteOptionsContext.get().current_remote_options)
         object_ref = remote.options(name=task.name).remote(
             *upstream_ray_obj_refs, task=_by_reference(task), task_run_id=task_run_id, parameters=_carry_opaque(parameters),
-            wait_for=wait_for, dependencies=dependencies, context=_flow_by_reference(context),
+            wait_for=wait_for, dependencies=dependencies, context=_with_flow(context, _by_reference),
         )
         return PrefectRayFuture(task_run_id=task_run_id, wrapped_future=object_ref)
 
@@ -264,7 +258,7 @@ class FastRayTaskRunner(RayTaskRunner):
         try:
             return RayTaskRunner._run_prefect_task(
                 *upstream_ray_obj_refs, task=_loaded(task), parameters=_restore_opaque(parameters),
-                context=_with_cached_settings(_flow_loaded(context)), **kwargs,
+                context=_with_cached_settings(_with_flow(context, _loaded)), **kwargs,
             )
         finally:
             SyncClientContext.__var__.reset(token)
