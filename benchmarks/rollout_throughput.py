@@ -28,7 +28,7 @@ import torch
 
 from marl_core.envs import make_env, shared_population
 from marl_core.rl import ALGORITHMS
-from marl_core.rollout.worker import LearnerSpec, RolloutRequest
+from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
 from marl_core.rollout.pool import PoolConfig, RayWorkerPool
 
 ENVIRONMENTS = {
@@ -91,12 +91,11 @@ def rollout_system(env_name: str, workers: int, envs_per_worker: int, episodes: 
     config = ALGORITHMS["dqn"].config(epsilon_start=0.1)
     policy = ALGORITHMS["dqn"].policy(spec.observation_size[agent], spec.num_actions[agent], config)
     pool.push("benchmark", 1, policy.get_weights())
-    learner = LearnerSpec("benchmark", "dqn", config)
+    learner = LearnerSpec("benchmark", AlgorithmPolicy("dqn", config))
 
     def requests(round_index: int):
         return [
-            RolloutRequest(shared_population("all"), {}, episodes, seed=(round_index, w), learner=learner,
-                           learner_role="all", weights_version=1)
+            RolloutRequest(shared_population("all"), {}, episodes, seed=(round_index, w), learners={"all": learner}, weights_version=1)
             for w in range(workers)
         ]
 

@@ -1,33 +1,40 @@
-"""Prefect tasks of a MARL training round: thin wrappers over `marl_core.marl.training`.
+"""Prefect tasks of a MARL training round: one per step of `marl_core.marl.training.STEPS`.
 
 The rollout workers and the learner are Ray actors that live for the whole run (see
 `flows/marl_flow.py`); a task drives them and hands on what they return, so one round is three
-coarse tasks, never one per episode or step. The tasks hold no CPU slot of their own: the work
-happens in the actors, and a task that held a slot while waiting would starve them on a small
-machine.
+coarse tasks, never one per episode or step.
 """
 
 from __future__ import annotations
 
-import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+
+from marl_core.marl import training
 
 _options = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 @task(name="collect-rollouts", **_options)
-def collect_rollouts(workers, learner, steps: int):
-    """Every worker plays `steps` joint steps per copy with the learner's current policies."""
-    return workers.collect(ray.get(learner.policies.remote()), steps)
+def collect_rollouts(config, pool, learner, round: int):
+    """Every worker plays `steps_per_round` joint steps per copy with the learner's current policies."""
+    return training.STEPS["collect-rollouts"](config, pool, learner, round)
 
 
 @task(name="update-learner", **_options)
 def update_learner(learner, collected) -> dict[str, float]:
-    return ray.get(learner.learn.remote(collected.batch))
+    return training.STEPS["update-learner"](learner, collected)
 
 
 @task(name="evaluate-policies", **_options)
-def evaluate_policies(workers, learner, episodes: int, seed: int):
+def evaluate_policies(config, pool, learner, round: int):
     """Greedy episodes from fresh resets: [episodes, agents] summed rewards."""
-    return workers.evaluate(ray.get(learner.policies.remote()), episodes, seed)
+    return training.STEPS["evaluate-policies"](config, pool, learner, round)
+
+
+# One task per step of `marl_core.marl.training.STEPS`, under the same names.
+TASKS = {
+    "collect-rollouts": collect_rollouts,
+    "update-learner": update_learner,
+    "evaluate-policies": evaluate_policies,
+}

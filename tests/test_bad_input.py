@@ -290,12 +290,12 @@ class BrokenRewards(ParallelEnv):
 def test_a_non_finite_reward_stops_the_rollout_naming_env_and_step(bad):
     from marl_core.envs import PettingZooParallelEnv, shared_population
     from marl_core.rl import ALGORITHMS
-    from marl_core.rollout.worker import LearnerSpec, RolloutRequest, RolloutWorker
+    from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest, RolloutWorker
 
     worker = RolloutWorker(lambda: PettingZooParallelEnv(BrokenRewards(bad)), envs_per_worker=2)
     request = RolloutRequest(
         roles=shared_population("all"), populations={}, episodes=4, seed=(0,),
-        learner=LearnerSpec("learner", "dqn", ALGORITHMS["dqn"].config()), learner_role="all",
+        learners={"all": LearnerSpec("learner", AlgorithmPolicy("dqn", ALGORITHMS["dqn"].config()))},
     )
     with pytest.raises(ValueError) as raised:
         worker.collect(request)

@@ -22,7 +22,7 @@ from marl_core.psro.steps import initial_populations
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.ppo import PPOTrainer
 from marl_core.rollout.pool import LocalWorkerPool, PoolConfig, RayWorkerPool, StreamError, StreamTimeouts
-from marl_core.rollout.worker import LearnerSpec, RolloutRequest
+from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
 
 torch.set_num_threads(1)  # as the learner and the workers act: the one loop below must do the same arithmetic
 
@@ -50,7 +50,7 @@ def _one_loop(call: OracleCall) -> tuple[dict, dict]:
     seed = int(np.random.SeedSequence([CONFIG.seed, call.iteration, call.role]).generate_state(1)[0])
     settings = CONFIG.ppo.model_copy(update={"seed": seed})
     trainer = ALGORITHMS["ppo"].trainer(game.obs_size[role], game.num_actions[role], settings)
-    learner = LearnerSpec("one-loop", "ppo", settings)
+    learner = LearnerSpec("one-loop", AlgorithmPolicy("ppo", settings))
     opponents = mixtures(call.populations, call.meta_strategy, game, skip=call.role)
     played = {"episodes": 0.0, "env_steps": 0.0}
     for round_index, episodes in enumerate([200, 200, 100]):
@@ -58,11 +58,11 @@ def _one_loop(call: OracleCall) -> tuple[dict, dict]:
         shares = np.array_split(np.arange(episodes), pool.size)
         requests = [
             RolloutRequest(game.mapping, opponents, len(share), (CONFIG.seed, 1, call.role, round_index, worker),
-                           learner, role, weights_version=round_index)
+                           learners={role: learner}, weights_version=round_index)
             for worker, share in enumerate(shares)
         ]
         results = pool.collect(requests)
-        trainer.learn(Experience.concat([r.experience for r in results]))
+        trainer.learn(Experience.concat([r.experience[role] for r in results]))
         played["episodes"] += sum(len(r.episode_returns) for r in results)
         played["env_steps"] += sum(r.env_steps for r in results)
     return trainer.policy.get_weights(), played

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from marl_core.marl.maddpg import GumbelSoftmaxPolicy, MADDPGLearner, gumbel_softmax
-from marl_core.marl.training import MARLConfig, Workers, make_learner
+from marl_core.marl.training import MARLConfig, make_learner
+from joint_rollouts import JointRollouts
 
 torch.set_num_threads(1)
 
@@ -32,9 +33,9 @@ SMALL = dict(batch_size=32, buffer_size=2_000, learning_starts=0, train_every=20
 @pytest.fixture(scope="module")
 def setup():
     config = MARLConfig(env=ADVERSARY, algorithm="maddpg", settings=SMALL, envs_per_worker=2)
-    workers = Workers(config)
+    workers = JointRollouts.of(config)
     learner = make_learner(config, workers.layout, workers.spec.state_size)
-    batch, _, _ = workers.collectors[0].collect(learner.policies, 50)
+    batch, _, _ = workers.collect(learner.policies, 50)
     return config, workers, learner, batch
 
 
@@ -92,7 +93,7 @@ def test_actors_act_on_their_own_observation_only(setup):
     for p, policy in learner.policies.items():
         assert policy.actor[0].in_features == workers.layout.obs_size[p] < learner.joint_size
     # greedy play is reproduced by each agent's actor from what that agent saw, alone
-    batch, _, _ = workers.collectors[0].collect(learner.policies, 10, explore=False)
+    batch, _, _ = workers.collect(learner.policies, 10, explore=False)
     for agent in workers.layout.agents:
         policy = learner.policies[workers.layout.policy_of[agent]]
         for t in range(batch.steps):
@@ -171,7 +172,7 @@ def test_the_buffer_keeps_every_agents_own_reward_and_the_team_mean(setup):
 def test_a_learner_restored_mid_training_makes_exactly_the_same_updates(setup):
     config, workers, _, _ = setup
     original = make_learner(config, workers.layout, workers.spec.state_size)
-    first, _, _ = workers.collectors[0].collect(original.policies, 40)
+    first, _, _ = workers.collect(original.policies, 40)
     assert original.learn(first)["updates"] == 4
     saved = io.BytesIO()
     torch.save(original.state_dict(), saved)
@@ -179,7 +180,7 @@ def test_a_learner_restored_mid_training_makes_exactly_the_same_updates(setup):
     restored = make_learner(config, workers.layout, workers.spec.state_size)
     restored.load_state_dict(torch.load(saved, weights_only=True))
 
-    second, _, _ = workers.collectors[0].collect(original.policies, 40)
+    second, _, _ = workers.collect(original.policies, 40)
     metrics = original.learn(second)
     assert metrics == restored.learn(second) and metrics["updates"] == 4 and np.isfinite(metrics["agent/critic_loss"])
     for name in ("policies", "critics", "target_actors", "target_critics"):

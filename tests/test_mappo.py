@@ -21,10 +21,11 @@ import torch
 from marl_core.envs import make_env
 from marl_core.envs.agent_mapping import by_prefix
 from marl_core.marl.batch import JointExperience
-from marl_core.marl.collector import PolicyLayout
+from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.mappo import MAPPOLearner
 from marl_core.marl.settings import MAPPOConfig
-from marl_core.marl.training import MARLConfig, Workers, iterate_marl_local, make_learner
+from marl_core.marl.training import MARLConfig, iterate_marl_local, make_learner
+from joint_rollouts import JointRollouts
 
 torch.set_num_threads(1)
 
@@ -35,9 +36,9 @@ SMALL = dict(hidden=(16,), critic_hidden=(16,), minibatch_size=64, epochs=2)
 
 def spread_learner_and_batch(steps: int = 20):
     config = MARLConfig(env=SPREAD, algorithm="mappo", settings=SMALL, envs_per_worker=2)
-    workers = Workers(config)
+    workers = JointRollouts.of(config)
     learner = make_learner(config, workers.layout, workers.spec.state_size)
-    batch, _, _ = workers.collectors[0].collect(learner.policies, steps)
+    batch, _, _ = workers.collect(learner.policies, steps)
     return config, workers, learner, batch
 
 
@@ -72,7 +73,7 @@ def test_the_critic_values_the_global_state_and_the_actors_only_their_observatio
 
 def test_the_agents_of_a_role_act_and_learn_through_one_shared_actor():
     config = MARLConfig(env=SPREAD, algorithm="mappo", settings=SMALL, envs_per_worker=2)
-    workers = Workers(config)
+    workers = JointRollouts.of(config)
     assert set(workers.layout.policy_of.values()) == {"agent"} and len(workers.layout.agents) == 3
     learner = make_learner(config, workers.layout, workers.spec.state_size)
     assert list(learner.policies) == list(learner.critics) == ["agent"]
@@ -83,7 +84,7 @@ def test_the_agents_of_a_role_act_and_learn_through_one_shared_actor():
     calls = []
     act = actor.act
     actor.act = lambda obs, *rest: calls.append(len(obs)) or act(obs, *rest)
-    batch, _, _ = workers.collectors[0].collect(learner.policies, 16)
+    batch, _, _ = workers.collect(learner.policies, 16)
     del actor.act
     assert calls == [3 * 2] * 16  # every step: all three agents of both copies in one forward pass
 
@@ -97,7 +98,7 @@ def test_the_agents_of_a_role_act_and_learn_through_one_shared_actor():
 
 def test_gae_stops_at_terminations_and_bootstraps_truncations_and_the_segment_end():
     env = make_env(TWO_STEP)
-    layout = PolicyLayout.of(env, by_prefix({"agent": "agent"}), agent_ids=True)
+    layout = PolicyLayout.of(env.spec, by_prefix({"agent": "agent"}), agent_ids=True)
     gamma = 0.5
     learner = MAPPOLearner(layout, 3, MAPPOConfig(hidden=(8,), critic_hidden=(8,), gamma=gamma, gae_lambda=1.0))
     T, E = 4, 2
@@ -148,7 +149,7 @@ def test_mappo_finds_the_optimal_joint_policy_of_the_two_step_game():
 
 def test_initialisation_is_seeded_and_leaves_the_global_rng_alone():
     env = make_env(TWO_STEP)
-    layout = PolicyLayout.of(env, by_prefix({"agent": "agent"}), agent_ids=True)
+    layout = PolicyLayout.of(env.spec, by_prefix({"agent": "agent"}), agent_ids=True)
     torch.manual_seed(123)
     expected = torch.rand(1)
     torch.manual_seed(123)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from marl_core.envs import by_prefix, make_env, one_population_per_agent
-from marl_core.marl.collector import JointCollector
 from marl_core.rl.policy import NetworkPolicy, uniform_legal
+from joint_rollouts import JointRollouts
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 TWO_STEP = "pettingzoo:marl_core.envs.two_step"
@@ -62,7 +62,7 @@ def test_two_step_game_pays_as_in_the_qmix_paper():
 
 
 def test_a_segment_records_every_agents_step_state_and_episode_boundaries():
-    collector = JointCollector(SPREAD, num_envs=3, mapping=by_prefix({"agent": "shared"}), agent_ids=True, seed=7)
+    collector = JointRollouts(SPREAD, num_envs=3, mapping=by_prefix({"agent": "shared"}), agent_ids=True, seed=7)
     policy = CountingUniform(collector.layout.obs_size["shared"], 5)
     batch, returns, lengths = collector.collect({"shared": policy}, steps=60)
 
@@ -90,7 +90,7 @@ def test_a_segment_records_every_agents_step_state_and_episode_boundaries():
 
 
 def test_episodes_run_on_across_segments_and_terminations_are_flagged():
-    collector = JointCollector(TWO_STEP, num_envs=2, mapping=one_population_per_agent, seed=0)
+    collector = JointRollouts(TWO_STEP, num_envs=2, mapping=one_population_per_agent, seed=0)
     policies = {a: CountingUniform(3, 2) for a in ("agent_0", "agent_1")}
     first, _, _ = collector.collect(policies, steps=3)
     second, returns, lengths = collector.collect(policies, steps=3)
@@ -103,7 +103,12 @@ def test_episodes_run_on_across_segments_and_terminations_are_flagged():
 
 
 def test_turn_based_environments_and_mismatched_sharing_are_refused_in_one_line():
+    from marl_core.marl.training import MARLConfig, layout_and_spec
+
     with pytest.raises(ValueError, match="turn-based; MARL training needs a simultaneous environment"):
-        JointCollector("pettingzoo:classic.connect_four_v3", 1, one_population_per_agent)
+        layout_and_spec(MARLConfig(env="pettingzoo:classic.connect_four_v3"))
+    rollouts = JointRollouts("pettingzoo:classic.connect_four_v3", 1, one_population_per_agent)
+    with pytest.raises(ValueError, match="turn-based; a fragment of joint steps needs a simultaneous environment"):
+        rollouts.collect({a: CountingUniform(84, 7) for a in ("player_0", "player_1")}, steps=1)
     with pytest.raises(ValueError, match=r"share policy 'all' but differ in \(observation size, actions\)"):
-        JointCollector("pettingzoo:mpe2.simple_adversary_v3", 1, lambda agent: "all")
+        JointRollouts("pettingzoo:mpe2.simple_adversary_v3", 1, lambda agent: "all")

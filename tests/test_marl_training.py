@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from flows import cli
 from marl_core.envs import from_dict
 from marl_core.marl import MARL_ALGORITHMS
-from marl_core.marl.collector import JointCollector
 from marl_core.marl.settings import SETTINGS
-from marl_core.marl.training import MARLConfig, Workers, iterate_marl_local, make_learner
+from marl_core.marl.training import MARLConfig, iterate_marl_local, make_learner
+from joint_rollouts import JointRollouts
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 
@@ -32,9 +32,9 @@ def test_every_algorithm_has_its_settings():
 @pytest.mark.parametrize("algorithm", sorted(MARL_ALGORITHMS))
 def test_a_restored_learner_makes_exactly_the_same_next_update(algorithm):
     config = MARLConfig(env=SPREAD, algorithm=algorithm, envs_per_worker=2, steps_per_round=40)
-    workers = Workers(config)
+    workers = JointRollouts.of(config)
     original = make_learner(config, workers.layout, workers.spec.state_size)
-    first, _, _ = workers.collectors[0].collect(original.policies, 40)
+    first, _, _ = workers.collect(original.policies, 40)
     original.learn(first)
     saved = io.BytesIO()
     torch.save(original.state_dict(), saved)
@@ -42,7 +42,7 @@ def test_a_restored_learner_makes_exactly_the_same_next_update(algorithm):
     restored = make_learner(config, workers.layout, workers.spec.state_size)
     restored.load_state_dict(torch.load(saved, weights_only=True))
 
-    second, _, _ = workers.collectors[0].collect(original.policies, 40)
+    second, _, _ = workers.collect(original.policies, 40)
     assert original.learn(second) == restored.learn(second)
     for policy in original.policies:
         for (name, a), b in zip(original.policies[policy].state_dict().items(), restored.policies[policy].state_dict().values()):
@@ -51,31 +51,35 @@ def test_a_restored_learner_makes_exactly_the_same_next_update(algorithm):
 
 def test_agents_of_a_role_share_one_network_by_default_and_their_own_when_mapped_apart():
     shared = MARLConfig(env=SPREAD, algorithm="ippo", envs_per_worker=2)
-    workers = Workers(shared)
+    workers = JointRollouts.of(shared)
     learner = make_learner(shared, workers.layout, workers.spec.state_size)
     assert list(learner.policies) == ["agent"]
     weight = next(learner.policies["agent"].parameters())
     before = weight.detach().clone()
-    batch, _, _ = workers.collectors[0].collect(learner.policies, 32)
+    batch, _, _ = workers.collect(learner.policies, 32)
     learner.learn(batch)
     assert not torch.equal(before, weight.detach())  # the one tensor every agent acts with moved
 
     apart = shared.model_copy(update={"policies": {"agent_0": "a", "agent_1": "b", "agent_2": "c"}})
-    workers = Workers(apart)
+    workers = JointRollouts.of(apart)
     assert workers.layout.groups == {"a": ("agent_0",), "b": ("agent_1",), "c": ("agent_2",)}
     assert workers.layout.obs_size == {"a": 18, "b": 18, "c": 18}  # alone: no agent one-hot
 
 
 def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_seed():
-    collector = JointCollector("pettingzoo:marl_core.envs.two_step", 3, from_dict({"agent_0": "a", "agent_1": "b"}))
-    config = SETTINGS["ippo"]()
-    from marl_core.rl.ppo import ActorCriticPolicy
+    from marl_core.marl import training
+    from marl_core.rollout.pool import LocalWorkerPool
 
-    policies = {p: ActorCriticPolicy(3, 2, config.ppo) for p in ("a", "b")}
-    explored = collector.play_episodes(policies, 7, seed=11, explore=True)
-    assert explored.shape == (7, 2)
-    np.testing.assert_array_equal(explored, collector.play_episodes(policies, 7, seed=11, explore=True))
-    greedy = collector.play_episodes(policies, 5, seed=0)
+    config = MARLConfig(
+        env="pettingzoo:marl_core.envs.two_step", algorithm="ippo", policies={"agent_0": "a", "agent_1": "b"},
+        workers=2, envs_per_worker=3, eval_episodes=7,
+    )
+    layout, spec = training.layout_and_spec(config)
+    learner = training.LocalLearner(make_learner(config, layout, spec.state_size))
+    greedy = training.evaluate_policies(config, LocalWorkerPool(training.pool_config(config)), learner, round=0)
+    assert greedy.shape == (7, 2)
+    again = training.evaluate_policies(config, LocalWorkerPool(training.pool_config(config)), learner, round=0)
+    np.testing.assert_array_equal(greedy, again)  # fresh workers, the same seed: the same episodes
     assert len(set(greedy[:, 0])) == 1  # a deterministic policy on a deterministic game: one outcome
 
 

@@ -15,7 +15,7 @@ from marl_core.policies.base import Observations, Policy
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS
-from marl_core.rollout.worker import LearnerSpec, PolicyMixture, RolloutRequest, RolloutWorker
+from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutWorker
 from marl_core.rollout.pool import LocalWorkerPool, ParameterStore, PoolConfig
 
 torch.set_num_threads(1)
@@ -42,7 +42,7 @@ def _uniform(game: str, player: int) -> PolicyMixture:
 
 
 def _dqn_learner(config=None) -> LearnerSpec:
-    return LearnerSpec("test", "dqn", config or ALGORITHMS["dqn"].config())
+    return LearnerSpec("test", AlgorithmPolicy("dqn", config or ALGORITHMS["dqn"].config()))
 
 
 class Recorder(Policy):
@@ -130,7 +130,7 @@ def test_the_learner_never_trembles():
     # a bet; only trembling opponents ever bet. A stake of 2 would need the learner to bet or call.
     always_pass = PolicyMixture((_always("kuhn_poker", 1, PASS, PASS),), np.array([1.0]))
     spec = _dqn_learner()
-    policy = ALGORITHMS["dqn"].policy(11, 2, spec.config)
+    policy = ALGORITHMS["dqn"].policy(11, 2, spec.build.config)
     weights = policy.get_weights()
     last = [name for name in weights if name.endswith("weight")][-1]
     weights[last].zero_()
@@ -138,10 +138,10 @@ def test_the_learner_never_trembles():
     store = ParameterStore()
     store.push(spec.key, 0, weights)
     worker = RolloutWorker("kuhn_poker", envs_per_worker=8, parameter_store=store)
-    request = RolloutRequest(PLAYERS, {"player_1": always_pass}, episodes=500, seed=(4,), learner=spec, learner_role="player_0", explore=False, opponent_epsilon=1.0)
+    request = RolloutRequest(PLAYERS, {"player_1": always_pass}, episodes=500, seed=(4,), learners={"player_0": spec}, explore=False, opponent_epsilon=1.0)
     result = worker.collect(request)
     stakes = np.abs(result.episode_returns[:, 0])
-    assert np.all(result.experience.action == PASS) and set(np.unique(stakes)) == {1.0}
+    assert np.all(result.experience["player_0"].action == PASS) and set(np.unique(stakes)) == {1.0}
 
 
 def test_mixed_tabular_and_neural_members_in_one_population():
@@ -207,18 +207,18 @@ def test_one_action_probs_call_per_role_and_member_in_use_per_step():
 def test_a_request_is_deterministic_and_returns_exactly_the_asked_episodes():
     store = ParameterStore()
     spec = _dqn_learner()
-    policy = ALGORITHMS["dqn"].policy(11, 2, spec.config)
+    policy = ALGORITHMS["dqn"].policy(11, 2, spec.build.config)
     store.push("test", 1, policy.get_weights())
     request = RolloutRequest(
         PLAYERS, {"player_1": _uniform("kuhn_poker", 1)}, episodes=37, seed=(3, 4),
-        learner=spec, learner_role="player_0", weights_version=1,
+        learners={"player_0": spec}, weights_version=1,
     )
     first = RolloutWorker("kuhn_poker", 5, store).collect(request)
     again = RolloutWorker("kuhn_poker", 5, store).collect(request)
     assert len(first.episode_returns) == 37 and first.weights_version == 1
-    np.testing.assert_array_equal(first.experience.action, again.experience.action)
+    np.testing.assert_array_equal(first.experience["player_0"].action, again.experience["player_0"].action)
     np.testing.assert_array_equal(first.episode_returns, again.episode_returns)
-    experience = first.experience.validate()
+    experience = first.experience["player_0"].validate()
     assert experience.done.sum() == 37 and experience.last.sum() == 37  # one segment per episode
     # The learner's rewards are its whole returns: nothing lost between decisions.
     assert experience.reward.sum() == pytest.approx(first.episode_returns[:, 0].sum())
@@ -230,15 +230,15 @@ def test_a_learner_role_of_two_agents_returns_both_agents_transitions():
     # against an adversary population; every step of every episode is a decision of each.
     log: list = []
     adversary = PolicyMixture((Recorder("adversary", log),), np.array([1.0]))
-    spec = LearnerSpec("shared", "ppo", ALGORITHMS["ppo"].config())
+    spec = LearnerSpec("shared", AlgorithmPolicy("ppo", ALGORITHMS["ppo"].config()))
     store = ParameterStore()
-    store.push("shared", 1, ALGORITHMS["ppo"].policy(10, 5, spec.config).get_weights())
+    store.push("shared", 1, ALGORITHMS["ppo"].policy(10, 5, spec.build.config).get_weights())
     request = RolloutRequest(
         ADVERSARY_ROLES, {"adversary": adversary}, episodes=6, seed=(5,),
-        learner=spec, learner_role="agent", weights_version=1,
+        learners={"agent": spec}, weights_version=1,
     )
     result = RolloutWorker(ADVERSARY, 3, store).collect(request)
-    experience = result.experience.validate()
+    experience = result.experience["agent"].validate()
     assert len(experience) == 6 * 25 * 2 and experience.last.sum() == 6 * 2  # one stream per agent and episode
     assert experience.obs.shape[1] == 10  # the agents' observations, not the adversary's 8
     assert experience.reward.sum() == pytest.approx(result.episode_returns[:, 1:].sum(), rel=1e-5)
@@ -250,23 +250,23 @@ def test_a_learner_role_of_two_agents_returns_both_agents_transitions():
     "populations, learner_role, message",
     [
         ({"adversary": "recorder"}, None,
-         "simple_adversary_v3: agent 'agent_0' of role 'agent' has neither the learner nor a population (populations: ['adversary'])"),
+         "simple_adversary_v3: agent 'agent_0' of role 'agent' has neither a learner nor a population (learners: [], populations: ['adversary'])"),
         ({"adversary": "recorder", "agent": "recorder", "good": "recorder"}, None,
-         "simple_adversary_v3: population(s) ['good'] belong to no agent; the agents' roles are ['adversary', 'agent']"),
+         "simple_adversary_v3: role(s) ['good'] belong to no agent; the agents' roles are ['adversary', 'agent']"),
         ({"adversary": "recorder", "agent": "recorder"}, "agent",
-         "role 'agent' is played by the learner; it cannot also have a population"),
+         "role(s) ['agent'] are played by a learner; they cannot also have a population"),
         ({"adversary": "recorder", "agent": "recorder"}, "good",
-         "simple_adversary_v3: learner_role 'good' belongs to no agent of ['adversary_0', 'agent_0', 'agent_1']"),
+         "simple_adversary_v3: role(s) ['good'] belong to no agent; the agents' roles are ['adversary', 'agent']"),
     ],
     ids=["no-population", "unplayed-population", "learner-and-population", "learner-role-of-no-agent"],
 )
 def test_a_request_that_leaves_an_agent_unplayed_fails_before_any_step(populations, learner_role, message):
     log: list = []
     mixtures = {role: PolicyMixture((Recorder(role, log),), np.array([1.0])) for role in populations}
-    learner = _dqn_learner() if learner_role else None
+    learners = {learner_role: _dqn_learner()} if learner_role else {}
     worker = RolloutWorker(ADVERSARY, 2)
     with pytest.raises(ValueError) as raised:
-        worker.collect(RolloutRequest(ADVERSARY_ROLES, mixtures, 4, (0,), learner=learner, learner_role=learner_role))
+        worker.collect(RolloutRequest(ADVERSARY_ROLES, mixtures, 4, (0,), learners=learners))
     assert str(raised.value) == message
     assert log == []  # nothing acted
 
@@ -298,11 +298,11 @@ def test_workers_pull_weights_once_per_request_and_only_when_newer():
     worker = RolloutWorker("kuhn_poker", 2, store)
 
     def request(version: int) -> RolloutRequest:
-        return RolloutRequest(PLAYERS, {"player_1": uniform}, 40, seed=(5,), learner=spec, learner_role="player_0",
+        return RolloutRequest(PLAYERS, {"player_1": uniform}, 40, seed=(5,), learners={"player_0": spec},
                               weights_version=version, explore=False)
 
     torch.manual_seed(1)
-    store.push("test", 1, ALGORITHMS["dqn"].policy(11, 2, spec.config).get_weights())
+    store.push("test", 1, ALGORITHMS["dqn"].policy(11, 2, spec.build.config).get_weights())
     first = worker.collect(request(1))
     assert first.weights_version == 1
     assert store.pulls == [("test", -1)]  # 40 episodes, a learner step or more in each: one pull
@@ -310,7 +310,7 @@ def test_workers_pull_weights_once_per_request_and_only_when_newer():
     assert store.pulls == [("test", -1)]  # the worker already holds version 1: no pull at all
 
     torch.manual_seed(2)
-    newer = ALGORITHMS["dqn"].policy(11, 2, spec.config).get_weights()
+    newer = ALGORITHMS["dqn"].policy(11, 2, spec.build.config).get_weights()
     store.push("test", 2, newer)
     updated = worker.collect(request(2))
     assert store.pulls == [("test", -1), ("test", 1)] and updated.weights_version == 2
@@ -319,8 +319,8 @@ def test_workers_pull_weights_once_per_request_and_only_when_newer():
     fresh = CountingStore()
     fresh.push("test", 2, newer)
     reference = RolloutWorker("kuhn_poker", 2, fresh).collect(request(2))
-    assert not np.array_equal(first.experience.action, updated.experience.action)
-    np.testing.assert_array_equal(updated.experience.action, reference.experience.action)
+    assert not np.array_equal(first.experience["player_0"].action, updated.experience["player_0"].action)
+    np.testing.assert_array_equal(updated.experience["player_0"].action, reference.experience["player_0"].action)
     stale = worker.collect(request(1))  # an older request after the update: no pull, newer weights kept
     assert stale.weights_version == 2 and len(store.pulls) == 2
 

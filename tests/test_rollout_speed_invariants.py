@@ -22,7 +22,7 @@ from marl_core.policies.base import Observations
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy, sample_rows
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout.worker import EnvSource, LearnerSpec, RolloutRequest, PolicyMixture, RolloutResult, RolloutWorker
+from marl_core.rollout.worker import AlgorithmPolicy, EnvSource, LearnerSpec, RolloutRequest, PolicyMixture, RolloutResult, RolloutWorker
 from marl_core.rollout.pool import ParameterStore
 
 torch.set_num_threads(1)
@@ -31,7 +31,7 @@ SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 ADVERSARY = "pettingzoo:mpe2.simple_adversary_v3"
 
 
-def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: RolloutRequest) -> RolloutResult:
+def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: RolloutRequest, learner_role) -> RolloutResult:
     """The rollout loop as first written: a dict per transition, arrays built from lists."""
     envs = [make_env(env) if isinstance(env, str) else env() for _ in range(envs_per_worker)]
     agents = envs[0].spec.agents
@@ -45,7 +45,7 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
         if role in roles and tabular[roles.index(role)]:
             member = mixtures[roles.index(role)].members[0]
             rows[agent] = build_tree(member.game).players[member.player].index
-    learners = {agent for agent, role in role_of.items() if role == request.learner_role}
+    learners = {agent for agent, role in role_of.items() if role == learner_role}
     quota = np.full(len(envs), request.episodes // len(envs))
     quota[: request.episodes % len(envs)] += 1
     finished, transitions, live, steps = [], [], {}, {}
@@ -146,7 +146,9 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
         extras={k: np.array([x["extras"][k] for x in t]) for k in keys},
     )
     return RolloutResult(
-        experience=experience,
+        experience={learner_role: experience} if learner_role else {},
+        joint=None,
+        episode_lengths=np.zeros(0, dtype=np.int64),
         episode_returns=np.array([e["returns"] for e in finished], dtype=np.float64).reshape(-1, len(agents)),
         draws=np.array([e["draws"] for e in finished], dtype=np.int64).reshape(len(finished), len(mixtures)),
         env_steps=env_steps,
@@ -157,9 +159,13 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
 
 def _assert_identical(result: RolloutResult, reference: RolloutResult) -> None:
     fields = ["obs", "mask", "action", "reward", "next_obs", "next_mask", "done", "last"]
-    pairs = [(f"experience.{f}", getattr(result.experience, f), getattr(reference.experience, f)) for f in fields]
-    assert result.experience.extras.keys() == reference.experience.extras.keys()
-    pairs += [(f"extras[{k!r}]", result.experience.extras[k], v) for k, v in reference.experience.extras.items()]
+    assert result.experience.keys() == reference.experience.keys()
+    pairs = []
+    for role, experience in reference.experience.items():
+        got = result.experience[role]
+        pairs += [(f"experience.{f}", getattr(got, f), getattr(experience, f)) for f in fields]
+        assert got.extras.keys() == experience.extras.keys()
+        pairs += [(f"extras[{k!r}]", got.extras[k], v) for k, v in experience.extras.items()]
     pairs += [("episode_returns", result.episode_returns, reference.episode_returns)]
     pairs += [("draws", result.draws, reference.draws)]
     for name, got, expected in pairs:
@@ -174,19 +180,20 @@ def _run_both(env: EnvSource, envs_per_worker: int, algorithm: str, request_args
     names a learner_role (then its network gets fixed random weights)."""
     spec = (make_env(env) if isinstance(env, str) else env()).spec
     request_args = dict(request_args, weights_version=3)
+    learner_role = request_args.pop("learner_role", None)
     policy = None
-    if request_args.get("learner_role") is not None:
-        agent = next(a for a in spec.agents if request_args["roles"](a) == request_args["learner_role"])
-        learner = LearnerSpec("invariants", algorithm, ALGORITHMS[algorithm].config(**config))
+    if learner_role is not None:
+        agent = next(a for a in spec.agents if request_args["roles"](a) == learner_role)
+        settings = ALGORITHMS[algorithm].config(**config)
         torch.manual_seed(7)
-        policy = ALGORITHMS[algorithm].policy(spec.observation_size[agent], spec.num_actions[agent], learner.config)
-        request_args["learner"] = learner
+        policy = ALGORITHMS[algorithm].policy(spec.observation_size[agent], spec.num_actions[agent], settings)
+        request_args["learners"] = {learner_role: LearnerSpec("invariants", AlgorithmPolicy(algorithm, settings))}
     store = ParameterStore()
     if policy is not None:
         store.push("invariants", 3, policy.get_weights())
     request = RolloutRequest(**request_args)
     result = RolloutWorker(env, envs_per_worker, store).collect(request)
-    _assert_identical(result, _reference_collect(env, envs_per_worker, policy, request))
+    _assert_identical(result, _reference_collect(env, envs_per_worker, policy, request, learner_role))
     return result
 
 
@@ -255,7 +262,7 @@ def test_leduc_self_play_matches_the_reference_loop():
         dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=61, seed=(5, 1)),
         epsilon_start=0.3,
     )
-    assert len(result.episode_returns) == 61 and result.experience.last.sum() == 2 * 61
+    assert len(result.episode_returns) == 61 and result.experience["all"].last.sum() == 2 * 61
 
 
 def test_leduc_against_a_population_with_ppo_extras_matches_the_reference_loop():
@@ -265,7 +272,7 @@ def test_leduc_against_a_population_with_ppo_extras_matches_the_reference_loop()
         "leduc_poker", 5, "ppo",
         dict(roles=PLAYERS, populations=populations, learner_role="player_0", episodes=40, seed=(9,)),
     )
-    assert set(result.experience.extras) == {"logp", "value"}
+    assert set(result.experience["player_0"].extras) == {"logp", "value"}
     assert len(set(result.draws[:, 0].tolist())) > 1
 
 
@@ -304,7 +311,7 @@ def test_parallel_pettingzoo_env_matches_the_reference_loop(algorithm):
         SPREAD, 3, algorithm,
         dict(roles=shared_population("agent"), populations={}, learner_role="agent", episodes=5, seed=(8, 0)),
     )
-    assert len(result.experience) == 5 * 25 * 3 and result.experience.reward.min() < 0
+    assert len(result.experience["agent"]) == 5 * 25 * 3 and result.experience["agent"].reward.min() < 0
 
 
 def test_pettingzoo_roles_with_network_populations_match_the_reference_loop():
@@ -315,7 +322,7 @@ def test_pettingzoo_roles_with_network_populations_match_the_reference_loop():
         ADVERSARY, 4, "ppo",
         dict(roles=roles, populations=populations, learner_role="adversary", episodes=9, seed=(1, 1)),
     )
-    assert len(result.experience) == 9 * 25
+    assert len(result.experience["adversary"]) == 9 * 25
 
 
 def test_irregular_turns_truncations_and_early_rewards_match_the_reference_loop():
@@ -324,7 +331,7 @@ def test_irregular_turns_truncations_and_early_rewards_match_the_reference_loop(
         dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=30, seed=(6,)),
         epsilon_start=0.5,
     )
-    assert 0 < result.experience.done.sum() < result.experience.last.sum()  # some streams end truncated
+    assert 0 < result.experience["all"].done.sum() < result.experience["all"].last.sum()  # some streams end truncated
 
 
 @pytest.mark.parametrize("algorithm", ["dqn", "ppo"])

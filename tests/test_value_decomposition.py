@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from marl_core.envs import by_prefix
-from marl_core.marl.collector import JointCollector
 from marl_core.marl.settings import QMIXConfig, VDNConfig
 from marl_core.marl.training import MARLConfig, iterate_marl_local
 from marl_core.marl.value_decomposition import JointReplayBuffer, QMixer, VDNMixer
 from marl_core.rl.dqn import QPolicy
 from marl_core.rl.settings import DQNConfig
+from joint_rollouts import JointRollouts
 
 torch.set_num_threads(1)
 
@@ -147,7 +147,7 @@ def test_qmix_conditions_on_the_global_state_and_vdn_does_not():
 
 
 def test_the_joint_replay_buffer_survives_a_weights_only_save_and_load():
-    collector = JointCollector(SPREAD, 3, by_prefix({"agent": "agent"}), seed=0)
+    collector = JointRollouts(SPREAD, 3, by_prefix({"agent": "agent"}), seed=0)
     layout, state_size = collector.layout, collector.spec.state_size
     policies = {"agent": QPolicy(layout.obs_size["agent"], layout.num_actions["agent"], DQNConfig(hidden=(8,)))}
     buffer = JointReplayBuffer(50, layout, state_size)

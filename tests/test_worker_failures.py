@@ -24,7 +24,7 @@ from marl_core.envs import OpenSpielEnv, one_population_per_agent
 from marl_core.games.tree import build_tree
 from marl_core.rl import ALGORITHMS
 from marl_core.policies.tabular import TabularPolicy
-from marl_core.rollout.worker import LearnerSpec, PolicyMixture, RolloutRequest
+from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest
 from marl_core.rollout.pool import PoolConfig, RayWorkerPool
 
 pytestmark = pytest.mark.slow
@@ -85,10 +85,10 @@ def local_ray(tmp_path_factory):
 def _requests(episodes: int) -> list[RolloutRequest]:
     tree = build_tree("leduc_poker")
     uniform = PolicyMixture((TabularPolicy("leduc_poker", 1, tree.players[1].uniform_policy()),), np.array([1.0]))
-    learner = LearnerSpec("learner", "dqn", ALGORITHMS["dqn"].config())
+    learner = LearnerSpec("learner", AlgorithmPolicy("dqn", ALGORITHMS["dqn"].config()))
     return [
-        RolloutRequest(one_population_per_agent, {"player_1": uniform}, episodes, seed=(worker,), learner=learner,
-                       learner_role="player_0", weights_version=1)
+        RolloutRequest(one_population_per_agent, {"player_1": uniform}, episodes, seed=(worker,), learners={"player_0": learner},
+                       weights_version=1)
         for worker in range(2)
     ]
 
@@ -116,11 +116,11 @@ def test_a_worker_killed_during_rollout_is_replaced_and_its_request_replayed_exa
     assert after[killed] != pids[killed] and after[1 - killed] == pids[1 - killed]  # only the killed one was replaced
     for request, result in zip(requests, results):
         assert len(result.episode_returns) == request.episodes
-        assert result.experience.done.sum() == request.episodes
+        assert result.experience["player_0"].done.sum() == request.episodes
     # The replayed request gives the episodes the same request gave without a kill.
     replayed, reference = results[killed], uninterrupted[killed]
     np.testing.assert_array_equal(replayed.episode_returns, reference.episode_returns)
-    np.testing.assert_array_equal(replayed.experience.action, reference.experience.action)
+    np.testing.assert_array_equal(replayed.experience["player_0"].action, reference.experience["player_0"].action)
     np.testing.assert_array_equal(replayed.draws, reference.draws)
     pool.close()
 

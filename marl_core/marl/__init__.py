@@ -2,7 +2,7 @@
 
 MALib separates the training paradigm from the algorithm; so does this package:
 
-- `collector.JointCollector` plays E copies of a simultaneous environment with one policy per
+- the rollout engine (`marl_core.rollout`) plays E copies of a simultaneous environment with one policy per
   group of agents (parameter sharing) and returns `batch.JointExperience`: every agent's
   observation, action and reward, the global state, episode ends, time-major.
 - A learner (`learner.MARLLearner`) owns the acting networks (`policies`, one per policy id of

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
-from marl_core.marl.collector import PolicyLayout
+from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import IA2CConfig, IPPOConfig, IQLConfig
 from marl_core.rl import ALGORITHMS
 

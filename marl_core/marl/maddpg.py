@@ -60,7 +60,7 @@ from torch import nn
 
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
-from marl_core.marl.collector import PolicyLayout
+from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import MADDPGConfig
 from marl_core.marl.value_decomposition import JointReplayBuffer
 from marl_core.policies.tabular import sample_rows

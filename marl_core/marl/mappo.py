@@ -45,7 +45,7 @@ from torch import nn
 
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
-from marl_core.marl.collector import PolicyLayout
+from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import MAPPOConfig
 from marl_core.policies.tabular import sample_rows
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp

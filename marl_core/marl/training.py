@@ -1,14 +1,17 @@
 """The MARL training scenario (MALib's `MARLScenario`): a fixed set of learners on one environment.
 
-A run is a sequence of *rounds*, each three named steps, written once here and run either in
-this process (`iterate_marl_local`) or as Prefect tasks on Ray (`flows/marl_flow.py`):
+A run is a sequence of *rounds*, each three named steps (`STEPS`), wired once in `run_round`
+and run either in this process (`LocalRunner`, `iterate_marl_local`) or as Prefect tasks on Ray
+(`flows/marl_flow.py`), so a flow run and a local run compute the same numbers:
 
-1. `collect`: the rollout workers play `steps_per_round` joint steps in each of their
-   environment copies with the learner's current policies (exploring);
-2. `learn`: the learner trains on that segment;
-3. `evaluate` (every `eval_every` rounds and at the end): the workers play `eval_episodes` whole
-   episodes greedily, from fresh resets, so the figure does not depend on where training
-   episodes happened to stop.
+1. `collect-rollouts`: the learner publishes its networks to the pool's parameter store, and the
+   rollout workers (the one rollout engine, `marl_core.rollout`) play `steps_per_round` joint
+   steps in each of their environment copies with them (exploring), episodes running on across
+   rounds;
+2. `update-learner`: the learner trains on that segment;
+3. `evaluate-policies` (every `eval_every` rounds and at the end): the workers play
+   `eval_episodes` whole episodes greedily, from fresh resets, so the figure does not depend on
+   where training episodes happened to stop.
 
 Returns are reported per agent and per policy (the agents that share it), summed over an
 episode; a policy's return is the mean over its agents.
@@ -16,15 +19,23 @@ episode; a policy's return is the mean over its agents.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
-from typing import Any, Optional
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from marl_core.marl.settings import SETTINGS
+
+if TYPE_CHECKING:  # the rollout engine imports torch; validating a config must not
+    from marl_core.envs import EnvSpec
+    from marl_core.marl.batch import JointExperience
+    from marl_core.rollout.layout import PolicyLayout
+    from marl_core.rollout.pool import PoolConfig
+    from marl_core.rollout.worker import LearnerSpec
 
 
 class MARLConfig(BaseModel):
@@ -77,13 +88,26 @@ def check(config: MARLConfig) -> None:
     """Make one copy of the environment and lay out its policies: a ValueError naming what is
     wrong (an unknown or turn-based environment, agents that cannot share a policy, a frozen
     policy id that is not in the layout) before any server, actor or run starts."""
-    from marl_core.marl.collector import JointCollector
-
-    collector = JointCollector(config.env, 1, policy_mapping(config), config.agent_ids, config.seed)
-    collector.close()
-    unknown = sorted(set(getattr(config.algorithm_settings, "frozen", ())) - set(collector.layout.groups))
+    layout, _ = layout_and_spec(config)
+    unknown = sorted(set(getattr(config.algorithm_settings, "frozen", ())) - set(layout.groups))
     if unknown:
-        raise ValueError(f"settings.frozen={unknown}: no such policy; the policies are {sorted(collector.layout.groups)}")
+        raise ValueError(f"settings.frozen={unknown}: no such policy; the policies are {sorted(layout.groups)}")
+
+
+def layout_and_spec(config: MARLConfig) -> tuple[PolicyLayout, EnvSpec]:
+    """The policy layout and environment spec of `config`, read from one environment copy: what a
+    learner or a pool of remote workers needs to know without stepping anything."""
+    from marl_core.envs import make_env
+    from marl_core.rollout.layout import PolicyLayout
+
+    env = make_env(config.env)
+    env.close()
+    if not env.spec.simultaneous:
+        raise ValueError(
+            f"{env.spec.name} is turn-based; MARL training needs a simultaneous environment "
+            "(a PettingZoo parallel_env) in which every agent acts every step"
+        )
+    return PolicyLayout.of(env.spec, policy_mapping(config), config.agent_ids), env.spec
 
 
 def role_of(agent: str) -> str:
@@ -106,72 +130,127 @@ class _ByRole:
         return role_of(agent)
 
 
-# --- the rollout workers: JointCollectors here, or Ray actors holding them --------------------
+# --- the rollout workers: the one rollout engine's pool, in this process or on Ray -------------
+
+
+def pool_config(config: MARLConfig) -> PoolConfig:
+    from marl_core.rollout.pool import PoolConfig
+
+    return PoolConfig(config.env, config.workers, config.envs_per_worker)
 
 
 @dataclasses.dataclass
 class Collected:
     """One round's experience and the training episodes that finished in it."""
 
-    batch: Any  # JointExperience, E = all workers' copies side by side
+    batch: JointExperience  # E = all workers' copies side by side
     returns: np.ndarray  # [K, agents] summed rewards of finished episodes
     lengths: np.ndarray  # [K]
     env_steps: int  # joint steps taken (steps x copies)
     seconds: float
 
 
-class Workers:
-    """Rollout workers: `workers` collectors of `envs_per_worker` copies each, plus one greedy
-    evaluation collector per worker. In this process they run one after another; see
-    `flows.marl_flow.RayWorkers` for the same interface on Ray actors."""
+class LearnerHandle(Protocol):
+    """The learner as the round's steps reach it: here (`LocalLearner`) or as a Ray actor
+    (`flows.marl_flow.RayLearner`). It publishes its acting networks to a pool's parameter
+    store, so the workers pull the weights once per request and nothing else carries them."""
 
-    def __init__(self, config: MARLConfig):
-        from marl_core.marl.collector import JointCollector
+    def specs(self) -> dict[str, LearnerSpec]: ...
 
-        mapping = policy_mapping(config)
-        make = lambda i, seed: JointCollector(config.env, config.envs_per_worker, mapping, config.agent_ids, seed)  # noqa: E731
-        self.collectors = [make(i, _seed(config.seed, 1, i)) for i in range(config.workers)]
-        self.evaluators = [make(i, _seed(config.seed, 2, i)) for i in range(config.workers)]
-        self.layout = self.collectors[0].layout
-        self.spec = self.collectors[0].spec
+    def publish(self, pool, version: int) -> None: ...
 
-    def collect(self, policies, steps: int) -> Collected:
-        started = time.perf_counter()
-        parts = [collector.collect(policies, steps) for collector in self.collectors]
-        return _merge(parts, steps, time.perf_counter() - started)
-
-    def evaluate(self, policies, episodes: int, seed: int) -> np.ndarray:
-        shares = np.array_split(np.arange(episodes), len(self.evaluators))
-        return np.concatenate([
-            evaluator.play_episodes(policies, len(share), seed=_seed(seed, 3, i))
-            for i, (evaluator, share) in enumerate(zip(self.evaluators, shares)) if len(share)
-        ])
+    def learn(self, batch: JointExperience) -> dict[str, float]: ...
 
 
-def layout_and_spec(config: MARLConfig):
-    """The policy layout and environment spec of `config`, read from one environment copy: what a
-    learner or a pool of remote workers needs to know without stepping anything."""
-    from marl_core.marl.collector import JointCollector
+class LocalLearner:
+    def __init__(self, learner):
+        self.learner = learner
 
-    probe = JointCollector(config.env, 1, policy_mapping(config), config.agent_ids, config.seed)
-    probe.close()
-    return probe.layout, probe.spec
+    def specs(self) -> dict[str, LearnerSpec]:
+        return learner_specs(self.learner)
+
+    def publish(self, pool, version: int) -> None:
+        publish(self.learner, pool, version)
+
+    def learn(self, batch: JointExperience) -> dict[str, float]:
+        return self.learner.learn(batch)
 
 
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+def learner_specs(learner) -> dict[str, LearnerSpec]:
+    """Policy id -> how a worker builds and refreshes that policy's acting network."""
+    from marl_core.rollout.worker import LearnerSpec, NetworkCopy
+
+    return {policy: LearnerSpec(_weights_key(policy), NetworkCopy(network)) for policy, network in learner.policies.items()}
 
 
-def _merge(parts, steps: int, seconds: float) -> Collected:
+def publish(learner, pool, version: int) -> None:
+    for policy, network in learner.policies.items():
+        pool.push(_weights_key(policy), version, network.get_weights())
+
+
+def _weights_key(policy: str) -> str:
+    return f"marl/{policy}"
+
+
+# --- the three steps of a round ---------------------------------------------------------------
+# A round's weights version is its index: the learner has learned `round` times when the
+# round's rollouts start, and `round + 1` times when its evaluation starts.
+
+
+def collect_rollouts(config: MARLConfig, pool, learner: LearnerHandle, round: int) -> Collected:
+    """Every worker plays `steps_per_round` joint steps per copy, its episodes running on from
+    the previous round's (one fragment stream per worker)."""
     from marl_core.marl.batch import JointExperience
+    from marl_core.rollout.worker import Fragment, RolloutRequest
 
-    batch = JointExperience.concat_envs([p[0] for p in parts])
-    returns = np.concatenate([p[1] for p in parts])
-    lengths = np.concatenate([p[2] for p in parts])
-    return Collected(batch, returns, lengths, steps * batch.envs, seconds)
+    started = time.perf_counter()
+    learner.publish(pool, round)
+    specs = learner.specs()
+    requests = [
+        RolloutRequest(
+            roles=policy_mapping(config), learners=specs, fragment=Fragment(f"train/{worker}", round, config.steps_per_round),
+            seed=(config.seed, 1, round, worker), weights_version=round, agent_ids=config.agent_ids,
+        )
+        for worker in range(pool.size)
+    ]
+    results = pool.collect(requests)
+    return Collected(
+        batch=JointExperience.concat_envs([r.joint for r in results]),
+        returns=np.concatenate([r.episode_returns for r in results]),
+        lengths=np.concatenate([r.episode_lengths for r in results]),
+        env_steps=sum(r.env_steps for r in results),
+        seconds=time.perf_counter() - started,
+    )
 
 
-# --- one round ---------------------------------------------------------------------------------
+def update_learner(learner: LearnerHandle, collected: Collected) -> dict[str, float]:
+    return learner.learn(collected.batch)
+
+
+def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: int) -> np.ndarray:
+    """`eval_episodes` greedy whole episodes from fresh resets, split over the workers:
+    [episodes, agents] summed rewards. Each copy plays an exact share, so which episodes count
+    never depends on their outcome or length."""
+    from marl_core.rollout.worker import RolloutRequest
+
+    learner.publish(pool, round + 1)
+    specs = learner.specs()
+    shares = np.array_split(np.arange(config.eval_episodes), pool.size)
+    requests = [
+        RolloutRequest(
+            roles=policy_mapping(config), episodes=len(share), seed=(config.seed, 4, round, worker), learners=specs,
+            weights_version=round + 1, explore=False, agent_ids=config.agent_ids, experience=False,
+        )
+        for worker, share in enumerate(shares) if len(share)
+    ]
+    return np.concatenate([r.episode_returns for r in pool.collect(requests)])
+
+
+STEPS: dict[str, Callable] = {
+    "collect-rollouts": collect_rollouts,
+    "update-learner": update_learner,
+    "evaluate-policies": evaluate_policies,
+}
 
 
 @dataclasses.dataclass
@@ -227,37 +306,65 @@ def make_learner(config: MARLConfig, layout, state_size: int):
     return MARL_ALGORITHMS[config.algorithm].learner(layout, state_size, config.algorithm_settings)
 
 
-def round_record(config, round: int, env_steps: int, collected: Collected, learner_metrics, evaluation, seconds, layout) -> RoundRecord:
+class Runner(Protocol):
+    """Runs the steps of `run_round`: `submit` starts a step by its name in `STEPS` and returns a
+    handle, `result` waits for it. In this process (`LocalRunner`) or as Prefect tasks on Ray."""
+
+    def submit(self, step: str, *args) -> Any: ...
+
+    def result(self, handle: Any) -> Any: ...
+
+
+class LocalRunner:
+    def submit(self, step: str, *args):
+        return STEPS[step](*args)
+
+    def result(self, handle):
+        return handle
+
+
+def run_round(config: MARLConfig, round: int, env_steps: int, runner: Runner, pool, learner: LearnerHandle, layout: PolicyLayout) -> RoundRecord:
+    """One round, the one place its steps are wired: collect, learn, and evaluate when due.
+    `env_steps` counts the run's joint steps before this round."""
+    collected = runner.result(runner.submit("collect-rollouts", config, pool, learner, round))
+    started = time.perf_counter()
+    learner_metrics = runner.result(runner.submit("update-learner", learner, collected))
+    learned = time.perf_counter() - started
+    evaluation, evaluated = None, 0.0
+    if evaluation_due(config, round):
+        started = time.perf_counter()
+        evaluation = runner.result(runner.submit("evaluate-policies", config, pool, learner, round))
+        evaluated = time.perf_counter() - started
     agents, groups = list(layout.agents), layout.groups
     train, _ = summarize(collected.returns, agents, groups)
     eval_mean = eval_stderr = None
     if evaluation is not None:
         eval_mean, eval_stderr = summarize(evaluation, agents, groups)
     return RoundRecord(
-        round=round, env_steps=env_steps, train_returns=train, eval_returns=eval_mean, eval_stderr=eval_stderr,
-        learner=learner_metrics, steps_per_second=collected.env_steps / max(collected.seconds, 1e-9), seconds=seconds,
+        round=round, env_steps=env_steps + collected.env_steps, train_returns=train, eval_returns=eval_mean,
+        eval_stderr=eval_stderr, learner=learner_metrics,
+        steps_per_second=collected.env_steps / max(collected.seconds, 1e-9),
+        seconds={"collect": collected.seconds, "learn": learned, "evaluate": evaluated},
     )
 
 
-def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0, workers=None) -> Iterator[tuple[RoundRecord, Any]]:
-    """The rounds in this process: yields (record, learner) after each round. `workers`: anything
-    with `Workers`' interface (`flows.marl_flow.RayWorkers` plays on Ray actors at the same time);
-    by default the workers play here, one after another."""
+def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0, pool=None) -> Iterator[tuple[RoundRecord, Any]]:
+    """The rounds in this process: yields (record, learner) after each round. `pool`: the
+    rollout workers (a `RayWorkerPool` plays on Ray actors at the same time); by default one
+    `LocalWorkerPool` whose workers play here, one after another."""
     import torch
 
     torch.set_num_threads(1)  # small networks, many small batches: threads only contend
-    workers = workers or Workers(config)
-    learner = learner or make_learner(config, workers.layout, workers.spec.state_size)
-    for round in range(first_round, config.rounds):
-        collected = workers.collect(learner.policies, config.steps_per_round)
-        started = time.perf_counter()
-        learner_metrics = learner.learn(collected.batch)
-        learned = time.perf_counter() - started
-        evaluation, evaluated = None, 0.0
-        if evaluation_due(config, round):
-            started = time.perf_counter()
-            evaluation = workers.evaluate(learner.policies, config.eval_episodes, _seed(config.seed, 4, round))
-            evaluated = time.perf_counter() - started
-        env_steps += collected.env_steps
-        seconds = {"collect": collected.seconds, "learn": learned, "evaluate": evaluated}
-        yield round_record(config, round, env_steps, collected, learner_metrics, evaluation, seconds, workers.layout), learner
+    layout, spec = layout_and_spec(config)
+    learner = learner or make_learner(config, layout, spec.state_size)
+    handle = LocalLearner(learner)
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            from marl_core.rollout.pool import LocalWorkerPool
+
+            pool = LocalWorkerPool(pool_config(config))
+            stack.callback(pool.close)
+        for round in range(first_round, config.rounds):
+            record = run_round(config, round, env_steps, LocalRunner(), pool, handle, layout)
+            env_steps = record.env_steps
+            yield record, learner

@@ -45,7 +45,7 @@ from torch import nn
 
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
-from marl_core.marl.collector import PolicyLayout
+from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import QMIXConfig, ValueDecompositionConfig, VDNConfig
 from marl_core.rl.dqn import QPolicy, linear_epsilon, take_owed_gradient_steps
 from marl_core.rl.networks import masked_argmax

@@ -39,7 +39,7 @@ from marl_core.psro.game import PSROGame, psro_game_of
 from marl_core.psro.oracles import BestResponse, OracleCall
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rollout.pool import COLLECTOR, LEARNER, ExperienceStream, StreamError, StreamTimeouts
-from marl_core.rollout.worker import LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
+from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
 
 
 def mixtures(populations, meta_strategy, game: PSROGame, skip: int | None = None) -> dict[str, PolicyMixture]:
@@ -95,8 +95,7 @@ class Rounds:
                 populations=self.opponents,
                 episodes=len(share),
                 seed=(*self.seed, round_index, worker),
-                learner=learner,
-                learner_role=self.role,
+                learners={self.role: learner},
                 weights_version=round_index,
                 opponent_epsilon=self.opponent_epsilon,
             )
@@ -128,7 +127,7 @@ class RoundExperience:
     @classmethod
     def of(cls, results: list[RolloutResult], rounds: Rounds) -> "RoundExperience":
         return cls(
-            experience=[r.experience for r in results],
+            experience=[r.experience[rounds.role] for r in results],
             returns=[role_returns(r.episode_returns, rounds.game, rounds.role) for r in results],
             env_steps=sum(r.env_steps for r in results),
         )
@@ -165,7 +164,7 @@ def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeo
     trainer = algorithm.trainer(game.obs_size[rounds.role], game.num_actions[rounds.role], algorithm_config)
     # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
     # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.
-    learner = LearnerSpec(key=f"{rounds.stream}/{uuid.uuid4().hex[:8]}", algorithm=config.oracle, config=algorithm_config)
+    learner = LearnerSpec(key=f"{rounds.stream}/{uuid.uuid4().hex[:8]}", build=AlgorithmPolicy(config.oracle, algorithm_config))
     episodes = env_steps = 0
     returns = []
     try:

@@ -1,24 +1,40 @@
-"""Rollout workers: many environment copies, batched acting per step, experience out.
+"""The rollout engine: environment copies, every agent mapped to a behaviour policy, experience out.
 
-This is the actor side of MALib's actor-learner split. A worker owns `envs_per_worker` copies of
-one environment and answers `RolloutRequest`s: play N whole episodes in which every agent acts
-for its role (`roles` maps agents to roles), either with the learner's network (the agents of
-`learner_role`, whose transitions are returned) or with a member of its role's population,
-and return what the learner needs plus everyone's returns.
+This is the actor side of MALib's actor-learner split, and the one engine every scenario plays
+through (PSRO's best responses, sampled evaluation and approximate exploitability; the MARL
+learners' rounds and evaluations). A worker owns `envs_per_worker` copies of one environment and
+answers `RolloutRequest`s. A request maps every agent to a role (`roles`), and every role to a
+behaviour:
 
-Three rules keep the numbers honest and the worker fast:
+- a learner (`learners`): a network whose weights come from the parameter store once per
+  request, never by a blocking call per step (a request is the bounded interval between weight
+  updates);
+- a population (`populations`): a mixture of members drawn once per episode (PSRO's
+  strategy-level mixture), never per step, every agent of the role playing the drawn member
+  for the whole episode; a fixed member is a mixture of one. Each episode's draws are returned,
+  so this is checked, not assumed.
 
-- A role's member is drawn from its meta-strategy once per episode (PSRO's strategy-level
-  mixture), never per step, and every agent of the role plays that member for the whole
-  episode. Each episode's draws are returned, so this is checked, not assumed.
-- The learner's weights come from a parameter store once per request, never by a blocking call
-  per step: a request is the bounded interval between weight updates.
-- A request is deterministic given its seed and weights version, and returns whole episodes
-  only. A worker that dies mid-request can be restarted and the request replayed without losing
-  or double-counting an episode.
+What comes back is what the caller needs:
 
-Acting is batched by who plays: one forward pass for all learner agents of all copies, one
-`action_probs` call per (role, member) in use, and for a population whose members all have a
+- whole episodes (`episodes`): each copy plays an exact share and stops, so which episodes count
+  never depends on their outcome or length; the learners' agents' transitions come back per
+  learner role (`Experience`, one contiguous stream per episode and agent), with everyone's
+  returns. PSRO's responses and evaluations, MARL's greedy evaluations.
+- a fixed-length fragment (`fragment`): `steps` joint steps of every copy, whose episodes run on
+  across the requests of one stream (as in CleanRL's and MAPPO's runners), as `JointExperience`:
+  every agent's observation, action and reward with the global state, time-major. The MARL
+  learners' rounds. Only simultaneous environments, in which every agent acts every step.
+
+A request is deterministic given its seed and weights version. Whole-episode requests return
+whole episodes only, so a worker that dies mid-request is restarted and the request replayed
+without losing or double-counting an episode. A fragment continues its stream where the
+worker's copies stand; a worker that has no such stream at that index (it was restarted, or the
+fragment is replayed) starts the stream's copies afresh from the fragment's seed: the fragment
+is still whole and counted once, only the episodes in flight are cut where the previous
+fragment ended (a boundary the learners already bootstrap at).
+
+Acting is batched by who plays: one forward pass per learner for all its agents of all copies,
+one `action_probs` call per (role, member) in use, and for a population whose members all have a
 tabular form, one lookup in the members' tables stacked once per request (no policy call at all).
 
 The worker steps its copies itself rather than through `VectorEnv`: a request gives each copy
@@ -28,6 +44,7 @@ being reset.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -36,19 +53,54 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from marl_core.envs import AgentID, AgentMapping, MultiAgentEnv, TimeStep, make_env
+from marl_core.marl.batch import JointExperience
 from marl_core.policies.base import Observations, Policy
 from marl_core.policies.tabular import TabularPolicy, sample_rows
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rl.policy import uniform_legal
+from marl_core.rl.policy import NetworkPolicy, uniform_legal
+from marl_core.rollout.joint import JointRecorder, Stream
+from marl_core.rollout.layout import PolicyLayout
+
+# --- what a request is made of ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmPolicy:
+    """Builds an untrained acting network of a `marl_core.rl` algorithm (PSRO's learned oracles)."""
+
+    algorithm: str  # name in `marl_core.rl.ALGORITHMS`
+    config: Any  # that algorithm's settings
+
+    def __call__(self, obs_size: int, num_actions: int) -> NetworkPolicy:
+        return ALGORITHMS[self.algorithm].policy(obs_size, num_actions, self.config)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NetworkCopy:
+    """Builds a copy of a given network (its architecture: its weights come from the store).
+    Multi-agent learners act with networks of their own classes; a copy needs no registry."""
+
+    network: NetworkPolicy
+
+    def __call__(self, obs_size: int, num_actions: int) -> NetworkPolicy:
+        network = self.network
+        if (network.obs_size, network.num_actions) != (obs_size, num_actions):
+            raise ValueError(
+                f"the network takes {network.obs_size} inputs and has {network.num_actions} actions; "
+                f"its agents have {obs_size} and {num_actions}"
+            )
+        return copy.deepcopy(network)
+
+
+PolicyBuilder = Callable[[int, int], NetworkPolicy]  # (input size, actions) -> an untrained network
 
 
 @dataclasses.dataclass(frozen=True)
 class LearnerSpec:
-    """Which policy a worker acts with, and how to build it before its first weights arrive."""
+    """A learner's network as a worker acts with it: built once, weights pulled by version."""
 
     key: str  # parameter-store key
-    algorithm: str  # name in `marl_core.rl.ALGORITHMS`
-    config: Any  # that algorithm's config
+    build: PolicyBuilder
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -71,22 +123,37 @@ class PolicyMixture:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fragment:
+    """`steps` joint steps of every copy of the stream `stream`; `index` numbers the stream's
+    fragments from 0. The fragments of one stream must reach one worker: a pool deals requests
+    by their position in the list, so send them at the same position every time."""
+
+    stream: str
+    index: int
+    steps: int
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutRequest:
     roles: AgentMapping  # agent -> role
-    populations: dict[str, PolicyMixture]  # role -> mixture; every role without the learner needs one
-    episodes: int
-    seed: tuple[int, ...]
-    learner: Optional[LearnerSpec] = None
-    learner_role: Optional[str] = None  # its agents all act with the learner's network; their transitions come back
-    weights_version: int = 0  # the version the learner pushed for this request
+    populations: dict[str, PolicyMixture] = dataclasses.field(default_factory=dict)  # role -> mixture
+    episodes: int = 0  # whole episodes; or, with `fragment`, none
+    seed: tuple[int, ...] = (0,)
+    learners: dict[str, LearnerSpec] = dataclasses.field(default_factory=dict)  # role -> network; every role has a population or a learner
+    fragment: Optional[Fragment] = None
+    weights_version: int = 0  # the version the learners pushed for this request
     explore: bool = True
     opponent_epsilon: float = 0.0  # chance that a population member's move is replaced by a uniformly random legal one
+    agent_ids: bool = False  # a learner's agents see a one-hot of their index among its agents (`PolicyLayout`)
+    experience: bool = True  # whole episodes: return the learners' transitions (False: returns only)
 
 
 @dataclasses.dataclass
 class RolloutResult:
-    experience: Experience  # the learner agents' transitions, whole episodes, each contiguous
-    episode_returns: np.ndarray  # [episodes, agents] summed rewards, agents in spec order
+    experience: dict[str, Experience]  # whole episodes: per learner role, its agents' transitions
+    joint: Optional[JointExperience]  # a fragment: every agent's joint steps
+    episode_returns: np.ndarray  # [episodes, agents] summed rewards of the episodes that ended, agents in spec order
+    episode_lengths: np.ndarray  # [episodes] their environment steps
     draws: np.ndarray  # [episodes, len(populations)] member drawn per role, in the populations' order
     env_steps: int
     weights_version: int
@@ -95,83 +162,103 @@ class RolloutResult:
 
 EnvSource = Union[str, Callable[[], MultiAgentEnv]]  # a `make_env` name, or a factory
 
-LEARNER = -1  # an agent's slot when the learner plays it; populations have slots 0, 1, ...
-
 
 @dataclasses.dataclass
 class _Plan:
-    """What a request means for this environment, worked out once before the first step."""
+    """What a request means for this environment, worked out once before the first step.
 
-    slot: dict[AgentID, int]  # agent -> LEARNER or its role's index in `mixtures`
+    An agent's slot says who plays it: learner `j` has slot `-(j + 1)`, population `k` slot `k`.
+    """
+
+    slot: dict[AgentID, int]
     mixtures: list[PolicyMixture]
     tables: list[Optional[np.ndarray]]  # per mixture: the members' tables [K, I, A], if all have one
     rows: dict[AgentID, dict[str, int]]  # per agent on a table path: information state -> row
-    learner_agents: tuple[AgentID, ...]
+    learner_roles: list[str]
+    learner_agents: list[tuple[AgentID, ...]]  # per learner
+    one_hot: dict[AgentID, np.ndarray]  # learner agents whose observation is extended
+    layout: PolicyLayout
+
+
+def _learner(slot: int) -> int:
+    return -slot - 1
 
 
 class RolloutWorker:
     def __init__(self, env: EnvSource, envs_per_worker: int, parameter_store=None):
-        make = (lambda: make_env(env)) if isinstance(env, str) else env
-        self.envs: list[MultiAgentEnv] = [make() for _ in range(envs_per_worker)]
+        self._make = (lambda: make_env(env)) if isinstance(env, str) else env
+        self.envs: list[MultiAgentEnv] = [self._make() for _ in range(envs_per_worker)]
         self.spec = self.envs[0].spec
         self.store = parameter_store
-        self._policies: dict[str, tuple[Any, int]] = {}  # learner key -> (policy, version)
+        self._networks: dict[str, tuple[NetworkPolicy, int]] = {}  # learner key -> (network, version)
         self._rows: dict[tuple[str, int], dict[str, int]] = {}  # (game, player) -> information state -> row
+        self._streams: dict[str, _Stream] = {}  # fragment streams: their own copies, mid-episode
 
-    # --- the learner's policy, refreshed once per request ------------------------------------
+    # --- the learners' networks, refreshed once per request ----------------------------------
 
-    def _learner_policy(self, spec: LearnerSpec, version: int, agent: AgentID):
-        policy, have = self._policies.get(spec.key, (None, -1))
-        if policy is None:
-            algorithm = ALGORITHMS[spec.algorithm]
-            policy = algorithm.policy(self.spec.observation_size[agent], self.spec.num_actions[agent], spec.config)
+    def _network(self, spec: LearnerSpec, version: int, obs_size: int, num_actions: int) -> tuple[NetworkPolicy, int]:
+        network, have = self._networks.get(spec.key, (None, -1))
+        if network is None:
+            network = spec.build(obs_size, num_actions)
         if have < version and self.store is not None:
             pulled = self.store.pull(spec.key, have)
             if pulled is not None:
                 have, weights = pulled
-                policy.set_weights(weights)
-        self._policies = {spec.key: (policy, have)}  # one learner at a time: drop stale keys
-        return policy, have
+                network.set_weights(weights)
+        return network, have
+
+    def _networks_for(self, request: RolloutRequest, plan: _Plan) -> tuple[list[NetworkPolicy], int]:
+        """The request's learners' networks (keys no request names any more are dropped) and the
+        oldest version among them."""
+        held, networks = {}, []
+        for role in plan.learner_roles:
+            spec = request.learners[role]
+            held[spec.key] = self._network(spec, request.weights_version, plan.layout.obs_size[role], plan.layout.num_actions[role])
+            networks.append(held[spec.key][0])
+        self._networks = held
+        return networks, min((have for _, have in held.values()), default=request.weights_version)
 
     # --- what a request asks of this environment ---------------------------------------------
 
     def _plan(self, request: RolloutRequest) -> _Plan:
         """Every agent's player (learner or population), checked before any episode starts."""
-        name, learner_role = self.spec.name, request.learner_role
-        if (request.learner is None) != (learner_role is None):
-            raise ValueError(f"a rollout request needs learner and learner_role together, got learner={request.learner!r} and learner_role={learner_role!r}")
-        if learner_role in request.populations:
-            raise ValueError(f"role {learner_role!r} is played by the learner; it cannot also have a population")
-        if not isinstance(request.episodes, int) or request.episodes < 0:
+        name, learners = self.spec.name, request.learners
+        both = sorted(set(learners) & set(request.populations))
+        if both:
+            raise ValueError(f"role(s) {both} are played by a learner; they cannot also have a population")
+        if request.fragment is None and (not isinstance(request.episodes, int) or request.episodes < 0):
             raise ValueError(f"episodes must be a non-negative integer, got {request.episodes!r}")
+        if request.fragment is not None and (request.episodes or request.fragment.steps < 1):
+            raise ValueError(f"a fragment request plays fragment.steps >= 1 steps and no whole episodes, got steps={request.fragment.steps!r}, episodes={request.episodes!r}")
         if not 0 <= request.opponent_epsilon <= 1:
             raise ValueError(f"opponent_epsilon must be in [0, 1], got {request.opponent_epsilon!r}")
         index = {role: k for k, role in enumerate(request.populations)}
+        learner_roles = list(learners)
         slot: dict[AgentID, int] = {}
         for agent in self.spec.agents:
             try:
                 role = request.roles(agent)
             except KeyError as error:
                 raise ValueError(f"{name}: roles: {error.args[0]}") from None
-            if role == learner_role:
-                slot[agent] = LEARNER
+            if role in learners:
+                slot[agent] = -(learner_roles.index(role) + 1)
             elif role in index:
                 slot[agent] = index[role]
             else:
-                raise ValueError(f"{name}: agent {agent!r} of role {role!r} has neither the learner nor a population (populations: {list(index)})")
-        unplayed = [role for role, k in index.items() if k not in slot.values()]
+                raise ValueError(f"{name}: agent {agent!r} of role {role!r} has neither a learner nor a population (learners: {learner_roles}, populations: {list(index)})")
+        unplayed = [role for role in [*index, *learner_roles] if role not in map(request.roles, self.spec.agents)]
         if unplayed:
-            raise ValueError(f"{name}: population(s) {unplayed} belong to no agent; the agents' roles are {sorted(set(map(request.roles, self.spec.agents)))}")
-        learner_agents = tuple(agent for agent, k in slot.items() if k == LEARNER)
-        if learner_role is not None and not learner_agents:
-            raise ValueError(f"{name}: learner_role {learner_role!r} belongs to no agent of {list(self.spec.agents)}")
+            raise ValueError(f"{name}: role(s) {unplayed} belong to no agent; the agents' roles are {sorted(set(map(request.roles, self.spec.agents)))}")
+        layout = PolicyLayout.of(self.spec, request.roles, request.agent_ids)
+        learner_agents = [layout.groups[role] for role in learner_roles]
+        one_hot = {agent: hot for agents in learner_agents for agent in agents if (hot := layout.one_hot(agent)) is not None}
         mixtures = list(request.populations.values())
         tables = [_stacked_tables(mixture) for mixture in mixtures]
         rows = {
             agent: self._infostate_rows(mixtures[k], agent)
-            for agent, k in slot.items() if k != LEARNER and tables[k] is not None
+            for agent, k in slot.items() if k >= 0 and tables[k] is not None
         }
-        return _Plan(slot, mixtures, tables, rows, learner_agents)
+        return _Plan(slot, mixtures, tables, rows, learner_roles, learner_agents, one_hot, layout)
 
     def _infostate_rows(self, mixture: PolicyMixture, agent: AgentID) -> dict[str, int]:
         """The rows of `agent`'s information states in its role's tables: those of the tree the
@@ -189,19 +276,27 @@ class RolloutWorker:
     def collect(self, request: RolloutRequest) -> RolloutResult:
         started = time.perf_counter()
         plan = self._plan(request)
-        policy, version = None, request.weights_version
-        if request.learner is not None:
-            policy, version = self._learner_policy(request.learner, request.weights_version, plan.learner_agents[0])
+        networks, version = self._networks_for(request, plan)
+        if request.fragment is not None:
+            result = self._play_fragment(request, plan, networks)
+        else:
+            result = self._play_episodes(request, plan, networks)
+        result.weights_version = version
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _play_episodes(self, request: RolloutRequest, plan: _Plan, networks: list[NetworkPolicy]) -> RolloutResult:
         rng = np.random.default_rng(request.seed)
-        slot, mixtures, tables, rows = plan.slot, plan.mixtures, plan.tables, plan.rows  # read every step
+        slot, mixtures, tables, rows, one_hot = plan.slot, plan.mixtures, plan.tables, plan.rows, plan.one_hot  # read every step
         agents = self.spec.agents
         agent_index = {agent: index for index, agent in enumerate(agents)}
+        decisions = [_Decisions() for _ in networks]
+        reward_of = {agent: decisions[j].reward for j, group in enumerate(plan.learner_agents) for agent in group}
 
         quota = [request.episodes // len(self.envs)] * len(self.envs)
         for i in range(request.episodes % len(self.envs)):
             quota[i] += 1
         finished: list[_Episode] = []
-        decisions = _Decisions()
         live: dict[int, _Episode] = {}  # in stepping order: a copy that starts an episode goes last
 
         def begin(i: int, step: TimeStep) -> None:
@@ -214,12 +309,12 @@ class RolloutWorker:
 
         env_steps = 0
         while live:
-            # Batch every acting agent by who plays it: one forward pass for the learner; per
+            # Batch every acting agent by who plays it: one forward pass per learner; per
             # population, one table lookup or one policy call per member in use. Each copy's
             # actions go in its own dict.
             stepping = list(live.items())
             actions: list[dict[AgentID, int]] = []
-            learner_at, learner_obs, learner_mask = [], [], []
+            learner_at: list[list] = [[] for _ in networks]
             table_at: list[list] = [[] for _ in mixtures]
             member_at: list[dict[int, list]] = [{} for _ in mixtures]
             for _, episode in stepping:
@@ -228,10 +323,9 @@ class RolloutWorker:
                 actions.append(chosen_here)
                 for agent, observation in step.observations.items():
                     k = slot[agent]
-                    if k == LEARNER:
-                        learner_at.append((chosen_here, episode, agent))
-                        learner_obs.append(observation)
-                        learner_mask.append(step.action_masks[agent])
+                    if k < 0:
+                        hot = one_hot.get(agent)
+                        learner_at[-k - 1].append((chosen_here, episode, agent, observation if hot is None else np.concatenate([observation, hot]), step.action_masks[agent]))
                     elif tables[k] is not None:
                         table_at[k].append((chosen_here, agent, episode.draws[k], rows[agent][step.infos[agent]["infostate"]]))
                     else:
@@ -240,15 +334,16 @@ class RolloutWorker:
                         if at is None:
                             at = member_at[k][member] = []
                         at.append((chosen_here, agent, observation, step.action_masks[agent], step.infos.get(agent, {}).get("infostate")))
-            if learner_at:
-                # np.array copies the rows, so an env that reuses its arrays cannot change them later.
-                obs, mask = np.array(learner_obs), np.array(learner_mask)
-                chosen, extras = policy.act(obs, mask, request.explore, rng)
-                decision = decisions.add(obs, mask, chosen, extras)
-                for (chosen_here, episode, agent), action in zip(learner_at, chosen.tolist()):
-                    chosen_here[agent] = action
-                    episode.acted(agent, decision)
-                    decision += 1
+            for j, at in enumerate(learner_at):
+                if at:
+                    # np.array copies the rows, so an env that reuses its arrays cannot change them later.
+                    obs, mask = np.array([row[3] for row in at]), np.array([row[4] for row in at])
+                    chosen, extras = networks[j].act(obs, mask, request.explore, rng)
+                    decision = decisions[j].add(obs, mask, chosen, extras)
+                    for (chosen_here, episode, agent, _, _), action in zip(at, chosen.tolist()):
+                        chosen_here[agent] = action
+                        episode.acted(agent, decision)
+                        decision += 1
             for k, mixture in enumerate(mixtures):
                 at = table_at[k]
                 if at:
@@ -272,7 +367,8 @@ class RolloutWorker:
             for (i, episode), chosen_here in zip(stepping, actions):
                 step = self.envs[i].step(chosen_here)
                 env_steps += 1
-                episode.rewarded(step.rewards, agent_index, decisions.reward)
+                episode.length += 1
+                episode.rewarded(step.rewards, agent_index, reward_of)
                 if step.done:
                     episode.end(step.terminations)
                     finished.append(episode)
@@ -283,20 +379,95 @@ class RolloutWorker:
                 else:
                     episode.step = step
 
+        experience = {}
+        if request.experience:
+            experience = {role: _to_experience(finished, decisions[j], plan.learner_agents[j]) for j, role in enumerate(plan.learner_roles)}
         return RolloutResult(
-            experience=_to_experience(finished, decisions),
+            experience=experience,
+            joint=None,
             episode_returns=np.array([e.returns for e in finished], dtype=np.float64).reshape(-1, len(agents)),
+            episode_lengths=np.array([e.length for e in finished], dtype=np.int64),
             draws=np.array([e.draws for e in finished], dtype=np.int64).reshape(len(finished), len(mixtures)),
             env_steps=env_steps,
-            weights_version=version,
-            seconds=time.perf_counter() - started,
+            weights_version=request.weights_version,
+            seconds=0.0,
         )
+
+    def _play_fragment(self, request: RolloutRequest, plan: _Plan, networks: list[NetworkPolicy]) -> RolloutResult:
+        fragment, spec = request.fragment, self.spec
+        if not spec.simultaneous:
+            raise ValueError(
+                f"{spec.name} is turn-based; a fragment of joint steps needs a simultaneous environment "
+                "(a PettingZoo parallel_env) in which every agent acts every step"
+            )
+        rng = np.random.default_rng(request.seed)
+        stream = self._streams.get(fragment.stream)
+        if stream is None or stream.next_index != fragment.index:
+            envs = stream.envs if stream is not None else [self._make() for _ in self.envs]
+            stream = self._streams[fragment.stream] = Stream.start(envs, plan.mixtures, rng)
+        stream.next_index = fragment.index + 1
+        slot, mixtures, one_hot, agents = plan.slot, plan.mixtures, plan.one_hot, spec.agents
+        learner_groups = list(enumerate(plan.learner_agents))
+        population_agents = [(agent, k) for agent, k in slot.items() if k >= 0]
+        E = len(stream.envs)
+        record = JointRecorder(fragment.steps, E, agents, {a: spec.observation_size[a] + len(one_hot.get(a, ())) for a in agents}, spec.num_actions, spec.state_size)
+        finished = []  # (returns, length, draws) of the episodes that ended
+        env_steps = 0
+        for t in range(fragment.steps):
+            obs = {a: np.stack([_extended(s.observations[a], one_hot.get(a)) for s in stream.steps]) for a in agents}
+            mask = {a: np.stack([s.action_masks[a] for s in stream.steps]) for a in agents}
+            state = np.stack(stream.states)
+            actions, extras = {}, {}
+            for j, group in learner_groups:  # one forward pass per learner
+                chosen, learner_extras = networks[j].act(
+                    np.concatenate([obs[a] for a in group]), np.concatenate([mask[a] for a in group]), request.explore, rng
+                )
+                for n, a in enumerate(group):
+                    actions[a] = chosen[n * E:(n + 1) * E]
+                    extras[a] = {key: value[n * E:(n + 1) * E] for key, value in learner_extras.items()}
+            for agent, k in population_agents:  # one call per member in use
+                drawn = np.array([draws[k] for draws in stream.draws])
+                chosen = np.empty(E, dtype=np.int64)
+                for member in np.unique(drawn):
+                    at = np.flatnonzero(drawn == member)
+                    infostates = [stream.steps[e].infos.get(agent, {}).get("infostate") for e in at]
+                    batch = Observations(obs[agent][at], mask[agent][at], None if None in infostates else infostates)
+                    chosen[at] = mixtures[k].members[member].act(batch, rng)
+                if request.opponent_epsilon > 0:
+                    tremble = rng.random(E) < request.opponent_epsilon
+                    chosen = np.where(tremble, uniform_legal(mask[agent], rng), chosen)
+                actions[agent] = chosen
+            for e, env in enumerate(stream.envs):
+                step = env.step({a: int(actions[a][e]) for a in agents})
+                env_steps += 1
+                ended = stream.stepped(e, step, env, record, t, one_hot, rng, mixtures)
+                if ended is not None:
+                    finished.append(ended)
+            record.acted(t, obs, mask, state, actions, extras)
+        return RolloutResult(
+            experience={},
+            joint=record.batch(),
+            episode_returns=np.array([returns for returns, _, _ in finished], dtype=np.float64).reshape(-1, len(agents)),
+            episode_lengths=np.array([length for _, length, _ in finished], dtype=np.int64),
+            draws=np.array([draws for _, _, draws in finished], dtype=np.int64).reshape(len(finished), len(mixtures)),
+            env_steps=env_steps,
+            weights_version=request.weights_version,
+            seconds=0.0,
+        )
+
+    def close(self) -> None:
+        for env in [*self.envs, *(env for stream in self._streams.values() for env in stream.envs)]:
+            env.close()
+
+
+def _extended(observation: np.ndarray, one_hot: Optional[np.ndarray]) -> np.ndarray:
+    return observation if one_hot is None else np.concatenate([observation, one_hot])
 
 
 def _tremble(chosen: dict[AgentID, int], masks: dict[AgentID, np.ndarray], slot: dict[AgentID, int], epsilon: float, rng: np.random.Generator) -> None:
     """Replace each population member's move, with chance `epsilon`, by a uniformly random legal one."""
     for agent in chosen:
-        if slot[agent] != LEARNER and rng.random() < epsilon:
+        if slot[agent] >= 0 and rng.random() < epsilon:
             chosen[agent] = int(uniform_legal(masks[agent][None], rng)[0])
 
 
@@ -344,15 +515,16 @@ class _Episode:
 
     A learner transition runs from one of its decisions to its next one (or the episode's end)
     and collects every reward the agent receives in between, so other agents' moves are part
-    of the environment from its point of view. The episode keeps each agent's decision numbers;
-    the transitions are assembled once, in `_to_experience`.
+    of the environment from its point of view. The episode keeps each agent's decision numbers
+    (in its learner's `_Decisions`); the transitions are assembled once, in `_to_experience`.
     """
 
-    __slots__ = ("draws", "returns", "step", "decisions", "terminated")
+    __slots__ = ("draws", "returns", "length", "step", "decisions", "terminated")
 
     def __init__(self, draws: list[int], num_agents: int, step: TimeStep):
         self.draws = draws
         self.returns = [0.0] * num_agents
+        self.length = 0
         self.step = step  # the TimeStep the next actions answer
         self.decisions: dict[AgentID, list[int]] = {}  # per agent, in time order
         self.terminated: dict[AgentID, bool] = {}  # filled at the end
@@ -364,7 +536,7 @@ class _Episode:
         else:
             decisions.append(decision)
 
-    def rewarded(self, rewards: dict[AgentID, float], agent_index: dict[AgentID, int], reward_of: list[float]) -> None:
+    def rewarded(self, rewards: dict[AgentID, float], agent_index: dict[AgentID, int], reward_of: dict[AgentID, list[float]]) -> None:
         for agent, reward in rewards.items():
             # Adding zero changes no sum (they start at +0.0), and most steps pay nothing.
             if reward:
@@ -374,7 +546,7 @@ class _Episode:
                 self.returns[index] += float(reward)
                 decisions = self.decisions.get(agent)
                 if decisions is not None:
-                    reward_of[decisions[-1]] += reward
+                    reward_of[agent][decisions[-1]] += reward
 
     def end(self, terminations: dict[AgentID, bool]) -> None:
         # A terminated agent's future is worth nothing. A truncated one would bootstrap from
@@ -382,18 +554,20 @@ class _Episode:
         self.terminated = {agent: bool(terminations.get(agent, True)) for agent in self.decisions}
         self.step = None
 
-    def stream_order(self) -> list[AgentID]:
-        """The agents in the order their first transitions closed: at their second decision, or
-        at the end (then in the order they first acted). Decision numbers grow with time."""
+    def stream_order(self, agents: tuple[AgentID, ...]) -> list[AgentID]:
+        """Those of `agents` that acted, in the order their first transitions closed: at their
+        second decision, or at the end (then in the order they first acted). Decision numbers
+        grow with time."""
         decisions = self.decisions
-        if len(decisions) == 1:
-            return list(decisions)
-        return sorted(decisions, key=lambda agent: decisions[agent][1] if len(decisions[agent]) > 1 else math.inf)
+        acted = [agent for agent in decisions if agent in agents]
+        if len(acted) == 1:
+            return acted
+        return sorted(acted, key=lambda agent: decisions[agent][1] if len(decisions[agent]) > 1 else math.inf)
 
 
-def _to_experience(episodes: list[_Episode], decisions: _Decisions) -> Experience:
-    """The learner transitions of whole episodes: one contiguous stream per episode and agent, so
-    advantage estimates never mix streams, in the order the episodes finished."""
+def _to_experience(episodes: list[_Episode], decisions: _Decisions, agents: tuple[AgentID, ...]) -> Experience:
+    """One learner's transitions (those of `agents`) in whole episodes: one contiguous stream per
+    episode and agent, so advantage estimates never mix streams, in the order the episodes finished."""
     if decisions.count == 0:
         empty = np.array([])
         return Experience(
@@ -403,7 +577,7 @@ def _to_experience(episodes: list[_Episode], decisions: _Decisions) -> Experienc
         )
     taken, following, ends, terminated = [], [], [], []
     for episode in episodes:
-        for agent in episode.stream_order():
+        for agent in episode.stream_order(agents):
             stream = episode.decisions[agent]
             taken += stream
             following += stream[1:]
