@@ -130,13 +130,19 @@ def marl_flow(config: dict, on_round: Optional[RoundCallback] = None, resume_run
     return config.rounds
 
 
-def run_marl(config: MARLConfig, on_round: Optional[RoundCallback] = None, resume_run_id: Optional[str] = None) -> int:
-    """Start what the run needs (a Prefect server, Ray, the MLflow store), run the flow, stop all."""
+def run_marl(
+    config: MARLConfig,
+    on_round: Optional[RoundCallback] = None,
+    resume_run_id: Optional[str] = None,
+    api: Optional[tuple[str, Callable[[], None]]] = None,
+) -> int:
+    """Start what the run needs (a Prefect server, Ray, the MLflow store), run the flow, stop all.
+    ``api``: an already started `prefect_api()` to use instead of starting one."""
     from flows.tracking.run_tracker import prepare_store
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(reap_on_crash())
-        api_url, wait_for_api = stack.enter_context(prefect_api())
+        api_url, wait_for_api = api or stack.enter_context(prefect_api())
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         prepare_store(config.tracking_uri)
         stack.enter_context(ray_session(config.ray_address, config.num_cpus, {"PREFECT_API_URL": api_url}))

@@ -8,6 +8,10 @@ iteration. The flow's iterations must also be visible in Prefect as they ran: on
 started for the next iteration ends Cancelled rather than computing anything. A learned
 response shows as two task runs at the same time: `train-best-response` and the
 `collect-experience` that plays its rounds.
+
+The same holds for MARL training: `psro marl run`'s rounds (a `marl-round` subflow each, its
+steps Prefect tasks driving Ray actors) and `iterate_marl_local` report identical metrics and end
+with identical weights.
 """
 
 from __future__ import annotations
@@ -125,3 +129,37 @@ def test_flow_and_local_loop_agree(services, settings):
         beside = [t for t in learners if t.flow_run_id == collector.flow_run_id
                   and t.start_time < collector.end_time and collector.start_time < t.end_time]
         assert beside, f"{collector.name} ran from {collector.start_time} to {collector.end_time}, beside no learner"
+
+
+def test_marl_flow_and_local_loop_agree(services, tmp_path):
+    import mlflow
+    import torch
+
+    from flows.marl_flow import run_marl
+    from flows.tracking import layout
+    from marl_core.marl.training import MARLConfig, iterate_marl_local
+
+    api, tracking_uri = services
+    config = MARLConfig(
+        env="pettingzoo:mpe2.simple_spread_v3", algorithm="mappo", rounds=3, steps_per_round=25, workers=2,
+        envs_per_worker=2, eval_every=2, eval_episodes=4, checkpoint_every=3, seed=5, num_cpus=2,
+        tracking_uri=tracking_uri, experiment="marl-flow-vs-local",
+    )
+    timing = ("seconds/", "env_steps_per_second")
+    local, learner = [], None
+    for record, learner in iterate_marl_local(config):
+        local.append({k: v for k, v in record.metrics.items() if not k.startswith(timing)})
+    seen = []
+    run_marl(config, lambda record: seen.append({k: v for k, v in record.metrics.items() if not k.startswith(timing)}), api=api)
+
+    assert len(seen) == len(local) == 3 and any("eval_return/policy/agent" in m for m in seen)
+    for round, (flow_metrics, local_metrics) in enumerate(zip(seen, local)):
+        assert flow_metrics == local_metrics, f"round {round}"
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("marl-flow-vs-local").experiment_id])
+    folder = client.download_artifacts(run.info.run_id, layout.policy_checkpoint_path("agent", 2), str(tmp_path))
+    weights = torch.load(f"{folder}/{layout.POLICY_WEIGHTS}", weights_only=True)
+    expected = learner.policies["agent"].get_weights()
+    assert weights.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(weights[name], tensor), name
