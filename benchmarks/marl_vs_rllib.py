@@ -111,7 +111,7 @@ def run_peer(python: Path, scenario: str, env_steps: int, seed: int, workers: in
 
 def run_ours(algorithm: str, scenario: str, env_steps: int, seed: int, workers: int) -> list[dict]:
     """The in-process training loop; with more than one worker its workers are Ray actors
-    (`flows.marl_flow.RayWorkers`) that play at the same time, the learner staying here."""
+    (the rollout engine's `WorkerPool`) that play at the same time, the learner staying here."""
     from marl_core.marl.training import MARLConfig, iterate_marl_local
 
     config = MARLConfig(
@@ -121,7 +121,7 @@ def run_ours(algorithm: str, scenario: str, env_steps: int, seed: int, workers: 
     )
     with _ray_workers(config) as pool:
         points, started = [], time.perf_counter()
-        for record, _ in iterate_marl_local(config, workers=pool):
+        for record, _ in iterate_marl_local(config, pool=pool):
             points.append({
                 "env_steps": record.env_steps, "seconds": time.perf_counter() - started,
                 "return_per_agent": np.mean([v for k, v in record.train_returns.items() if not k.startswith("policy/")])
@@ -139,35 +139,28 @@ def _ray_workers(config):
         return
     import ray
 
-    from flows.marl_flow import RayWorkers
     from flows.runtime import ray_session
+    from marl_core.marl.training import pool_config
+    from marl_core.rollout.pool import WorkerPool
 
     with ray_session(None, config.workers, {}):
-        pool = RayWorkers(config)
-        ray.get([actor.__ray_ready__.remote() for actor in pool.actors])
+        pool = WorkerPool(pool_config(config), on_ray=True)
+        ray.get([actor.__ray_ready__.remote() for actor in pool.workers])
         yield pool
+        pool.close()
 
 
 def uniform_random_return(scenario: str, episodes: int = 400) -> float:
     """Mean episode return per agent of uniformly random actions: where learning starts from."""
-    import torch
-
-    from marl_core.marl.collector import JointCollector
-    from marl_core.marl.training import policy_mapping, MARLConfig
-    from marl_core.rl.policy import NetworkPolicy, uniform_legal
-
-    class Uniform(NetworkPolicy):
-        def act(self, obs, mask, explore, generator):
-            return uniform_legal(mask, generator), {}
-
-        def action_probs(self, obs, mask):
-            return mask / mask.sum(axis=1, keepdims=True)
+    from marl_core.marl.training import MARLConfig, layout_and_spec, policy_mapping
+    from marl_core.policies.base import UniformPolicy
+    from marl_core.rollout.worker import PolicyMixture, RolloutRequest, RolloutWorker
 
     config = MARLConfig(env=f"pettingzoo:mpe2.{scenario}", algorithm="ippo")
-    collector = JointCollector(config.env, ENVS, policy_mapping(config), seed=99)
-    policies = {p: Uniform(collector.layout.obs_size[p], collector.layout.num_actions[p]) for p in collector.layout.groups}
-    with torch.inference_mode():
-        return float(collector.play_episodes(policies, episodes, seed=99, explore=True).mean())
+    layout, _ = layout_and_spec(config)
+    uniform = PolicyMixture((UniformPolicy(),), np.ones(1))
+    request = RolloutRequest(policy_mapping(config), {policy: uniform for policy in layout.groups}, episodes, seed=(99,), experience=False)
+    return float(RolloutWorker(config.env, ENVS).collect(request).episode_returns.mean())
 
 
 def smoothed(points: list[dict], window: int) -> list[tuple[int, float, float]]:

@@ -29,7 +29,7 @@ import torch
 from marl_core.envs import make_env, shared_population
 from marl_core.rl import ALGORITHMS
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
-from marl_core.rollout.pool import PoolConfig, RayWorkerPool
+from marl_core.rollout.pool import PoolConfig, WorkerPool
 
 ENVIRONMENTS = {
     "leduc_poker": 2000,  # episodes per request
@@ -85,7 +85,7 @@ def raw_library_loop(env_name: str, seconds: float) -> float:
 
 
 def rollout_system(env_name: str, workers: int, envs_per_worker: int, episodes: int, seconds: float) -> float:
-    pool = RayWorkerPool(PoolConfig(env_name, workers, envs_per_worker))
+    pool = WorkerPool(PoolConfig(env_name, workers, envs_per_worker), on_ray=True)
     spec = make_env(env_name).spec
     agent = spec.agents[0]
     config = ALGORITHMS["dqn"].config(epsilon_start=0.1)

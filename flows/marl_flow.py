@@ -3,7 +3,7 @@
 A round is `marl_core.marl.training.run_round`, the same function the in-process loop runs: its
 steps (`collect-rollouts`, `update-learner`, `evaluate-policies`) are Prefect tasks on Ray
 through prefect-ray's task runner, and drive actors that live for the whole run: the rollout
-workers (the one rollout engine's `RayWorkerPool`, the PSRO oracles' pool too) and the learner.
+workers (the one rollout engine's `WorkerPool`, the PSRO oracles' pool too) and the learner.
 So the learner's state never travels between rounds: only a round's batch moves, and the
 learner publishes its weights to the pool's parameter store, from which each worker pulls them
 once per request.
@@ -27,7 +27,7 @@ from flows.subflows import fresh_every_call
 from flows.runtime import prefect_api, ray_session, reap_on_crash
 from marl_core.marl import training
 from marl_core.marl.training import MARLConfig, RoundRecord
-from marl_core.rollout.pool import RayWorkerPool
+from marl_core.rollout.pool import WorkerPool
 
 RoundCallback = Callable[[RoundRecord], None]
 
@@ -111,7 +111,7 @@ def marl_flow(config: dict, on_round: Optional[RoundCallback] = None, resume_run
     env_steps = checkpoint.env_steps if checkpoint else 0
     with contextlib.ExitStack() as stack:
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
-        pool = RayWorkerPool(training.pool_config(config))
+        pool = WorkerPool(training.pool_config(config), on_ray=True)
         stack.callback(pool.close)
         actor = ray.remote(num_cpus=0)(_Learner).remote(config, checkpoint.state if checkpoint else None)
         learner = RayLearner(actor)

@@ -259,9 +259,9 @@ def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):
     pool_config = psro.rollout_pool_config(config)
     if pool_config is None:
         return None
-    from marl_core.rollout.pool import RayWorkerPool
+    from marl_core.rollout.pool import WorkerPool
 
-    pool = RayWorkerPool(pool_config)
+    pool = WorkerPool(pool_config, on_ray=True)
     stack.callback(pool.close)
     return pool
 

@@ -35,8 +35,9 @@ import time
 import numpy as np
 import torch
 
-from marl_core.marl.collector import JointCollector
-from marl_core.marl.training import MARLConfig, iterate_marl_local, policy_mapping
+from marl_core.marl.training import LocalLearner, MARLConfig, iterate_marl_local, layout_and_spec, policy_mapping
+from marl_core.rollout.pool import PoolConfig, WorkerPool
+from marl_core.rollout.worker import RolloutRequest
 
 ENV = "pettingzoo:mpe2.simple_adversary_v3"
 SEPARATE = {"adversary_": "adversary", "agent_0": "agent_0", "agent_1": "agent_1"}  # the paper: no sharing
@@ -75,11 +76,12 @@ def main() -> None:
         eval_episodes=args.eval_episodes, seed=args.seed,
         policies=SEPARATE if args.separate else None,
     )
-    groups = JointCollector(ENV, 1, policy_mapping(config), config.agent_ids, args.seed).layout.groups
+    layout, _ = layout_and_spec(config)
+    groups = layout.groups
     for policy in args.freeze:
         if policy not in groups:
             parser.error(f"--freeze {policy!r}: no such policy; the policies are {sorted(groups)}")
-    sampled = JointCollector(ENV, args.envs, policy_mapping(config), config.agent_ids, args.seed) if args.stochastic_eval else None
+    sampled = WorkerPool(PoolConfig(ENV, 1, args.envs)) if args.stochastic_eval else None
     columns = ["greedy good", "greedy adversary"]
     if sampled is not None:
         columns += ["sampled good", "sampled adversary"]
@@ -106,8 +108,14 @@ def main() -> None:
             (float(np.mean([mean[a] for a in adversaries])), float(np.mean([err[a] for a in adversaries]))),
         ]
         if sampled is not None:
-            returns = sampled.play_episodes(learner.policies, args.eval_episodes, seed=10_000 + record.round, explore=True)
-            order = list(sampled.spec.agents)
+            handle = LocalLearner(learner)
+            handle.publish(sampled, record.round + 1)
+            request = RolloutRequest(
+                policy_mapping(config), episodes=args.eval_episodes, seed=(10_000 + record.round,), learners=handle.specs(),
+                weights_version=record.round + 1, agent_ids=config.agent_ids, experience=False,
+            )
+            returns = sampled.collect([request])[0].episode_returns
+            order = list(layout.agents)
             for members in (good, adversaries):
                 per_episode = returns[:, [order.index(a) for a in members]].mean(axis=1)
                 values.append((float(per_episode.mean()), float(per_episode.std(ddof=1) / np.sqrt(len(per_episode)))))

@@ -34,7 +34,7 @@ from flows.population import PopulationError, open_store
 from flows.tracking.resume import Checkpoint, ResumeError, committed_iteration, game_of_logged, load_checkpoint
 from marl_core.policies.base import UniformPolicy
 from marl_core.psro.learned_oracle import mixtures, role_returns
-from marl_core.rollout.pool import LocalWorkerPool, PoolConfig
+from marl_core.rollout.pool import PoolConfig, WorkerPool
 from marl_core.rollout.worker import PolicyMixture, RolloutRequest
 
 ENVS_PER_WORKER = 32  # environment copies stepped together: batched acting, the same results for any number
@@ -82,7 +82,7 @@ def play_vs_uniform(checkpoint: Checkpoint, games: int, seed: int = 0) -> list[R
         )
         for r, role in enumerate(game.roles)
     ]
-    pool = LocalWorkerPool(PoolConfig(game.make_env, workers=1, envs_per_worker=ENVS_PER_WORKER))
+    pool = WorkerPool(PoolConfig(game.make_env, workers=1, envs_per_worker=ENVS_PER_WORKER))
     try:
         played = pool.collect(requests)
     finally:

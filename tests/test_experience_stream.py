@@ -21,7 +21,8 @@ from marl_core.psro.oracles import OracleCall
 from marl_core.psro.steps import initial_populations
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.ppo import PPOTrainer
-from marl_core.rollout.pool import LocalWorkerPool, PoolConfig, RayWorkerPool, StreamError, StreamTimeouts
+from marl_core.rollout.pool import PoolConfig, WorkerPool
+from marl_core.rollout.store import StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
 
 torch.set_num_threads(1)  # as the learner and the workers act: the one loop below must do the same arithmetic
@@ -32,8 +33,8 @@ QUICK = StreamTimeouts(wait=60, retry=10, poll=0.2)  # a hang fails within a min
 DEADLINE = 60  # seconds a side may take to end once the other has stopped
 
 
-def _pool() -> LocalWorkerPool:
-    return LocalWorkerPool(PoolConfig("kuhn_poker", workers=2, envs_per_worker=8))
+def _pool() -> WorkerPool:
+    return WorkerPool(PoolConfig("kuhn_poker", workers=2, envs_per_worker=8))
 
 
 def _call(role: int, pool, collector_step: bool = True) -> OracleCall:
@@ -266,7 +267,7 @@ def _collector_task(call: OracleCall, timeouts: StreamTimeouts):
 def test_two_learners_and_their_collectors_run_at_once_on_two_cpus(local_ray):
     """Each side waits inside the store actor for a whole round (no short polls here), so this
     also shows that waits never block the store for the other side or the workers' pulls."""
-    pool = RayWorkerPool(PoolConfig("kuhn_poker", workers=2, envs_per_worker=8))
+    pool = WorkerPool(PoolConfig("kuhn_poker", workers=2, envs_per_worker=8), on_ray=True)
     patient = StreamTimeouts(wait=240, poll=240)
     try:
         learners = [_learner_task.remote(_call(role, pool), patient) for role in (0, 1)]
@@ -283,7 +284,7 @@ def test_two_learners_and_their_collectors_run_at_once_on_two_cpus(local_ray):
 
 @pytest.mark.slow
 def test_on_ray_a_failing_side_ends_the_other(local_ray, monkeypatch):
-    pool = RayWorkerPool(PoolConfig("kuhn_poker", workers=2, envs_per_worker=8))
+    pool = WorkerPool(PoolConfig("kuhn_poker", workers=2, envs_per_worker=8), on_ray=True)
     try:
         collector = _collector_task.remote(_call(0, FailingPool(pool, at=1, error=ValueError("environment step failed"))), QUICK)
         with pytest.raises(StreamError, match=r"the collector failed: ValueError: environment step failed \(ask 2\)$"):

@@ -12,7 +12,6 @@ import torch
 from typer.testing import CliRunner
 
 from flows import cli
-from marl_core.envs import from_dict
 from marl_core.marl import MARL_ALGORITHMS
 from marl_core.marl.settings import SETTINGS
 from marl_core.marl.training import MARLConfig, iterate_marl_local, make_learner
@@ -29,24 +28,103 @@ def test_every_algorithm_has_its_settings():
         assert MARL_ALGORITHMS[name].config is SETTINGS[name]
 
 
+# Settings small enough that each learner takes gradient steps (and copies into or averages
+# into its target networks, where it has them) on one SEGMENT of 2 copies: past a replay
+# learner's learning_starts, batch sizes below what one segment holds. An algorithm missing here
+# trains with its defaults; the restore test then fails if that takes no gradient step.
+SMALL_SETTINGS = {
+    "ippo": {"ppo": {"hidden": (16,), "minibatch_size": 32, "epochs": 2}},
+    "a2c": {"a2c": {"hidden": (16,)}},
+    "mappo": {"hidden": (16,), "critic_hidden": (16,), "minibatch_size": 32, "epochs": 2},
+    # per segment: 96 agent transitions, 16 gradient steps, a target copy every 3
+    "iql": {"dqn": {"hidden": (16,), "batch_size": 16, "buffer_size": 512, "learning_starts": 32, "train_every": 4,
+                    "target_update_interval": 3}},
+    # per segment: 32 joint steps, 12 gradient steps, a target copy every 5
+    "vdn": {"hidden": (16,), "batch_size": 16, "buffer_size": 512, "learning_starts": 8, "train_every": 2,
+            "target_update_interval": 5},
+    "qmix": {"hidden": (16,), "batch_size": 16, "buffer_size": 512, "learning_starts": 8, "train_every": 2,
+             "target_update_interval": 5, "mixing_embed": 8, "hypernet_hidden": 16},
+    # per segment: 32 joint steps, 6 updates, each averaging into the targets
+    "maddpg": {"hidden": (16,), "critic_hidden": (16,), "batch_size": 16, "buffer_size": 512, "learning_starts": 8,
+               "train_every": 4},
+}
+SEGMENT = 16  # joint steps per environment copy
+
+
+def _segment(workers: JointRollouts, policies, steps: int):
+    """A JointExperience of the next `steps` joint steps of every copy."""
+    batch, _, _ = workers.collect(policies, steps)
+    return batch
+
+
+def _networks_and_optimizers(learner) -> dict[str, torch.nn.Module | torch.optim.Optimizer]:
+    """Every network and optimizer the learner holds, by attribute path ("trainers.agent.target").
+
+    Found by walking the learner's attributes, not its state_dict, so that one its state_dict
+    leaves out is compared too."""
+    found, seen = {}, set()
+
+    def walk(value, path: str) -> None:
+        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+            found[path] = value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}.{key}")
+        elif type(value).__module__.startswith("marl_core.") and hasattr(value, "__dict__") and id(value) not in seen:
+            seen.add(id(value))
+            for key, item in vars(value).items():
+                walk(item, f"{path}.{key}" if path else key)
+
+    walk(learner, "")
+    return found
+
+
+def _assert_same(a, b, where: str) -> None:
+    """Nested dicts and lists of tensors and plain values, equal exactly."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{where} differs"
+    else:
+        assert a == b, f"{where} differs: {a!r} != {b!r}"
+
+
 @pytest.mark.parametrize("algorithm", sorted(MARL_ALGORITHMS))
-def test_a_restored_learner_makes_exactly_the_same_next_update(algorithm):
-    config = MARLConfig(env=SPREAD, algorithm=algorithm, envs_per_worker=2, steps_per_round=40)
+def test_a_learner_restored_after_gradient_steps_makes_exactly_the_same_next_update(algorithm):
+    config = MARLConfig(env=SPREAD, algorithm=algorithm, envs_per_worker=2, settings=SMALL_SETTINGS.get(algorithm, {}))
     workers = JointRollouts.of(config)
     original = make_learner(config, workers.layout, workers.spec.state_size)
-    first, _, _ = workers.collect(original.policies, 40)
-    original.learn(first)
+    original.learn(_segment(workers, original.policies, SEGMENT))
     saved = io.BytesIO()
     torch.save(original.state_dict(), saved)
     saved.seek(0)
     restored = make_learner(config, workers.layout, workers.spec.state_size)
-    restored.load_state_dict(torch.load(saved, weights_only=True))
 
-    second, _, _ = workers.collect(original.policies, 40)
+    # Before it was saved, every network (target networks included) and every optimizer moved
+    # away from where a fresh learner starts: else a restore that lost one would go unnoticed.
+    held, fresh = _networks_and_optimizers(original), _networks_and_optimizers(restored)
+    assert held.keys() == fresh.keys()
+    assert any(isinstance(thing, torch.optim.Optimizer) for thing in held.values()), f"{algorithm}: no optimizer found"
+    for path, thing in held.items():
+        if isinstance(thing, torch.optim.Optimizer):
+            assert thing.state_dict()["state"], f"{algorithm}: {path} took no step before the learner was saved"
+        elif any(True for _ in thing.parameters()):  # (VDN's mixer has no weights)
+            moved = [not torch.equal(w, w_fresh) for w, w_fresh in zip(thing.parameters(), fresh[path].parameters())]
+            assert any(moved), f"{algorithm}: {path} never moved before the learner was saved"
+
+    restored.load_state_dict(torch.load(saved, weights_only=True))
+    second = _segment(workers, original.policies, SEGMENT)
     assert original.learn(second) == restored.learn(second)
-    for policy in original.policies:
-        for (name, a), b in zip(original.policies[policy].state_dict().items(), restored.policies[policy].state_dict().values()):
-            assert torch.equal(a, b), f"{algorithm}: {policy}.{name} differs after the same update"
+    restored_held = _networks_and_optimizers(restored)
+    for path, thing in held.items():
+        _assert_same(thing.state_dict(), restored_held[path].state_dict(), f"{algorithm}: {path}")
+    _assert_same(original.state_dict(), restored.state_dict(), f"{algorithm}: state_dict")  # buffers, RNGs, counters
 
 
 def test_agents_of_a_role_share_one_network_by_default_and_their_own_when_mapped_apart():
@@ -56,8 +134,7 @@ def test_agents_of_a_role_share_one_network_by_default_and_their_own_when_mapped
     assert list(learner.policies) == ["agent"]
     weight = next(learner.policies["agent"].parameters())
     before = weight.detach().clone()
-    batch, _, _ = workers.collect(learner.policies, 32)
-    learner.learn(batch)
+    learner.learn(_segment(workers, learner.policies, 32))
     assert not torch.equal(before, weight.detach())  # the one tensor every agent acts with moved
 
     apart = shared.model_copy(update={"policies": {"agent_0": "a", "agent_1": "b", "agent_2": "c"}})
@@ -68,7 +145,7 @@ def test_agents_of_a_role_share_one_network_by_default_and_their_own_when_mapped
 
 def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_seed():
     from marl_core.marl import training
-    from marl_core.rollout.pool import LocalWorkerPool
+    from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
         env="pettingzoo:marl_core.envs.two_step", algorithm="ippo", policies={"agent_0": "a", "agent_1": "b"},
@@ -76,9 +153,9 @@ def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_see
     )
     layout, spec = training.layout_and_spec(config)
     learner = training.LocalLearner(make_learner(config, layout, spec.state_size))
-    greedy = training.evaluate_policies(config, LocalWorkerPool(training.pool_config(config)), learner, round=0)
+    greedy = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), learner, round=0)
     assert greedy.shape == (7, 2)
-    again = training.evaluate_policies(config, LocalWorkerPool(training.pool_config(config)), learner, round=0)
+    again = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), learner, round=0)
     np.testing.assert_array_equal(greedy, again)  # fresh workers, the same seed: the same episodes
     assert len(set(greedy[:, 0])) == 1  # a deterministic policy on a deterministic game: one outcome
 

@@ -50,6 +50,7 @@ def _only_run(client, experiment: str):
     return run
 
 
+@pytest.mark.slow  # three `psro` runs, each with its own Prefect server and local Ray
 def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)

@@ -16,7 +16,8 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutWorker
-from marl_core.rollout.pool import LocalWorkerPool, ParameterStore, PoolConfig
+from marl_core.rollout.pool import PoolConfig, WorkerPool
+from marl_core.rollout.store import ParameterStore
 
 torch.set_num_threads(1)
 
@@ -348,7 +349,7 @@ def test_learned_best_response_to_a_fixed_kuhn_opponent_is_within_002_of_exact(o
     populations = [Population.of(f"player_{p}", [TabularPolicy("kuhn_poker", p, tables[p][0])]) for p in range(2)]
     meta = [np.array([1.0]), np.array([1.0])]
     config = build_config({"oracle": oracle, "seed": 3})
-    pool = LocalWorkerPool(PoolConfig(config.psro_game.make_env, workers=2, envs_per_worker=16))
+    pool = WorkerPool(PoolConfig(config.psro_game.make_env, workers=2, envs_per_worker=16))
     for player in range(2):
         response = train_best_response(OracleCall(config, player, populations, meta, iteration=1, pool=pool))
         exact = _exact_best_response_value(tree, player, tables, meta)

@@ -23,7 +23,7 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy, sample_rows
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rollout.worker import AlgorithmPolicy, EnvSource, LearnerSpec, RolloutRequest, PolicyMixture, RolloutResult, RolloutWorker
-from marl_core.rollout.pool import ParameterStore
+from marl_core.rollout.store import ParameterStore
 
 torch.set_num_threads(1)
 

@@ -14,7 +14,7 @@ from marl_core.policies.population import Population, stacked_tables
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.psro.game import psro_game
 from marl_core.rl import PPOConfig
-from marl_core.rollout.pool import LocalWorkerPool, PoolConfig
+from marl_core.rollout.pool import PoolConfig, WorkerPool
 from marl_core.rollout.worker import RolloutResult, RolloutWorker
 
 torch.set_num_threads(1)
@@ -35,8 +35,8 @@ def _kuhn_populations(seed: int) -> list[Population]:
     return populations
 
 
-def _pool(env: str, workers: int) -> LocalWorkerPool:
-    return LocalWorkerPool(PoolConfig(env, workers=workers, envs_per_worker=4))
+def _pool(env: str, workers: int) -> WorkerPool:
+    return WorkerPool(PoolConfig(env, workers=workers, envs_per_worker=4))
 
 
 def test_sampled_kuhn_payoffs_agree_with_exact_ones_and_not_with_the_worker_count():
@@ -77,7 +77,7 @@ def test_sampled_payoffs_of_network_members_on_pettingzoo_average_each_roles_age
     # One request per profile, one collect: each role a one-member mixture, no learner, greedy.
     assert [request.seed for request in sent] == [(2, 0, 1), (2, 1, 0)]
     first = sent[0]
-    assert first.learner is None and first.explore is False and first.episodes == 6
+    assert first.learners == {} and first.explore is False and first.episodes == 6
     assert first.populations["adversary"].members == (populations[0][0],)
     assert first.populations["good"].members == (populations[1][1],)
     # Replayed straight through a worker, the good role's payoff is the mean of its two agents' returns.
@@ -92,7 +92,7 @@ class NaNPool:
 
     def collect(self, requests):
         return [
-            RolloutResult(experience=None, episode_returns=np.array([[1.0, np.nan]] * r.episodes),
+            RolloutResult(experience={}, joint=None, episode_returns=np.array([[1.0, np.nan]] * r.episodes), episode_lengths=np.ones(r.episodes, np.int64),
                           draws=np.zeros((r.episodes, 2), np.int64), env_steps=0, weights_version=0, seconds=0.0)
             for r in requests
         ]

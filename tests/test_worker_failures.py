@@ -25,7 +25,7 @@ from marl_core.games.tree import build_tree
 from marl_core.rl import ALGORITHMS
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest
-from marl_core.rollout.pool import PoolConfig, RayWorkerPool
+from marl_core.rollout.pool import PoolConfig, WorkerPool
 
 pytestmark = pytest.mark.slow
 
@@ -93,13 +93,13 @@ def _requests(episodes: int) -> list[RolloutRequest]:
     ]
 
 
-def _pids(pool: RayWorkerPool) -> list[int]:
+def _pids(pool: WorkerPool) -> list[int]:
     return ray.get([worker.pid.remote() for worker in pool.workers])
 
 
 def test_a_worker_killed_during_rollout_is_replaced_and_its_request_replayed_exactly(local_ray, tmp_path):
     armed, fired = tmp_path / "armed", tmp_path / "fired"
-    pool = RayWorkerPool(PoolConfig(functools.partial(DiesOnce, armed, fired, KILL_AT_STEP), workers=2, envs_per_worker=8))
+    pool = WorkerPool(PoolConfig(functools.partial(DiesOnce, armed, fired, KILL_AT_STEP), workers=2, envs_per_worker=8), on_ray=True)
     policy = ALGORITHMS["dqn"].policy(30, 3, ALGORITHMS["dqn"].config())
     pool.push("learner", 1, policy.get_weights())
     pids = _pids(pool)
@@ -129,7 +129,7 @@ def test_a_deterministic_error_fails_at_once_with_its_message(local_ray, tmp_pat
     """Ray replays a request after a worker dies, never after the request itself raised: the
     error comes back from the first attempt and the worker process stays."""
     attempts = tmp_path / "attempts"
-    pool = RayWorkerPool(PoolConfig(functools.partial(FailsEveryStep, attempts), workers=1, envs_per_worker=1))
+    pool = WorkerPool(PoolConfig(functools.partial(FailsEveryStep, attempts), workers=1, envs_per_worker=1), on_ray=True)
     pool.push("learner", 1, ALGORITHMS["dqn"].policy(30, 3, ALGORITHMS["dqn"].config()).get_weights())
     pid = _pids(pool)[0]
     with pytest.raises(Exception, match="deterministic failure in the environment"):

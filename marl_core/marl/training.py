@@ -350,8 +350,8 @@ def run_round(config: MARLConfig, round: int, env_steps: int, runner: Runner, po
 
 def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0, pool=None) -> Iterator[tuple[RoundRecord, Any]]:
     """The rounds in this process: yields (record, learner) after each round. `pool`: the
-    rollout workers (a `RayWorkerPool` plays on Ray actors at the same time); by default one
-    `LocalWorkerPool` whose workers play here, one after another."""
+    rollout workers (a `WorkerPool` plays on Ray actors at the same time); by default one
+    `WorkerPool` whose workers play here, one after another."""
     import torch
 
     torch.set_num_threads(1)  # small networks, many small batches: threads only contend
@@ -360,9 +360,9 @@ def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, e
     handle = LocalLearner(learner)
     with contextlib.ExitStack() as stack:
         if pool is None:
-            from marl_core.rollout.pool import LocalWorkerPool
+            from marl_core.rollout.pool import WorkerPool
 
-            pool = LocalWorkerPool(pool_config(config))
+            pool = WorkerPool(pool_config(config))
             stack.callback(pool.close)
         for round in range(first_round, config.rounds):
             record = run_round(config, round, env_steps, LocalRunner(), pool, handle, layout)

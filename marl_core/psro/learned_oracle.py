@@ -38,7 +38,7 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.psro.game import PSROGame, psro_game_of
 from marl_core.psro.oracles import BestResponse, OracleCall
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout.pool import COLLECTOR, LEARNER, ExperienceStream, StreamError, StreamTimeouts
+from marl_core.rollout.store import COLLECTOR, ExperienceStream, LEARNER, StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
 
 

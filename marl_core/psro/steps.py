@@ -470,12 +470,12 @@ def run_psro_local(config: PSROConfig, on_iteration: Callable[[IterationRecord, 
 
 
 def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PSROState]]:
-    from marl_core.rollout.pool import LocalWorkerPool
+    from marl_core.rollout.pool import WorkerPool
 
     started = time.perf_counter()
     state = initial_state(config)
     pool_config = rollout_pool_config(config)
-    pool = LocalWorkerPool(pool_config) if pool_config else None
+    pool = WorkerPool(pool_config) if pool_config else None
     runner = LocalRunner()
     for iteration in range(config.iterations + 1):
         record, state = run_iteration(config, state, iteration, runner, pool, started)

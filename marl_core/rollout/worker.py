@@ -60,6 +60,7 @@ from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.policy import NetworkPolicy, uniform_legal
 from marl_core.rollout.joint import JointRecorder, Stream
 from marl_core.rollout.layout import PolicyLayout
+from marl_core.rollout.store import StoreClient
 
 # --- what a request is made of ----------------------------------------------------------------
 
@@ -185,7 +186,19 @@ def _learner(slot: int) -> int:
 
 
 class RolloutWorker:
-    def __init__(self, env: EnvSource, envs_per_worker: int, parameter_store=None):
+    """`parameter_store`: a `ParameterStore` or anything with its `pull`, or the name of a store
+    actor (a worker on Ray finds its store by name rather than holding a handle: Ray keeps a
+    handle passed to a constructor in the object store, and a restarted worker could lose it).
+    `torch_threads`: set where the worker owns its process (a Ray actor); many small forward
+    passes gain nothing from threads that only contend."""
+
+    def __init__(self, env: EnvSource, envs_per_worker: int, parameter_store=None, torch_threads: Optional[int] = None):
+        if torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+        if isinstance(parameter_store, str):
+            parameter_store = StoreClient(parameter_store)
         self._make = (lambda: make_env(env)) if isinstance(env, str) else env
         self.envs: list[MultiAgentEnv] = [self._make() for _ in range(envs_per_worker)]
         self.spec = self.envs[0].spec
@@ -454,6 +467,16 @@ class RolloutWorker:
             weights_version=request.weights_version,
             seconds=0.0,
         )
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
 
     def close(self) -> None:
         for env in [*self.envs, *(env for stream in self._streams.values() for env in stream.envs)]:
