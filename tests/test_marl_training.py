@@ -15,18 +15,12 @@ from flows import cli
 from marl_core.envs import from_dict
 from marl_core.marl import MARL_ALGORITHMS
 from marl_core.marl.collector import JointCollector
-from marl_core.marl.settings import SETTINGS
+from marl_core.marl.settings import IPPOConfig
 from marl_core.marl.training import MARLConfig, Workers, iterate_marl_local, make_learner
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 
 torch.set_num_threads(1)
-
-
-def test_every_algorithm_has_its_settings():
-    assert set(SETTINGS) == set(MARL_ALGORITHMS)
-    for name in MARL_ALGORITHMS:
-        assert MARL_ALGORITHMS[name].config is SETTINGS[name]
 
 
 @pytest.mark.parametrize("algorithm", sorted(MARL_ALGORITHMS))
@@ -68,7 +62,7 @@ def test_agents_of_a_role_share_one_network_by_default_and_their_own_when_mapped
 
 def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_seed():
     collector = JointCollector("pettingzoo:marl_core.envs.two_step", 3, from_dict({"agent_0": "a", "agent_1": "b"}))
-    config = SETTINGS["ippo"]()
+    config = IPPOConfig()
     from marl_core.rl.ppo import ActorCriticPolicy
 
     policies = {p: ActorCriticPolicy(3, 2, config.ppo) for p in ("a", "b")}

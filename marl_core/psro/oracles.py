@@ -78,9 +78,16 @@ class OracleError(ValueError):
 
 
 ORACLES: Registry[Oracle] = Registry("oracle", OracleError)
-ORACLES.add("exact", Oracle("exact", "exact best response by a backward pass over the game tree", exact_oracle))
-ORACLES.add("dqn", Oracle("dqn", "double DQN with a target network and replay, trained on rollouts", learned_oracle, learns=True))
-ORACLES.add("ppo", Oracle("ppo", "PPO with GAE, clipping and an entropy bonus, trained on rollouts", learned_oracle, learns=True))
+
+
+def _oracle(name: str, summary: str, compute: Callable[[OracleCall], BestResponse], learns: bool = False) -> None:
+    """`ORACLES.add`, with the name and summary written once for registry and oracle."""
+    ORACLES.add(name, Oracle(name, summary, compute, learns), summary)
+
+
+_oracle("exact", "exact best response by a backward pass over the game tree", exact_oracle)
+_oracle("dqn", "double DQN with a target network and replay, trained on rollouts", learned_oracle, learns=True)
+_oracle("ppo", "PPO with GAE, clipping and an entropy bonus, trained on rollouts", learned_oracle, learns=True)
 
 
 def get_oracle(name: str) -> Oracle:
