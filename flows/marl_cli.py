@@ -115,3 +115,16 @@ def _train(config, resume_run_id: Optional[str] = None) -> None:
     with stop_on_sigterm():
         run_marl(config, on_round, resume_run_id)
     console.print(f"done: {config.rounds} rounds in {time.perf_counter() - started:.1f}s", highlight=False)
+
+
+@marl_app.command("algorithms")
+def algorithms() -> None:
+    """MARL algorithms, by the name --algorithm takes."""
+    from rich.table import Table
+
+    from marl_core.marl import MARL_ALGORITHMS
+
+    table = Table("name", "summary")
+    for name in sorted(MARL_ALGORITHMS):
+        table.add_row(name, MARL_ALGORITHMS.summary(name))
+    console.print(table)

@@ -63,7 +63,7 @@ ROWS = [
     Row("unknown game", ("--game", "no_such_game"), "unknown game 'no_such_game'; run `psro games` to list games"),
     Row("unknown meta-solver", ("--meta-solver", "best"),
         "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform"),
-    Row("unknown oracle", ("--oracle", "sarsa"), "unknown oracle 'sarsa'; choose one of: dqn, exact, ppo"),
+    Row("unknown oracle", ("--oracle", "sarsa"), "unknown oracle 'sarsa'; choose one of: a2c, dqn, exact, ppo"),
     Row("unknown evaluator", ("--eval", "approximate"), "eval='approximate': Input should be 'exact' or 'sampled'"),
     # wrong types
     Row("flag of wrong type", ("--iterations", "abc"),
@@ -88,7 +88,7 @@ ROWS = [
         "eval 'exact' needs an OpenSpiel game whose tree fits in memory; 'pettingzoo:mpe2.simple_spread_v3' has none: "
         "use eval 'sampled' and a learned oracle"),
     Row("exact oracle on a PettingZoo env", ("--game", "pettingzoo:mpe2.simple_spread_v3"),
-        "oracle 'exact' walks a game tree; 'pettingzoo:mpe2.simple_spread_v3' has none: use a learned oracle (dqn or ppo)"),
+        "oracle 'exact' walks a game tree; 'pettingzoo:mpe2.simple_spread_v3' has none: use a learned oracle (a2c, dqn, ppo)"),
     # config files
     Row("missing config file", ("--config", "absent.yaml"), "cannot read config file 'absent.yaml': No such file or directory"),
     Row("malformed YAML", (), "config file 'run.yaml' is not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'", config="game: [kuhn_poker\n"),
@@ -101,6 +101,10 @@ ROWS = [
         config="best_response: 5\n"),
     Row("DQN buffer smaller than a batch", (), "dqn: buffer_size 10 is smaller than batch_size 64",
         config="dqn: {batch_size: 64, buffer_size: 10}\n"),
+    Row("A2C discount above 1", (), "a2c.gamma=1.5: Input should be less than or equal to 1", config="oracle: a2c\na2c: {gamma: 1.5}\n"),
+    Row("misspelt A2C setting", ("--oracle", "a2c"),
+        "a2c.learning_rate=0.1: Extra inputs are not permitted; a2c takes: hidden, shared_trunk, lr, gamma, gae_lambda, "
+        "entropy_coef, value_coef, max_grad_norm, normalize_advantages, seed", config="a2c: {learning_rate: 0.1}\n"),
     # the outside world (flows/preflight.py)
     Row("Ray address refused", ("--ray-address", "127.0.0.1:1"),
         f"ray_address='127.0.0.1:1': nothing answers at 127.0.0.1:1 (connection refused); {EXPECTED_RAY}"),

@@ -15,7 +15,7 @@ CASES = [
     (["--game", "no_such_game"], "unknown game 'no_such_game'; run `psro games` to list games"),
     (["--game", "kuhn_poker(players=)"], "cannot load game 'kuhn_poker(players=)'"),
     (["--meta-solver", "best"], "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform"),
-    (["--oracle", "sarsa"], "unknown oracle 'sarsa'; choose one of: dqn, exact, ppo"),
+    (["--oracle", "sarsa"], "unknown oracle 'sarsa'; choose one of: a2c, dqn, exact, ppo"),
     (["--iterations", "0"], "iterations=0: Input should be greater than 0"),
     (["--iterations", "-5"], "iterations=-5: Input should be greater than 0"),
     (["--episodes", "1"], "episodes=1: Input should be greater than or equal to 2"),
@@ -74,10 +74,14 @@ def test_missing_config_file(workdir):
 
 def test_listings_name_every_registered_entry():
     from marl_core.empirical_game.meta_solvers import META_SOLVERS
+    from marl_core.marl import MARL_ALGORITHMS
+    from marl_core.psro.oracles import ORACLES
 
-    solvers = CliRunner().invoke(app, ["solvers"], terminal_width=200)
-    assert solvers.exit_code == 0
-    assert all(name in solvers.output for name in META_SOLVERS)
+    for command, registry in (["solvers"], META_SOLVERS), (["oracles"], ORACLES), (["marl", "algorithms"], MARL_ALGORITHMS):
+        listing = CliRunner().invoke(app, command, env={"COLUMNS": "300"})
+        assert listing.exit_code == 0, listing.output
+        rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in listing.output.splitlines() if line.count("│") == 3}
+        assert rows == {name: registry.summary(name) for name in registry}, command
     games = CliRunner().invoke(app, ["games"], terminal_width=200)
     assert games.exit_code == 0 and "leduc_poker" in games.output and "kuhn_poker" in games.output
 

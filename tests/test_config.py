@@ -75,6 +75,8 @@ BAD = [
     ({"experiment": ""}, "experiment"),
     ({"best_response": {"opponent_epsilon": 1.5}}, "opponent_epsilon"),
     ({"oracle": "dqn", "dqn": {"epsilon_eval": -0.1}}, "epsilon_eval"),
+    ({"oracle": "a2c", "a2c": {"entropy_coef": -1}}, "a2c.entropy_coef=-1"),
+    ({"a2c": {"hidden": []}}, "a2c.hidden=[]"),
 ]
 
 

@@ -79,3 +79,20 @@ def test_every_learned_member_is_a_weights_only_checkpoint_that_rebuilds_its_pol
             assert all(isinstance(t, torch.Tensor) for t in state.values())
             assert isinstance(member, NeuralPolicy)
             np.testing.assert_array_equal(tabularize(member.network, tree, player), member.tabular)
+
+
+def test_every_rl_algorithm_is_an_oracle_of_the_real_command_a2c_included(tmp_path):
+    """`psro run --oracle a2c`: an oracle that exists only as a line of marl_core.rl.ALGORITHMS,
+    with its game defaults from its config section."""
+    result = run_config(
+        tmp_path,
+        "experiment: a2c\nbest_response: {episodes: 400, episodes_per_round: 200}\nrollout: {workers: 1, envs_per_worker: 8}\n",
+        "--game", "kuhn_poker", "--oracle", "a2c", "--iterations", "2",
+    )
+    assert "oracle=a2c" in result.stdout and "done: 2 iterations" in result.stdout
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.search_runs([client.get_experiment_by_name("a2c").experiment_id])[0]
+    assert run.info.status == "FINISHED" and run.data.params["oracle"] == "a2c" and run.data.params["a2c.gamma"] == "1.0"
+    for player in range(2):
+        episodes = client.get_metric_history(run.info.run_id, f"player_{player}/oracle_episodes")
+        assert sorted((m.step, m.value) for m in episodes) == [(1, 400.0), (2, 400.0)]

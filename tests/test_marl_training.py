@@ -13,19 +13,12 @@ from typer.testing import CliRunner
 
 from flows import cli
 from marl_core.marl import MARL_ALGORITHMS
-from marl_core.marl.settings import SETTINGS
 from marl_core.marl.training import MARLConfig, iterate_marl_local, make_learner
 from joint_rollouts import JointRollouts
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 
 torch.set_num_threads(1)
-
-
-def test_every_algorithm_has_its_settings():
-    assert set(SETTINGS) == set(MARL_ALGORITHMS)
-    for name in MARL_ALGORITHMS:
-        assert MARL_ALGORITHMS[name].config is SETTINGS[name]
 
 
 # Settings small enough that each learner takes gradient steps (and copies into or averages

@@ -359,4 +359,4 @@ def test_learned_best_response_to_a_fixed_kuhn_opponent_is_within_002_of_exact(o
         assert exact - response.value <= 0.02, f"{oracle} player {player}: learned {response.value:.4f}, exact best response {exact:.4f}"
         assert response.metrics["gap_to_exact"] == pytest.approx(exact - response.value)
         assert response.metrics["episodes"] == config.best_response.episodes
-        assert set(response.policy.weights()) == set(ALGORITHMS[oracle].policy(11, 2, getattr(config, oracle)).get_weights())
+        assert set(response.policy.weights()) == set(ALGORITHMS[oracle].policy(11, 2, config.oracle_settings).get_weights())

@@ -63,5 +63,5 @@ def _sampled(game, populations, profiles, *, episodes: int, seed: int, pool=None
 # Every evaluator takes (game: PSROGame, populations: list[Population], profiles, *, episodes,
 # seed, pool=None); `pool` is the run's rollout workers, where it has some.
 EVALUATORS: Registry[EvaluateFn] = Registry("evaluator")
-EVALUATORS.add("exact", _exact)
-EVALUATORS.add("sampled", _sampled)
+EVALUATORS.add("exact", _exact, "expected payoffs computed exactly over the game tree")
+EVALUATORS.add("sampled", _sampled, "mean returns of rollouts, with their standard errors")

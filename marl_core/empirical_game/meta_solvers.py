@@ -36,17 +36,7 @@ class MetaSolverError(ValueError):
     """An unknown meta-solver, one that does not fit the game, or a malformed payoff table."""
 
 
-META_SOLVERS: Registry[MetaSolver] = Registry("meta-solver", MetaSolverError)
-
-
-def _register(name: str, summary: str, *, two_player_zero_sum_only: bool = False):
-    """Add the decorated ``payoffs -> strategies`` function to ``META_SOLVERS`` under ``name``."""
-
-    def decorator(solve: SolveFn) -> SolveFn:
-        META_SOLVERS.add(name, MetaSolver(name, summary, solve, two_player_zero_sum_only))
-        return solve
-
-    return decorator
+META_SOLVERS: Registry[MetaSolver] = Registry("meta-solver", MetaSolverError)  # filled at the end of this module
 
 
 def get_meta_solver(name: str) -> MetaSolver:
@@ -124,12 +114,10 @@ def _uniform_strategies(shape: tuple[int, ...]) -> list[np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 
 
-@_register("uniform", "uniform over each population (fictitious self-play)")
 def uniform(payoffs: np.ndarray) -> list[np.ndarray]:
     return _uniform_strategies(_payoff_tensor(payoffs).shape[1:])
 
 
-@_register("last", "all weight on each player's newest population member (self-play)")
 def last(payoffs: np.ndarray) -> list[np.ndarray]:
     strategies = []
     for k in _payoff_tensor(payoffs).shape[1:]:
@@ -193,11 +181,6 @@ def _maximin_strategies(matrix: np.ndarray) -> list[np.ndarray]:
     return [_normalise(row_strategy), _normalise(column_strategy)]
 
 
-@_register(
-    "nash",
-    "Nash equilibrium by linear programming, central point of the optimal face (two-player zero-sum)",
-    two_player_zero_sum_only=True,
-)
 def nash_zero_sum(payoffs: np.ndarray) -> list[np.ndarray]:
     """Exact Nash equilibrium of a two-player zero-sum meta-game.
 
@@ -238,7 +221,6 @@ def _project_onto_floored_simplex(point: np.ndarray, floor: float) -> np.ndarray
     return np.maximum(shifted - threshold, 0.0) + floor
 
 
-@_register("prd", "projected replicator dynamics (n players, general-sum)")
 def projected_replicator_dynamics(
     payoffs: np.ndarray,
     iterations: int = 3000,
@@ -282,7 +264,6 @@ def projected_replicator_dynamics(
 # ---------------------------------------------------------------------------------------------
 
 
-@_register("fictitious_play", "fictitious play, empirical average (n players, general-sum)")
 def fictitious_play(payoffs: np.ndarray, iterations: int = 5000) -> list[np.ndarray]:
     """Simultaneous fictitious play for n-player meta-games; returns the empirical averages.
 
@@ -308,7 +289,6 @@ def _regret_matching_strategy(cumulative_regret: np.ndarray) -> np.ndarray:
     return positive / total if total > 0 else np.full(len(positive), 1.0 / len(positive))
 
 
-@_register("regret_matching", "regret matching, average strategy (n players, general-sum)")
 def regret_matching(payoffs: np.ndarray, iterations: int = 5000) -> list[np.ndarray]:
     """Regret matching (Hart & Mas-Colell 2000) for n-player meta-games.
 
@@ -581,7 +561,6 @@ def _stationary_distribution(
     return distribution
 
 
-@_register("alpharank", "alpha-Rank stationary marginals (n players, general-sum)")
 def alpharank(
     payoffs: np.ndarray, alpha: float = 100.0, population_size: int = 50
 ) -> list[np.ndarray]:
@@ -604,3 +583,19 @@ def alpharank(
     players = range(len(shape))
     return [_normalise(joint.sum(axis=tuple(q for q in players if q != p))) for p in players]
 
+
+def _solver(name: str, summary: str, solve: SolveFn, two_player_zero_sum_only: bool = False) -> None:
+    """`META_SOLVERS.add`, with the name and summary written once for registry and solver."""
+    META_SOLVERS.add(name, MetaSolver(name, summary, solve, two_player_zero_sum_only), summary)
+
+
+_solver("uniform", "uniform over each population (fictitious self-play)", uniform)
+_solver("last", "all weight on each player's newest population member (self-play)", last)
+_solver(
+    "nash", "Nash equilibrium by linear programming, central point of the optimal face (two-player zero-sum)",
+    nash_zero_sum, two_player_zero_sum_only=True,
+)
+_solver("prd", "projected replicator dynamics (n players, general-sum)", projected_replicator_dynamics)
+_solver("fictitious_play", "fictitious play, empirical average (n players, general-sum)", fictitious_play)
+_solver("regret_matching", "regret matching, average strategy (n players, general-sum)", regret_matching)
+_solver("alpharank", "alpha-Rank stationary marginals (n players, general-sum)", alpharank)

@@ -100,5 +100,5 @@ def _gymnasium(name: str, env_id: str) -> MultiAgentEnv:
 # Where environments come from, by the prefix of their name ("pettingzoo:mpe2.simple_spread_v3");
 # a name without a prefix is an OpenSpiel game string.
 ENVIRONMENT_SOURCES: Registry = Registry("environment source")
-ENVIRONMENT_SOURCES.add("pettingzoo", _pettingzoo)
-ENVIRONMENT_SOURCES.add("gymnasium", _gymnasium)
+ENVIRONMENT_SOURCES.add("pettingzoo", _pettingzoo, "PettingZoo: a registry id (classic/tictactoe-v3) or a module path (mpe2.simple_spread_v3)")
+ENVIRONMENT_SOURCES.add("gymnasium", _gymnasium, "Gymnasium: a single-agent environment id (CartPole-v1)")

@@ -1,7 +1,8 @@
 """Hyperparameters of the multi-agent learners, one typed class per algorithm.
 
 Like `marl_core.rl.settings`, they live apart from the algorithms so that checking a run's
-settings never imports torch. Independent learners reuse the single-agent settings unchanged.
+settings never imports torch; each algorithm's line in `marl_core.marl.MARL_ALGORITHMS` names
+its class. Independent learners reuse the single-agent settings unchanged.
 """
 
 from __future__ import annotations
@@ -9,10 +10,6 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from marl_core.rl.settings import A2CConfig, DQNConfig, PPOConfig
-
-
-# algorithm name -> its settings class; `marl_core.marl.MARL_ALGORITHMS` has the same names
-SETTINGS: dict[str, type[BaseModel]] = {}
 
 
 class IPPOConfig(BaseModel):
@@ -37,9 +34,6 @@ class IA2CConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     a2c: A2CConfig = Field(default_factory=A2CConfig)
-
-
-SETTINGS.update(ippo=IPPOConfig, iql=IQLConfig, a2c=IA2CConfig)
 
 
 # --- MAPPO (marl_core/marl/mappo.py) ---------------------------------------------------------
@@ -74,9 +68,6 @@ class MAPPOConfig(BaseModel):
     normalize_advantages: bool = Field(True, description="standardise advantages over each policy id's batch")
     value_norm: bool = Field(True, description="critics predict returns standardised by running statistics")
     seed: int = Field(0, description="seeds network initialisation and minibatch shuffling")
-
-
-SETTINGS["mappo"] = MAPPOConfig
 
 
 class _ReplaySettings(BaseModel):
@@ -137,9 +128,6 @@ class QMIXConfig(ValueDecompositionConfig):
     hypernet_hidden: int = Field(64, gt=0, description="hidden width of the hypernetworks that make its weights")
 
 
-SETTINGS.update(vdn=VDNConfig, qmix=QMIXConfig)
-
-
 # --- MADDPG (marl_core/marl/maddpg.py) -------------------------------------------------------
 
 class MADDPGConfig(_ReplaySettings):
@@ -178,6 +166,3 @@ class MADDPGConfig(_ReplaySettings):
         (), description="policy ids that act but do not learn (e.g. a trained adversary the good agents learn to deceive)"
     )
     seed: int = Field(0, description="seeds network initialisation, replay sampling and Gumbel noise")
-
-
-SETTINGS["maddpg"] = MADDPGConfig

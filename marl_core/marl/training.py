@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from marl_core.marl.settings import SETTINGS
+from marl_core.marl import MARL_ALGORITHMS
 
 if TYPE_CHECKING:  # the rollout engine imports torch; validating a config must not
     from marl_core.envs import EnvSpec
@@ -65,14 +65,14 @@ class MARLConfig(BaseModel):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, algorithm: str) -> str:
-        if algorithm not in SETTINGS:
-            raise ValueError(f"unknown MARL algorithm; choose one of: {', '.join(sorted(SETTINGS))}")
+        if algorithm not in MARL_ALGORITHMS:
+            raise ValueError(f"unknown MARL algorithm; choose one of: {', '.join(sorted(MARL_ALGORITHMS))}")
         return algorithm
 
     @model_validator(mode="after")
     def _valid_settings(self) -> MARLConfig:
         try:
-            SETTINGS[self.algorithm](**self.settings)
+            MARL_ALGORITHMS.settings(self.algorithm)(**self.settings)
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(map(str, ("settings", *first["loc"])))
@@ -81,7 +81,7 @@ class MARLConfig(BaseModel):
 
     @property
     def algorithm_settings(self):
-        return SETTINGS[self.algorithm](**self.settings)
+        return MARL_ALGORITHMS.settings(self.algorithm)(**self.settings)
 
 
 def check(config: MARLConfig) -> None:
@@ -301,8 +301,6 @@ def checkpoint_due(config: MARLConfig, round: int) -> bool:
 
 
 def make_learner(config: MARLConfig, layout, state_size: int):
-    from marl_core.marl import MARL_ALGORITHMS
-
     return MARL_ALGORITHMS[config.algorithm].learner(layout, state_size, config.algorithm_settings)
 
 

@@ -6,14 +6,15 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, create_model, field_validator, model_validator
 
 from marl_core.games.openspiel import is_zero_sum, load_game
 from marl_core.psro.settings import ApproxExploitability, BestResponseTraining, RolloutSettings
 from marl_core.empirical_game.meta_solvers import check_meta_solver
 from marl_core.psro.game import is_openspiel_name, psro_game_of
 from marl_core.psro.oracles import ORACLES, get_oracle
-from marl_core.rl.settings import DQNConfig, PPOConfig
+from marl_core.rl import ALGORITHMS
+from marl_core.rl.settings import A2CConfig, DQNConfig, PPOConfig
 
 
 class ConfigError(ValueError):
@@ -24,6 +25,7 @@ class ConfigError(ValueError):
 # discounting (gamma 1, so values are exact expected payoffs), small networks, and a few
 # gradient steps per batch of experience. Each setting can still be overridden, e.g. in YAML:
 #   dqn: {lr: 0.0005}
+# An algorithm without game defaults here starts from its own defaults.
 GAME_DQN = DQNConfig(
     hidden=(64, 64), gamma=1.0, batch_size=128, train_every=4, learning_starts=1000,
     epsilon_decay_steps=8000, epsilon_end=0.02, target_update_interval=200,
@@ -31,9 +33,14 @@ GAME_DQN = DQNConfig(
 # PPO: a best response should end near-deterministic, so a small entropy bonus, and more
 # optimisation per batch (Kuhn, 20,000 episodes: gap to the exact response 0.018 -> 0.012).
 GAME_PPO = PPOConfig(gamma=1.0, lr=1e-3, epochs=8, entropy_coef=0.001)
+GAME_A2C = A2CConfig(gamma=1.0)  # the rest: A2C's own defaults
+GAME_DEFAULTS = {"dqn": GAME_DQN, "ppo": GAME_PPO, "a2c": GAME_A2C}  # RL algorithm name -> its game defaults
 
 
-class PSROConfig(BaseModel):
+class _PSROConfigWithoutAlgorithms(BaseModel):
+    """Every setting of a run but the learned oracles' own, which `PSROConfig` adds: one section
+    per RL algorithm, named after it and checked by its settings class."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     game: str = Field("kuhn_poker", description="OpenSpiel game string (leduc_poker, kuhn_poker(players=3)) or pettingzoo:<module>")
@@ -51,22 +58,27 @@ class PSROConfig(BaseModel):
     experiment: str = Field("psro", min_length=1, description="MLflow experiment name")
     register_models: bool = Field(True, description="register population members in the MLflow model registry")
     export: Optional[Path] = Field(None, description="directory for an OpenSpiel-checkable export")
-    # learned oracles (--oracle dqn/ppo): rollout workers, training budget, hyperparameters
+    # learned oracles (--oracle dqn, ppo, ...): rollout workers and training budget; their
+    # hyperparameters are the sections named after the algorithms (added below)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     best_response: BestResponseTraining = Field(default_factory=BestResponseTraining)
     tabularize: bool = Field(True, description="learned members also get their table where a game tree exists (exact payoffs and NashConv)")
     approx_exploitability: ApproxExploitability = Field(default_factory=ApproxExploitability)
-    dqn: DQNConfig = Field(default_factory=lambda: GAME_DQN)
-    ppo: PPOConfig = Field(default_factory=lambda: GAME_PPO)
 
-    @field_validator("dqn", "ppo", mode="before")
+    @field_validator(*GAME_DEFAULTS, mode="before", check_fields=False)
     @classmethod
     def _override_game_defaults(cls, value, info):
-        """Settings given for an algorithm override the game defaults one by one."""
+        """Settings given for an algorithm override its game defaults one by one."""
         if isinstance(value, dict):
-            base = {"dqn": GAME_DQN, "ppo": GAME_PPO}[info.field_name]
-            return {**base.model_dump(), **value}
+            return {**GAME_DEFAULTS[info.field_name].model_dump(), **value}
         return value
+
+    @property
+    def oracle_settings(self) -> BaseModel:
+        """The learned oracle's settings: the section named after it."""
+        if not get_oracle(self.oracle).learns:
+            raise ValueError(f"oracle {self.oracle!r} is not learned and has no settings")
+        return getattr(self, self.oracle)
 
     @field_validator("iterations", "episodes", "num_cpus", mode="before")
     @classmethod
@@ -109,7 +121,8 @@ class PSROConfig(BaseModel):
             zero_sum = is_zero_sum(game)
         else:
             if not oracle.learns:
-                raise ValueError(f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle (dqn or ppo)")
+                learned = ", ".join(sorted(ALGORITHMS))
+                raise ValueError(f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle ({learned})")
             zero_sum = False
         played = psro_game_of(self)  # makes the environment once: a bad name or role table fails here
         if self.eval == "exact" or self.oracle == "exact":
@@ -131,6 +144,25 @@ class PSROConfig(BaseModel):
         return psro_game_of(self).num_roles
 
 
+def _algorithm_sections() -> dict:
+    """One config section per RL algorithm, named after it, of its settings class; its default
+    is the algorithm's game defaults where `GAME_DEFAULTS` has them."""
+    sections = {}
+    for name in ALGORITHMS:
+        if name in _PSROConfigWithoutAlgorithms.model_fields:
+            raise ValueError(f"RL algorithm {name!r} has the name of a PSRO setting; its config section needs a name of its own")
+        settings = ALGORITHMS.settings(name)
+        default = GAME_DEFAULTS[name] if name in GAME_DEFAULTS else settings()
+        sections[name] = (settings, Field(default, description=f"{name} oracle settings ({ALGORITHMS.summary(name)})"))
+    return sections
+
+
+PSROConfig = create_model(
+    "PSROConfig", __base__=_PSROConfigWithoutAlgorithms, __module__=__name__, **_algorithm_sections(),
+    __doc__="A PSRO run's settings, with a section of settings per RL algorithm (its learned oracle's).",
+)
+
+
 def _two_player_zero_sum(game: str) -> bool:
     try:
         loaded = load_game(game)
@@ -147,6 +179,9 @@ def _one_line(error: ValidationError) -> str:
         return message
     if isinstance(first.get("input"), dict):  # a check across a section's fields: name the section
         return f"{location}: {message}"
+    if first["type"] == "extra_forbidden" and len(first["loc"]) == 2:  # a misspelt setting of a section
+        section = first["loc"][0]
+        message += f"; {section} takes: {', '.join(PSROConfig.model_fields[section].annotation.model_fields)}"
     return f"{location}={first.get('input')!r}: {message}"
 
 

@@ -36,7 +36,7 @@ import torch
 
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.psro.game import PSROGame, psro_game_of
-from marl_core.psro.oracles import BestResponse, OracleCall
+from marl_core.psro.oracle_call import BestResponse, OracleCall
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rollout.store import COLLECTOR, ExperienceStream, LEARNER, StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
@@ -160,7 +160,7 @@ def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeo
     algorithm = ALGORITHMS[config.oracle]
     # Each response starts from its own reproducible network initialisation.
     seed = int(np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0])
-    algorithm_config = getattr(config, config.oracle).model_copy(update={"seed": seed})
+    algorithm_config = config.oracle_settings.model_copy(update={"seed": seed})
     trainer = algorithm.trainer(game.obs_size[rounds.role], game.num_actions[rounds.role], algorithm_config)
     # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
     # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.

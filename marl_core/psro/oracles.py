@@ -2,52 +2,27 @@
 
 An oracle answers "what should this role add to its population?" given the current populations
 and meta-strategy. `exact` computes the true best response to the opponents' meta-strategy
-mixture by one backward pass over the game tree (OpenSpiel games whose tree fits). `dqn` and
-`ppo` learn a network from episodes played by rollout workers on any environment
-(`marl_core.psro.learned_oracle`: a learner, and a collector that drives the workers); their
-torch code is imported only when they run, so choosing or validating an oracle stays cheap.
+mixture by one backward pass over the game tree (OpenSpiel games whose tree fits). Every RL
+algorithm in `marl_core.rl.ALGORITHMS` is also a learned oracle of the same name: it learns a
+network from episodes played by rollout workers on any environment
+(`marl_core.psro.learned_oracle`: a learner, and a collector that drives the workers), with the
+settings the config holds under its name. Their torch code is imported only when they run, so
+choosing or validating an oracle stays cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Callable
 
 from marl_core.games.exploitability import mixed_reach
 from marl_core.games.tree import build_tree, best_response
-from marl_core.policies.base import Policy
-from marl_core.policies.population import Population, stacked_tables
+from marl_core.policies.population import stacked_tables
+from marl_core.psro.oracle_call import BestResponse, OracleCall
 from marl_core.registry import Registry
+from marl_core.rl import ALGORITHMS
 
-
-@dataclasses.dataclass(frozen=True)
-class BestResponse:
-    role: int  # index into the game's roles
-    policy: Policy
-    value: Optional[float]  # exact expected return against the opponents' mixture, where a tree gives it
-    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class OracleCall:
-    """Everything an oracle may use. `budget` is the training episodes of a learned response (the
-    run's `best_response.episodes`, or the approximate-exploitability budget); `pool` holds the
-    rollout workers of learned oracles; `seed_key` makes each response's randomness its own;
-    `collector_step` says that a `collect-experience` step runs beside the learner and plays its
-    rounds (else the learned oracle plays them from a thread of its own); `opponent_epsilon` makes
-    the opponents tremble while a learned response trains (the run's responses do, the
-    approximate-exploitability ones train against the mixture as it is)."""
-
-    config: Any  # PSROConfig
-    role: int
-    populations: list[Population]
-    meta_strategy: list
-    iteration: int
-    pool: Any = None
-    budget: Optional[int] = None
-    seed_key: tuple[int, ...] = ()
-    collector_step: bool = False
-    opponent_epsilon: float = 0.0
+__all__ = ["BestResponse", "ORACLES", "Oracle", "OracleCall", "OracleError", "get_oracle"]
 
 
 def exact_oracle(call: OracleCall) -> BestResponse:
@@ -70,7 +45,7 @@ class Oracle:
     name: str
     summary: str
     compute: Callable[[OracleCall], BestResponse]
-    learns: bool = False  # needs rollout workers and has hyperparameters under its own name
+    learns: bool = False  # an RL algorithm: needs rollout workers and takes the settings under its name
 
 
 class OracleError(ValueError):
@@ -78,9 +53,16 @@ class OracleError(ValueError):
 
 
 ORACLES: Registry[Oracle] = Registry("oracle", OracleError)
-ORACLES.add("exact", Oracle("exact", "exact best response by a backward pass over the game tree", exact_oracle))
-ORACLES.add("dqn", Oracle("dqn", "double DQN with a target network and replay, trained on rollouts", learned_oracle, learns=True))
-ORACLES.add("ppo", Oracle("ppo", "PPO with GAE, clipping and an entropy bonus, trained on rollouts", learned_oracle, learns=True))
+
+
+def _oracle(name: str, summary: str, compute: Callable[[OracleCall], BestResponse], learns: bool = False) -> None:
+    """`ORACLES.add`, with the name and summary written once for registry and oracle."""
+    ORACLES.add(name, Oracle(name, summary, compute, learns), summary)
+
+
+_oracle("exact", "exact best response by a backward pass over the game tree", exact_oracle)
+for _name in ALGORITHMS:
+    _oracle(_name, f"{ALGORITHMS.summary(_name)}, trained on rollouts", learned_oracle, learns=True)
 
 
 def get_oracle(name: str) -> Oracle:

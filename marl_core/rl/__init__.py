@@ -1,10 +1,17 @@
 """RL algorithms: one module per algorithm, each with its trainer and the network policy it acts with.
 
-`ALGORITHMS` maps a name such as `--oracle dqn` to an `Algorithm`: a driver builds
-`trainer(obs_size, num_actions, config)`, and a rollout worker rebuilds the acting side as
-`policy(obs_size, num_actions, config)` followed by `set_weights(weights)`. Adding an algorithm
-means one module that ends with `ALGORITHM = Algorithm(...)`, its settings class in
-`marl_core.rl.settings`, and one line here.
+`ALGORITHMS` maps a name to an `Algorithm`: a driver builds `trainer(obs_size, num_actions,
+config)`, and a rollout worker rebuilds the acting side as `policy(obs_size, num_actions,
+config)` followed by `set_weights(weights)`. Every algorithm registered here is also a learned
+PSRO oracle of the same name (`--oracle a2c`, `marl_core.psro.oracles`), whose settings a PSRO
+config takes under that name (`a2c: {lr: ...}`), checked by the algorithm's settings class.
+
+Adding an algorithm is one file plus one registry line: its module, ending with
+`ALGORITHM = Algorithm(settings, trainer, policy)`, and an `ALGORITHMS.add` line below naming
+the module, a one-line summary and the settings class. The settings class itself goes in
+`marl_core.rl.settings`, not in the module: configs are checked against it before any work
+starts, and the module imports torch. The oracle, its config section and the listings follow
+from the registry line; tests/test_registries.py checks the new algorithm as an oracle.
 
 Entries load on first use, and so do the names below (PEP 562): the settings are imported by
 every config check, and importing torch for them would add seconds to each command.
@@ -20,15 +27,15 @@ from marl_core.rl.settings import A2CConfig, DQNConfig, PPOConfig
 
 
 class Algorithm(NamedTuple):
-    config: type  # its typed settings (pydantic)
+    config: type  # its typed settings (pydantic): the class its registry line names
     trainer: type
     policy: type  # a `marl_core.rl.policy.NetworkPolicy`
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("RL algorithm")
-ALGORITHMS.add("dqn", "marl_core.rl.dqn:ALGORITHM")
-ALGORITHMS.add("ppo", "marl_core.rl.ppo:ALGORITHM")
-ALGORITHMS.add("a2c", "marl_core.rl.a2c:ALGORITHM")
+ALGORITHMS.add("dqn", "marl_core.rl.dqn:ALGORITHM", "double DQN with a target network and replay", DQNConfig)
+ALGORITHMS.add("ppo", "marl_core.rl.ppo:ALGORITHM", "PPO with GAE, clipping and an entropy bonus", PPOConfig)
+ALGORITHMS.add("a2c", "marl_core.rl.a2c:ALGORITHM", "A2C: one policy-gradient step per batch on n-step returns", A2CConfig)
 
 _LAZY = {
     "Experience": "marl_core.rl.batch",

@@ -1,0 +1,44 @@
+"""What a best-response oracle is asked (`OracleCall`) and what it answers (`BestResponse`).
+
+They live apart from the oracles themselves so that an oracle's implementation
+(`marl_core.psro.learned_oracle`) and the registry that names it (`marl_core.psro.oracles`)
+both import them without importing each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from marl_core.policies.base import Policy
+from marl_core.policies.population import Population
+
+
+@dataclasses.dataclass(frozen=True)
+class BestResponse:
+    role: int  # index into the game's roles
+    policy: Policy
+    value: Optional[float]  # exact expected return against the opponents' mixture, where a tree gives it
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleCall:
+    """Everything an oracle may use. `budget` is the training episodes of a learned response (the
+    run's `best_response.episodes`, or the approximate-exploitability budget); `pool` holds the
+    rollout workers of learned oracles; `seed_key` makes each response's randomness its own;
+    `collector_step` says that a `collect-experience` step runs beside the learner and plays its
+    rounds (else the learned oracle plays them from a thread of its own); `opponent_epsilon` makes
+    the opponents tremble while a learned response trains (the run's responses do, the
+    approximate-exploitability ones train against the mixture as it is)."""
+
+    config: Any  # PSROConfig
+    role: int
+    populations: list[Population]
+    meta_strategy: list
+    iteration: int
+    pool: Any = None
+    budget: Optional[int] = None
+    seed_key: tuple[int, ...] = ()
+    collector_step: bool = False
+    opponent_epsilon: float = 0.0
