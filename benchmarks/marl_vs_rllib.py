@@ -145,7 +145,7 @@ def _ray_workers(config):
 
     with ray_session(None, config.workers, {}):
         pool = WorkerPool(pool_config(config), on_ray=True)
-        ray.get([actor.__ray_ready__.remote() for actor in pool.workers])
+        ray.get([actor.__ray_ready__.remote() for actor in [*pool.workers, pool.store_handle]])
         yield pool
         pool.close()
 

@@ -68,7 +68,7 @@ class WorkerPool:
         store_name = f"parameter-store-{uuid.uuid4().hex}"
         # Threads for the waits of every stream at once (two per learned response), with room
         # left for the workers' pulls; each wait holds a thread for one `StreamTimeouts.poll`.
-        self.store_handle = ray.remote(num_cpus=0, max_concurrency=64)(ParameterStore).options(name=store_name).remote()
+        self.store_handle = ray.remote(num_cpus=0, max_concurrency=64)(ParameterStore).options(name=store_name).remote(preload=("torch",))
         self.store = StoreClient(self.store_handle)
         actor = ray.remote(
             num_cpus=config.worker_cpus, memory=1024**2, max_restarts=max_restarts, max_task_retries=max_restarts

@@ -12,6 +12,7 @@ side reports that it stopped.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -54,7 +55,11 @@ class ParameterStore:
     died holds no thread for long, and the caller's own deadline is checked between waits.
     """
 
-    def __init__(self):
+    def __init__(self, preload: tuple[str, ...] = ()):
+        # A store actor deserializes what learners push: importing torch on the first push would
+        # make that learner wait for it, so a pool on Ray has its store import it when it starts.
+        for module in preload:
+            importlib.import_module(module)
         self._weights: dict[str, tuple[int, Any]] = {}
         self._mailboxes: dict[str, _Mailbox] = {}
         self._changed = threading.Condition()
