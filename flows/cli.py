@@ -15,33 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from flows.cli_errors import OneLineErrors as _OneLineErrors, fail as _fail
+from flows.marl_cli import marl_app
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow.")
 console = Console()
-err = Console(stderr=True)
-
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
-
-
-class _OneLineErrors(typer.core.TyperCommand):
-    """A flag of the wrong type or an unknown flag is bad input like any other: one `error:`
-    line naming the value, exit code 2 (typer would print a usage box)."""
-
-    def make_context(self, info_name, args, parent=None, **extra):
-        from typer._click.exceptions import BadParameter, UsageError  # the click typer bundles
-
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except BadParameter as error:
-            cause = error.__cause__
-            if hasattr(cause, "errors") and error.param is not None:  # pydantic's ValidationError
-                first = cause.errors()[0]
-                _fail(f"{error.param.name}={first['input']!r}: {first['msg']}")
-            _fail(error.format_message())
-        except UsageError as error:
-            _fail(error.format_message())
 
 
 @app.command(cls=_OneLineErrors)
@@ -321,7 +299,8 @@ def server_command(
     """Keep a Prefect server and a Ray instance up: later runs reuse both (Ctrl-C stops them)."""
     import socket
 
-    from flows.server import find_running_server, prefect_home, serve
+    from flows.server import serve
+    from flows.runtime import find_running_server, prefect_home
 
     if port != 0 and not 1024 <= port <= 65535:
         _fail(f"port={port}: choose a port from 1024 to 65535, or 0 for a free one")
@@ -340,8 +319,6 @@ def server_command(
 
     serve(port, num_cpus, ready)
 
-
-from flows.marl_cli import marl_app  # noqa: E402  (it reuses this module's error handling)
 
 app.add_typer(marl_app, name="marl")
 
