@@ -197,7 +197,7 @@ def evaluate(
     experiment: str = typer.Option("psro-evaluate", help="MLflow experiment of the evaluation run"),
 ) -> None:
     """Play registry members against each other; print the payoff table and log it to MLflow."""
-    from flows import population
+    from flows.tracking import registry_members
     from marl_core.empirical_game.evaluation import EVALUATORS
 
     if eval not in EVALUATORS:
@@ -205,16 +205,16 @@ def evaluate(
     if eval == "sampled" and episodes < 2:
         _fail(f"episodes={episodes}: sampled evaluation needs 2 or more (one episode has no standard error)")
     try:
-        specs = [population.parse_member(text) for text in members]
-        client = population.open_store(tracking_uri)
-        loaded = [population.load_member(client, spec) for spec in specs]
-        game, groups = population.populations_of(loaded)
-        population.check_evaluable(game.name, groups, eval)
-    except population.PopulationError as error:
+        specs = [registry_members.parse_member(text) for text in members]
+        client = registry_members.open_store(tracking_uri)
+        loaded = [registry_members.load_member(client, spec) for spec in specs]
+        game, groups = registry_members.populations_of(loaded)
+        registry_members.check_evaluable(game.name, groups, eval)
+    except registry_members.PopulationError as error:
         _fail(str(error))
-    table = population.evaluate(game, groups, eval, episodes, seed)
+    table = registry_members.evaluate(game, groups, eval, episodes, seed)
     settings = {"eval": eval, "episodes": episodes if eval == "sampled" else 0, "seed": seed, "members": " ".join(members)}
-    run_id = population.log_evaluation(client, experiment, game, groups, table, settings)
+    run_id = registry_members.log_evaluation(client, experiment, game, groups, table, settings)
     for group in groups:
         listed = ", ".join(f"#{k} {m.label}" + ("" if m.label == m.spec.text else f" ({m.spec.text})") for k, m in enumerate(group))
         console.print(f"{group[0].role}: {listed}", highlight=False, soft_wrap=True)
@@ -251,15 +251,15 @@ def export_command(
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the run"),
 ) -> None:
     """Write a finished run's final population and meta-strategy in the export format."""
-    from flows import population
+    from flows.tracking import registry_members
     from flows.preflight import check_export_dir  # as for `psro run --export`: never overwrite
     from marl_core.psro.config import ConfigError
 
     try:
         check_export_dir(directory)
-        client = population.open_store(tracking_uri)
-        result = population.export_run(client, run_id, directory)
-    except (population.PopulationError, ConfigError) as error:
+        client = registry_members.open_store(tracking_uri)
+        result = registry_members.export_run(client, run_id, directory)
+    except (registry_members.PopulationError, ConfigError) as error:
         _fail(str(error))
     measured = []
     if result["logged"]:
@@ -283,7 +283,7 @@ def serve(
     prefect_yaml: Path = typer.Option(Path("prefect.yaml"), help="the deployment definitions"),
 ) -> None:
     """Serve prefect.yaml's deployments from this process: triggered and scheduled runs execute here, no work pool."""
-    from flows import serve as serving
+    from flows import deployments as serving
 
     try:
         serving.serve(serving.read_deployments(prefect_yaml, deployments), console)
@@ -299,7 +299,7 @@ def server_command(
     """Keep a Prefect server and a Ray instance up: later runs reuse both (Ctrl-C stops them)."""
     import socket
 
-    from flows.server import serve
+    from flows.psro_server import serve
     from flows.runtime import find_running_server, prefect_home
 
     if port != 0 and not 1024 <= port <= 65535:

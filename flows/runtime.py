@@ -1,9 +1,9 @@
 """The services a run needs, started the way a user would start them, and always stopped.
 
 - Prefect: when ``PREFECT_API_URL`` is unset, one real ``prefect server start`` on 127.0.0.1 and
-  a free port (through `flows.prefect_server`, which fixes SQLite lock contention).
+  a free port (through `flows.patched_prefect_server`, which fixes SQLite lock contention).
   Prefect's temporary in-process server cannot be used: every Ray worker would start its own on
-  the same SQLite file. A running `psro server` (`flows.server`) is found and reused instead.
+  the same SQLite file. A running `psro server` (`flows.psro_server`) is found and reused instead.
 - Ray: a fresh local instance limited to this machine's cores (``address="local"`` so an
   unrelated running cluster is never joined by accident), or the cluster at ``--ray-address``.
 """
@@ -136,7 +136,7 @@ class LocalPrefectServer:
             env.update({f"PREFECT_SERVER_SERVICES_{service}_ENABLED": "false" for service in ONE_RUN_SERVICES_OFF})
         self._log = open(home / "server.log", "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "flows.prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+            [sys.executable, "-m", "flows.patched_prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

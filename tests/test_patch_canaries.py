@@ -2,7 +2,7 @@
 
 flows/ray_runner.py memoizes Prefect's SettingsContext.serialize, shares one SSL context among
 Prefect's API clients and overrides prefect-ray's RayTaskRunner._run_prefect_task;
-flows/subflows.py skips two reads in Prefect's subflow engine; flows/prefect_server.py patches
+flows/subflows.py skips two reads in Prefect's subflow engine; flows/patched_prefect_server.py patches
 Prefect's SQLite configuration;
 flows/cli.py catches the exceptions of the click that typer bundles (typer._click);
 flows/runtime.py drains Prefect's log and event workers and quiets one of Ray's private loggers.
@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # package -> the files whose patches rely on its internals
 PATCHED = {
-    "prefect": "flows/ray_runner.py, flows/subflows.py, flows/prefect_server.py, flows/runtime.py",
+    "prefect": "flows/ray_runner.py, flows/subflows.py, flows/patched_prefect_server.py, flows/runtime.py",
     "prefect-ray": "flows/ray_runner.py",
     "ray": "flows/runtime.py",
     "typer": "flows/cli.py",
@@ -328,7 +328,7 @@ def test_a_fresh_subflow_skips_both_reads_and_still_nests_under_its_parent(tmp_p
     assert len(runs) == 2 and all(run.state.is_completed() for run in runs)
 
 
-# --- flows/prefect_server.py ------------------------------------------------------------------
+# --- flows/patched_prefect_server.py ------------------------------------------------------------------
 
 
 def _sqlite_statements(tmp_path: Path) -> list[str]:
@@ -356,19 +356,19 @@ def _sqlite_statements(tmp_path: Path) -> list[str]:
 def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch):
     from prefect.server.database import configurations, interface
 
-    from flows.prefect_server import _begin_write_transactions_immediate
+    from flows.patched_prefect_server import _begin_write_transactions_immediate
 
     sqlite = configurations.AioSqliteConfiguration
     monkeypatch.setattr(sqlite, "begin_transaction", sqlite.begin_transaction)  # restored after the test
     assert "self.database_config.begin_transaction(" in inspect.getsource(interface.PrefectDBInterface.session_context), (
-        "prefect's server no longer opens transactions through database_config.begin_transaction: flows/prefect_server.py's patch is bypassed"
+        "prefect's server no longer opens transactions through database_config.begin_transaction: flows/patched_prefect_server.py's patch is bypassed"
     )
     assert _sqlite_statements(tmp_path / "before")[0] == "BEGIN DEFERRED", (
-        "prefect now begins SQLite write transactions some other way: flows/prefect_server.py's patch may be obsolete"
+        "prefect now begins SQLite write transactions some other way: flows/patched_prefect_server.py's patch may be obsolete"
     )
     _begin_write_transactions_immediate()
     assert _sqlite_statements(tmp_path / "after")[0] == "BEGIN IMMEDIATE", (
-        "flows/prefect_server.py's patch no longer makes prefect's SQLite write transactions BEGIN IMMEDIATE"
+        "flows/patched_prefect_server.py's patch no longer makes prefect's SQLite write transactions BEGIN IMMEDIATE"
     )
 
 

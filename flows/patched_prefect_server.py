@@ -1,7 +1,7 @@
 """`prefect server start`, with SQLite write transactions begun IMMEDIATE.
 
-Usage: ``python -m flows.prefect_server server start --host 127.0.0.1 --port 4200`` (any
-arguments of the `prefect` CLI work; this module only patches, then hands over to it).
+Usage: ``python -m flows.patched_prefect_server server start --host 127.0.0.1 --port 4200``
+(any arguments of the `prefect` CLI work; this module only patches, then hands over to it).
 
 Why: on SQLite, Prefect's API opens write transactions DEFERRED. One that reads before it writes
 (creating a task run reads the flow run's labels first) fails at once with "database is locked"
