@@ -1,16 +1,9 @@
-"""`prefect server start`, with SQLite write transactions begun IMMEDIATE.
+"""`prefect server start`, with this project's patches of the server applied
+(`flows.patches.apply_server_patches`: SQLite write transactions begun IMMEDIATE, so writers queue
+instead of being refused).
 
 Usage: ``python -m flows.patched_prefect_server server start --host 127.0.0.1 --port 4200``
 (any arguments of the `prefect` CLI work; this module only patches, then hands over to it).
-
-Why: on SQLite, Prefect's API opens write transactions DEFERRED. One that reads before it writes
-(creating a task run reads the flow run's labels first) fails at once with "database is locked"
-when the task-run recorder commits in between; the API answers 503 and the client backs off
-2 s. Under RayTaskRunner that hit every other PSRO iteration here (Prefect issues #7277,
-#18934). Beginning write transactions IMMEDIATE takes SQLite's write lock up front, so writers
-queue on the busy timeout instead of failing. Measured on this machine: 8 retries (16 s) per
-20 subflows before, 0 after; an empty subflow went from 1.9 s to 0.35 s. PostgreSQL-backed
-servers do not need this.
 
 It also stops itself when the process that started it dies: a driver killed with SIGKILL gets
 no chance to stop its server, and an orphaned server would hold its port and database forever.
@@ -24,20 +17,7 @@ import sys
 import threading
 import time
 
-
-def _begin_write_transactions_immediate() -> None:
-    from prefect.server.database import configurations
-
-    sqlite = configurations.AioSqliteConfiguration
-    original = sqlite.begin_transaction
-    if getattr(original, "_immediate", False):
-        return
-
-    def begin_transaction(self, session, with_for_update: bool = False):
-        return original(self, session, with_for_update=True)
-
-    begin_transaction._immediate = True
-    sqlite.begin_transaction = begin_transaction
+from flows.patches import apply_server_patches
 
 
 def _exit_with_parent(poll_seconds: float = 1.0) -> None:
@@ -55,7 +35,7 @@ def _exit_with_parent(poll_seconds: float = 1.0) -> None:
 def main(argv: list[str]) -> None:
     if os.environ.get("PSRO_SERVER_EXIT_WITH_PARENT") == "1":
         _exit_with_parent()
-    _begin_write_transactions_immediate()
+    apply_server_patches()
     from prefect.cli import app
 
     sys.argv = ["prefect", *argv]

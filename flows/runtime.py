@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
 
+from flows.patches import quiet_ray_notices
 from flows.reaper import MARKER, alive
 
 SERVER_START_TIMEOUT = 120.0
@@ -242,9 +243,7 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
 def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> None:
     import ray
 
-    # Ray's token authentication stays on; its start-up notice that it is on is not news worth
-    # a console line between the run's own lines (`ray get-auth-token` prints the token).
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    quiet_ray_notices()
     if address:
         running = find_running_server()
         if running and running.ray_address == address:
@@ -278,11 +277,6 @@ def ray_to_use(config_address: str | None, api_url: str) -> tuple[str | None, di
     return config_address, {"PREFECT_API_URL": api_url}
 
 
-class _NoSigtermNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("SIGTERM handler is not set")
-
-
 @contextlib.contextmanager
 def stop_on_sigterm() -> Iterator[None]:
     """SIGTERM ends the run as Ctrl-C does: by an exception in the main thread, so every context
@@ -308,9 +302,6 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
         start_ray(address, num_cpus, env_vars)
         warm_up_workers(game)
 
-    # Off the main thread Ray installs no SIGTERM handler and says so; the caller's main thread
-    # handles signals (`stop_on_sigterm`), so the notice is noise.
-    logging.getLogger("ray._private.worker").addFilter(_NoSigtermNotice())
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as thread:
         started = thread.submit(start)
         try:
