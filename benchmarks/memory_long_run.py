@@ -56,7 +56,7 @@ def marked_processes(value: str) -> dict[int, str]:
 def kind(command: str) -> str:
     if command.startswith("ray::"):
         return "ray_worker"  # Ray renames its workers ray::IDLE, ray::<task name>
-    if "flows.prefect_server" in command:
+    if "flows.patched_prefect_server" in command:
         return "prefect_server"
     if "ray" in command:  # raylet, gcs_server, the log monitor, the dashboard agents
         return "ray_system"

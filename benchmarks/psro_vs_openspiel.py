@@ -115,7 +115,7 @@ class PsroServer:
     """A `psro server` in a child process, for the warm runs; stopped with SIGTERM."""
 
     def __enter__(self):
-        from flows.server import find_running_server
+        from flows.runtime import find_running_server
 
         if find_running_server():
             raise RuntimeError("a psro server is already running; stop it so the cold run starts its own")

@@ -15,33 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from flows.cli_errors import OneLineErrors as _OneLineErrors, fail as _fail
+from flows.marl_cli import marl_app
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow.")
 console = Console()
-err = Console(stderr=True)
-
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
-
-
-class _OneLineErrors(typer.core.TyperCommand):
-    """A flag of the wrong type or an unknown flag is bad input like any other: one `error:`
-    line naming the value, exit code 2 (typer would print a usage box)."""
-
-    def make_context(self, info_name, args, parent=None, **extra):
-        from typer._click.exceptions import BadParameter, UsageError  # the click typer bundles
-
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except BadParameter as error:
-            cause = error.__cause__
-            if hasattr(cause, "errors") and error.param is not None:  # pydantic's ValidationError
-                first = cause.errors()[0]
-                _fail(f"{error.param.name}={first['input']!r}: {first['msg']}")
-            _fail(error.format_message())
-        except UsageError as error:
-            _fail(error.format_message())
 
 
 @app.command(cls=_OneLineErrors)
@@ -219,7 +197,7 @@ def evaluate(
     experiment: str = typer.Option("psro-evaluate", help="MLflow experiment of the evaluation run"),
 ) -> None:
     """Play registry members against each other; print the payoff table and log it to MLflow."""
-    from flows import population
+    from flows.tracking import registry_members
     from marl_core.empirical_game.evaluation import EVALUATORS
 
     if eval not in EVALUATORS:
@@ -227,16 +205,16 @@ def evaluate(
     if eval == "sampled" and episodes < 2:
         _fail(f"episodes={episodes}: sampled evaluation needs 2 or more (one episode has no standard error)")
     try:
-        specs = [population.parse_member(text) for text in members]
-        client = population.open_store(tracking_uri)
-        loaded = [population.load_member(client, spec) for spec in specs]
-        game, groups = population.populations_of(loaded)
-        population.check_evaluable(game.name, groups, eval)
-    except population.PopulationError as error:
+        specs = [registry_members.parse_member(text) for text in members]
+        client = registry_members.open_store(tracking_uri)
+        loaded = [registry_members.load_member(client, spec) for spec in specs]
+        game, groups = registry_members.populations_of(loaded)
+        registry_members.check_evaluable(game.name, groups, eval)
+    except registry_members.PopulationError as error:
         _fail(str(error))
-    table = population.evaluate(game, groups, eval, episodes, seed)
+    table = registry_members.evaluate(game, groups, eval, episodes, seed)
     settings = {"eval": eval, "episodes": episodes if eval == "sampled" else 0, "seed": seed, "members": " ".join(members)}
-    run_id = population.log_evaluation(client, experiment, game, groups, table, settings)
+    run_id = registry_members.log_evaluation(client, experiment, game, groups, table, settings)
     for group in groups:
         listed = ", ".join(f"#{k} {m.label}" + ("" if m.label == m.spec.text else f" ({m.spec.text})") for k, m in enumerate(group))
         console.print(f"{group[0].role}: {listed}", highlight=False, soft_wrap=True)
@@ -273,15 +251,15 @@ def export_command(
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the run"),
 ) -> None:
     """Write a finished run's final population and meta-strategy in the export format."""
-    from flows import population
+    from flows.tracking import registry_members
     from flows.preflight import check_export_dir  # as for `psro run --export`: never overwrite
     from marl_core.psro.config import ConfigError
 
     try:
         check_export_dir(directory)
-        client = population.open_store(tracking_uri)
-        result = population.export_run(client, run_id, directory)
-    except (population.PopulationError, ConfigError) as error:
+        client = registry_members.open_store(tracking_uri)
+        result = registry_members.export_run(client, run_id, directory)
+    except (registry_members.PopulationError, ConfigError) as error:
         _fail(str(error))
     measured = []
     if result["logged"]:
@@ -305,7 +283,7 @@ def serve(
     prefect_yaml: Path = typer.Option(Path("prefect.yaml"), help="the deployment definitions"),
 ) -> None:
     """Serve prefect.yaml's deployments from this process: triggered and scheduled runs execute here, no work pool."""
-    from flows import serve as serving
+    from flows import deployments as serving
 
     try:
         serving.serve(serving.read_deployments(prefect_yaml, deployments), console)
@@ -321,7 +299,8 @@ def server_command(
     """Keep a Prefect server and a Ray instance up: later runs reuse both (Ctrl-C stops them)."""
     import socket
 
-    from flows.server import find_running_server, prefect_home, serve
+    from flows.psro_server import serve
+    from flows.runtime import find_running_server, prefect_home
 
     if port != 0 and not 1024 <= port <= 65535:
         _fail(f"port={port}: choose a port from 1024 to 65535, or 0 for a free one")
@@ -340,8 +319,6 @@ def server_command(
 
     serve(port, num_cpus, ready)
 
-
-from flows.marl_cli import marl_app  # noqa: E402  (it reuses this module's error handling)
 
 app.add_typer(marl_app, name="marl")
 

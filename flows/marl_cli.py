@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flows.cli import _fail, _OneLineErrors
+from flows.cli_errors import OneLineErrors as _OneLineErrors, fail as _fail
 
 marl_app = typer.Typer(add_completion=False, no_args_is_help=True, help="MARL training: MAPPO, QMIX, MADDPG, IPPO, ... on one environment.")
 console = Console()

@@ -23,7 +23,7 @@ from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from flows.ray_runner import FastRayTaskRunner
-from flows.subflows import fresh_every_call
+from flows.patches import fresh_every_call
 from flows.runtime import prefect_api, ray_session, reap_on_crash
 from marl_core.marl import training
 from marl_core.marl.training import MARLConfig, RoundRecord

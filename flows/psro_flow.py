@@ -26,7 +26,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 
 import tasks
 from flows.ray_runner import FastRayTaskRunner
-from flows.subflows import fresh_every_call
+from flows.patches import fresh_every_call
 from flows.tracking.layout import FLOW_RUN_TAG
 from flows.runtime import prefect_api, ray_in_background, ray_session, ray_to_use, reap_on_crash
 from marl_core.psro import steps as psro

@@ -13,10 +13,11 @@ Profiles (prefect 3.8.8, prefect-ray 0.6.0) showed work that is the same for eve
   milliseconds of CPU), even for an http:// server; the flow engine makes a new client for the
   tracking task of every subflow, so a PSRO run paid that once per iteration in the driver.
 
-So settings are serialized once per settings context and rebuilt once per worker process, the
-remote function is built once per set of Ray options, tasks and flows that a module defines
-travel as that module's name and attribute, each worker keeps one API client, and clients share
-one SSL context per TLS setting. Parameters marked with Prefect's `opaque` (which Ray would
+So settings are serialized once per settings context and clients share one SSL context per TLS
+setting (both patches of Prefect in `flows.patches`, applied on import of this module); here,
+settings are rebuilt once per worker process, the remote function is built once per set of Ray
+options, tasks and flows that a module defines travel as that module's name and attribute, and
+each worker keeps one API client. Parameters marked with Prefect's `opaque` (which Ray would
 flatten into plain tuples) keep the mark on the way to the worker.
 
 Task semantics (states, retries, logs, events) are untouched: the task still runs through
@@ -25,91 +26,19 @@ Prefect's own engine. `tests/test_patch_canaries.py` fails if an upgrade moves w
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import sys
 from typing import Any
 
-from prefect.context import SettingsContext
 from prefect_ray import RayTaskRunner
+
+from flows.patches import apply_patches
+
+apply_patches()  # this module is imported wherever a flow or its tasks run: driver, `psro serve`, Ray workers
 
 _settings_cache: dict[str, Any] = {}
 _client_context = None
-
-
-def _memoize_settings_serialization() -> None:
-    """SettingsContext is an immutable model whose serialization depends only on its fields."""
-    original = SettingsContext.serialize
-    if getattr(original, "_memoized", False):
-        return
-    cache: dict[int, tuple[SettingsContext, dict[str, Any]]] = {}
-
-    @functools.wraps(original)  # __wrapped__: tests/test_patch_canaries.py checks Prefect's signature
-    def serialize(self: SettingsContext, include_secrets: bool = True) -> dict[str, Any]:
-        key = hash((id(self), include_secrets))
-        hit = cache.get(key)
-        if hit is None or hit[0] is not self:  # the stored instance keeps its id unique
-            if len(cache) >= 16:  # settings contexts are few; keep the newest
-                cache.pop(next(iter(cache)))
-            hit = cache[key] = (self, original(self, include_secrets=include_secrets))
-        return hit[1]
-
-    serialize._memoized = True
-    SettingsContext.serialize = serialize
-
-
-_memoize_settings_serialization()
-
-
-_tls_contexts: dict[tuple[bool, str], Any] = {}
-
-
-def _shared_tls_context():
-    """The SSL context Prefect's client would build for the current TLS settings, built once.
-
-    Clients only read it (httpx wraps each connection's socket with it), so sharing is safe.
-    """
-    import ssl
-
-    import certifi
-    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
-
-    insecure = bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value())
-    cert_file = "" if insecure else (PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
-    context = _tls_contexts.get((insecure, cert_file))
-    if context is None:
-        if insecure:
-            context = ssl.create_default_context()
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        else:
-            context = ssl.create_default_context(cafile=cert_file)
-        _tls_contexts[(insecure, cert_file)] = context
-    return context
-
-
-def _share_client_tls_contexts() -> None:
-    """Hand every Prefect client that is given no `verify` the shared context (the client then
-    skips building its own: it only builds one when `verify` is not an SSLContext)."""
-    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
-
-    for client_class in (PrefectClient, SyncPrefectClient):
-        original = client_class.__init__
-        if getattr(original, "_shared_tls", False):
-            continue
-
-        @functools.wraps(original)  # __wrapped__: tests/test_patch_canaries.py checks Prefect's signature
-        def __init__(self, api, *args, httpx_settings: dict[str, Any] | None = None, _original=original, **kwargs):
-            if not httpx_settings or "verify" not in httpx_settings:
-                httpx_settings = {**(httpx_settings or {}), "verify": _shared_tls_context()}
-            _original(self, api, *args, httpx_settings=httpx_settings, **kwargs)
-
-        __init__._shared_tls = True
-        client_class.__init__ = __init__
-
-
-_share_client_tls_contexts()
 
 
 def _with_cached_settings(context: dict[str, Any]) -> dict[str, Any]:

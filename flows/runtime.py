@@ -1,9 +1,9 @@
 """The services a run needs, started the way a user would start them, and always stopped.
 
 - Prefect: when ``PREFECT_API_URL`` is unset, one real ``prefect server start`` on 127.0.0.1 and
-  a free port (through `flows.prefect_server`, which fixes SQLite lock contention). Prefect's
-  temporary in-process server cannot be used: every Ray worker would start its own on the same
-  SQLite file.
+  a free port (through `flows.patched_prefect_server`, which fixes SQLite lock contention).
+  Prefect's temporary in-process server cannot be used: every Ray worker would start its own on
+  the same SQLite file. A running `psro server` (`flows.psro_server`) is found and reused instead.
 - Ray: a fresh local instance limited to this machine's cores (``address="local"`` so an
   unrelated running cluster is never joined by accident), or the cluster at ``--ray-address``.
 """
@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
+import json
 import logging
 import os
 import random
@@ -23,6 +25,9 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
+
+from flows.patches import quiet_ray_notices
+from flows.reaper import MARKER, alive
 
 SERVER_START_TIMEOUT = 120.0
 
@@ -56,6 +61,31 @@ def healthy(url: str) -> bool:
             return response.status == 200
     except (OSError, http.client.HTTPException):
         return False
+
+
+# Where a running `psro server` says what it started, for runs of the same Prefect home to reuse.
+STATE_FILE = "psro-server.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningServer:
+    prefect_api_url: str
+    ray_address: str
+    pid: int
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser().resolve()
+
+
+def find_running_server(home: Path | None = None) -> RunningServer | None:
+    """The `psro server` of this Prefect home, if one is up and answering; else None."""
+    path = (home or prefect_home()) / STATE_FILE
+    try:
+        server = RunningServer(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return server if alive(server.pid) and healthy(server.prefect_api_url) else None
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -107,7 +137,7 @@ class LocalPrefectServer:
             env.update({f"PREFECT_SERVER_SERVICES_{service}_ENABLED": "false" for service in ONE_RUN_SERVICES_OFF})
         self._log = open(home / "server.log", "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "flows.prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+            [sys.executable, "-m", "flows.patched_prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -134,8 +164,6 @@ def reap_on_crash() -> Iterator[None]:
     if this process dies without doing it itself (see `flows/reaper.py`)."""
     import uuid
 
-    from flows.reaper import MARKER
-
     if MARKER in os.environ:  # an outer caller already watches this process
         yield
         return
@@ -160,8 +188,6 @@ def prefect_api(home: Path | None = None) -> Iterator[tuple[str, Callable[[], No
     Prefect home; otherwise starts a server and stops it on exit. The server boots while the
     caller starts other things; call the wait function before use.
     """
-    from flows.server import find_running_server, prefect_home
-
     configured = os.environ.get("PREFECT_API_URL")
     if configured:
         yield configured, lambda: None
@@ -217,12 +243,8 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
 def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> None:
     import ray
 
-    # Ray's token authentication stays on; its start-up notice that it is on is not news worth
-    # a console line between the run's own lines (`ray get-auth-token` prints the token).
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    quiet_ray_notices()
     if address:
-        from flows.server import find_running_server
-
         running = find_running_server()
         if running and running.ray_address == address:
             from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
@@ -249,17 +271,10 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
 def ray_to_use(config_address: str | None, api_url: str) -> tuple[str | None, dict[str, str]]:
     """The Ray to start or join, and the variables its workers need: a running `psro server`'s
     Ray, when the run uses that server's Prefect API, already gives its workers the address."""
-    from flows.server import find_running_server
-
     running = None if config_address else find_running_server()
     if running and running.prefect_api_url == api_url:
         return running.ray_address, {}
     return config_address, {"PREFECT_API_URL": api_url}
-
-
-class _NoSigtermNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("SIGTERM handler is not set")
 
 
 @contextlib.contextmanager
@@ -287,9 +302,6 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
         start_ray(address, num_cpus, env_vars)
         warm_up_workers(game)
 
-    # Off the main thread Ray installs no SIGTERM handler and says so; the caller's main thread
-    # handles signals (`stop_on_sigterm`), so the notice is noise.
-    logging.getLogger("ray._private.worker").addFilter(_NoSigtermNotice())
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as thread:
         started = thread.submit(start)
         try:

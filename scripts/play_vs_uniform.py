@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from flows.population import PopulationError, open_store
+from flows.tracking.registry_members import PopulationError, open_store
 from flows.tracking.resume import Checkpoint, ResumeError, committed_iteration, game_of_logged, load_checkpoint
 from marl_core.policies.base import UniformPolicy
 from marl_core.psro.learned_oracle import mixtures, role_returns

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from flows.population import load_member, open_store, parse_member
+from flows.tracking.registry_members import load_member, open_store, parse_member
 from marl_core.games.tree import build_tree
 from marl_core.games.tabularize import tabularize
 from flows.tracking.layout import registered_model_name

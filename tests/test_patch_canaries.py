@@ -1,11 +1,13 @@
 """Canaries for the private code this project patches or leans on: one per patch.
 
-flows/ray_runner.py memoizes Prefect's SettingsContext.serialize, shares one SSL context among
-Prefect's API clients and overrides prefect-ray's RayTaskRunner._run_prefect_task;
-flows/subflows.py skips two reads in Prefect's subflow engine; flows/prefect_server.py patches
-Prefect's SQLite configuration;
-flows/cli.py catches the exceptions of the click that typer bundles (typer._click);
-flows/runtime.py drains Prefect's log and event workers and quiets one of Ray's private loggers.
+flows/patches.py applies every patch (`apply_patches()`): it memoizes Prefect's
+SettingsContext.serialize, shares one SSL context among Prefect's API clients, skips two reads in
+Prefect's subflow engine, begins the SQLite server's write transactions IMMEDIATE, and quiets two
+of Ray's private loggers. Beside that, flows/ray_runner.py overrides prefect-ray's
+RayTaskRunner.submit and _run_prefect_task and swaps the flow in Prefect's serialized context;
+flows/runtime.py drains Prefect's log and event workers, sets the task-run recorder's batch
+settings, and calls Ray's private token loader and `_node_ip_address`; flows/cli_errors.py catches
+the exceptions of the click that typer bundles (typer._click).
 None of that is public API, so pyproject.toml pins those packages. An upgrade changes the pin;
 these tests then say which patch no longer holds, before a PSRO run finds out the slow way (a
 patch that stops applying fails silently: runs just get slower, or chattier).
@@ -18,6 +20,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -26,10 +29,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # package -> the files whose patches rely on its internals
 PATCHED = {
-    "prefect": "flows/ray_runner.py, flows/subflows.py, flows/prefect_server.py, flows/runtime.py",
+    "prefect": "flows/patches.py, flows/ray_runner.py, flows/runtime.py",
     "prefect-ray": "flows/ray_runner.py",
-    "ray": "flows/runtime.py",
-    "typer": "flows/cli.py",
+    "ray": "flows/patches.py, flows/runtime.py",
+    "typer": "flows/cli_errors.py",
 }
 
 
@@ -53,7 +56,45 @@ def test_each_patched_package_is_pinned_and_installed_at_its_pin(package):
     )
 
 
-# --- flows/ray_runner.py ----------------------------------------------------------------------
+# --- flows/patches.py -------------------------------------------------------------------------
+
+
+def test_applying_the_patches_again_wraps_nothing_twice():
+    """The patches are applied wherever flows/ray_runner.py is imported, in every Prefect server
+    and wherever Ray starts: a second call must leave each patched function wrapping Prefect's
+    own, once, and Ray's logger with one filter."""
+    import logging
+
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
+    from prefect.context import SettingsContext
+    from prefect.flow_engine import FlowRunEngine
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    from flows.patches import RAY_WORKER_LOGGER, apply_patches, apply_server_patches, quiet_ray_notices
+
+    def apply_all() -> None:
+        apply_patches()
+        apply_server_patches()
+        quiet_ray_notices()
+
+    apply_all()
+    patched = {
+        (SettingsContext, "serialize"): "_memoized",
+        (PrefectClient, "__init__"): "_shared_tls",
+        (SyncPrefectClient, "__init__"): "_shared_tls",
+        (FlowRunEngine, "load_subflow_run"): "_fresh_aware",
+        (FlowRunEngine, "create_flow_run"): "_fresh_aware",
+        (SyncPrefectClient, "read_flow_run"): "_fresh_aware",
+        (AioSqliteConfiguration, "begin_transaction"): "_immediate",
+    }
+    before = {key: getattr(*key) for key in patched}
+    filters = list(logging.getLogger(RAY_WORKER_LOGGER).filters)
+    apply_all()
+    for (owner, name), mark in patched.items():
+        function = getattr(owner, name)
+        assert function is before[owner, name] and getattr(function, mark, False), f"{owner.__name__}.{name} was patched again"
+        assert not getattr(function.__wrapped__, mark, False), f"{owner.__name__}.{name} wraps a patched version of itself"
+    assert logging.getLogger(RAY_WORKER_LOGGER).filters == filters
 
 
 def test_settings_serialization_is_memoized_on_prefects_own_path():
@@ -63,22 +104,232 @@ def test_settings_serialization_is_memoized_on_prefects_own_path():
     from prefect.context import SettingsContext, serialize_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    import flows.ray_runner  # noqa: F401  (applies the patch)
+    from flows.patches import apply_patches
+
+    apply_patches()
 
     patched = SettingsContext.serialize
-    assert getattr(patched, "_memoized", False), "flows/ray_runner.py no longer patches SettingsContext.serialize"
+    assert getattr(patched, "_memoized", False), "flows/patches.py no longer patches SettingsContext.serialize"
     parameters = inspect.signature(patched.__wrapped__).parameters
     assert list(parameters) == ["self", "include_secrets"] and parameters["include_secrets"].default is True, (
         f"prefect changed SettingsContext.serialize to {inspect.signature(patched.__wrapped__)}; "
-        "flows/ray_runner.py's memoized serialize passes (self, include_secrets) only"
+        "flows/patches.py's memoized serialize passes (self, include_secrets) only"
     )
     first, second = serialize_context()["settings_context"], serialize_context()["settings_context"]
-    assert first is second, "serialize_context() no longer goes through SettingsContext.serialize: the memo in flows/ray_runner.py has no effect"
+    assert first is second, "serialize_context() no longer goes through SettingsContext.serialize: the memo in flows/patches.py has no effect"
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:1/api"}):
         changed = serialize_context()["settings_context"]
     assert changed is not first and changed["settings"]["api"]["url"] == "http://127.0.0.1:1/api", (
         "a new settings context was served a stale serialization"
     )
+
+
+def test_prefect_clients_share_one_tls_context_and_keep_one_they_are_given():
+    """Prefect's client builds an SSL context from certifi's bundle unless `verify` is one
+    already; the patch hands it the shared one, so two clients must hold the same context, and a
+    client given its own `verify` must keep it."""
+    import ssl
+
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
+
+    from flows.patches import apply_patches
+
+    apply_patches()
+
+    for client_class in (PrefectClient, SyncPrefectClient):
+        patched = client_class.__init__
+        assert getattr(patched, "_shared_tls", False), f"flows/patches.py no longer patches {client_class.__name__}.__init__"
+        assert "httpx_settings" in inspect.signature(patched.__wrapped__).parameters, (
+            f"{client_class.__name__}.__init__ no longer takes httpx_settings: flows/patches.py passes the shared context there"
+        )
+        source = inspect.getsource(patched.__wrapped__)
+        assert 'httpx_settings.get("verify")' in source and "isinstance(tls_verify, ssl.SSLContext)" in source, (
+            f"{client_class.__name__} no longer skips building an SSL context when given one: the shared context saves nothing"
+        )
+    contexts = [client._client._transport._pool._ssl_context for client in (
+        PrefectClient("http://127.0.0.1:1/api"), PrefectClient("http://127.0.0.1:1/api"), SyncPrefectClient("http://127.0.0.1:1/api"),
+    )]
+    assert isinstance(contexts[0], ssl.SSLContext) and all(context is contexts[0] for context in contexts)
+    own = ssl.create_default_context()
+    given = PrefectClient("http://127.0.0.1:1/api", httpx_settings={"verify": own})
+    assert given._client._transport._pool._ssl_context is own
+
+
+def test_the_patched_engine_methods_keep_prefects_signatures():
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.flow_engine import FlowRunEngine
+
+    from flows.patches import apply_patches
+
+    apply_patches()
+
+    expected = {
+        (FlowRunEngine, "load_subflow_run"): ["self", "parent_task_run", "client", "context"],
+        (FlowRunEngine, "create_flow_run"): ["self", "client"],
+        (SyncPrefectClient, "read_flow_run"): ["self", "flow_run_id"],
+    }
+    for (owner, name), parameters in expected.items():
+        patched = getattr(owner, name)
+        assert getattr(patched, "_fresh_aware", False), f"flows/patches.py no longer patches {owner.__name__}.{name}"
+        assert list(inspect.signature(patched.__wrapped__).parameters) == parameters, (
+            f"prefect changed {owner.__name__}.{name}{inspect.signature(patched.__wrapped__)}; flows/patches.py passes {parameters}"
+        )
+    engine_source = inspect.getsource(importlib.import_module("prefect.flow_engine"))
+    assert "self.flow_run = client.read_flow_run(self.flow_run.id)" in engine_source, (
+        "prefect's subflow engine no longer reads back the flow run it created: flows/patches.py's read skip may be obsolete"
+    )
+    assert "if subflow_run := self.load_subflow_run(" in engine_source
+
+
+@pytest.mark.slow
+def test_a_fresh_subflow_skips_both_reads_and_still_nests_under_its_parent(tmp_path):
+    """Against a real server: a marked subflow makes no lookup of earlier runs and no read-back,
+    an unmarked one makes both (so the patch is what makes the difference), and both end
+    Completed under their parent's tracking task run."""
+    from prefect import flow
+    from prefect.client.base import PrefectHttpxSyncClient
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.patches import fresh_every_call
+    from flows.runtime import LocalPrefectServer, _flush_prefect_clients
+
+    calls: list[str] = []
+    send = PrefectHttpxSyncClient.send
+
+    def counted_send(self, request, *args, **kwargs):
+        path = request.url.path
+        if request.method == "POST" and path.endswith("/flow_runs/filter"):
+            calls.append("lookup")
+        elif request.method == "GET" and "/flow_runs/" in path:
+            calls.append("read")
+        return send(self, request, *args, **kwargs)
+
+    @fresh_every_call
+    @flow
+    def fresh() -> int:
+        return 1
+
+    @flow
+    def plain() -> int:
+        return 2
+
+    @flow
+    def parent() -> tuple[list[str], list[str]]:
+        calls.clear()
+        fresh()
+        during_fresh = list(calls)
+        calls.clear()
+        plain()
+        return during_fresh, list(calls)
+
+    server = LocalPrefectServer(tmp_path / "prefect", one_run=True)
+    try:
+        server.wait()
+        with temporary_settings({PREFECT_API_URL: server.url}):
+            PrefectHttpxSyncClient.send = counted_send
+            try:
+                during_fresh, during_plain = parent()
+            finally:
+                PrefectHttpxSyncClient.send = send
+            assert during_fresh == [] and sorted(during_plain) == ["lookup", "read"], (during_fresh, during_plain)
+
+            async def subflow_runs():
+                async with get_client() as client:
+                    return [run for run in await client.read_flow_runs() if run.parent_task_run_id]
+
+            runs = asyncio.run(subflow_runs())
+            _flush_prefect_clients()  # the runs' logs, while the server still listens
+    finally:
+        server.stop()
+    assert len(runs) == 2 and all(run.state.is_completed() for run in runs)
+
+
+def _sqlite_statements(tmp_path: Path) -> list[str]:
+    """The SQL a Prefect write transaction sends, on a fresh SQLite database."""
+    import sqlalchemy as sa
+    from prefect.server.database import configurations
+
+    tmp_path.mkdir()
+
+    async def run() -> list[str]:
+        config = configurations.AioSqliteConfiguration(connection_url=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}")
+        engine = await config.engine()
+        seen: list[str] = []
+        sa.event.listen(engine.sync_engine, "before_cursor_execute", lambda conn, cursor, statement, *_: seen.append(statement))
+        try:
+            async with await config.session(engine) as session, config.begin_transaction(session):
+                await session.execute(sa.text("select 1"))
+        finally:
+            await engine.dispose()
+        return seen
+
+    return asyncio.run(run())
+
+
+def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch):
+    from prefect.server.database import configurations, interface
+
+    from flows.patches import _begin_write_transactions_immediate
+
+    sqlite = configurations.AioSqliteConfiguration
+    prefects_own = sqlite.begin_transaction
+    if getattr(prefects_own, "_immediate", False):  # patched by an earlier test's apply_patches()
+        prefects_own = prefects_own.__wrapped__
+    monkeypatch.setattr(sqlite, "begin_transaction", prefects_own)  # the patched one is restored after the test
+    assert "self.database_config.begin_transaction(" in inspect.getsource(interface.PrefectDBInterface.session_context), (
+        "prefect's server no longer opens transactions through database_config.begin_transaction: flows/patches.py's patch is bypassed"
+    )
+    assert _sqlite_statements(tmp_path / "before")[0] == "BEGIN DEFERRED", (
+        "prefect now begins SQLite write transactions some other way: flows/patches.py's patch may be obsolete"
+    )
+    _begin_write_transactions_immediate()
+    assert _sqlite_statements(tmp_path / "after")[0] == "BEGIN IMMEDIATE", (
+        "flows/patches.py's patch no longer makes prefect's SQLite write transactions BEGIN IMMEDIATE"
+    )
+
+
+def test_rays_token_notice_logger_still_has_the_quieted_name():
+    """Read, not imported: importing a piece of ray._private on its own upsets ray's exit hook."""
+    from flows.patches import RAY_TOKEN_NOTICE_LOGGER
+
+    package, *modules = RAY_TOKEN_NOTICE_LOGGER.split(".")
+    source = Path(importlib.util.find_spec(package).origin).parent.joinpath(*modules).with_suffix(".py")
+    assert source.is_file() and "logging.getLogger(__name__)" in source.read_text(), (
+        f"{RAY_TOKEN_NOTICE_LOGGER} no longer logs under its module name: flows/patches.py quiets a logger nothing uses"
+    )
+
+
+def test_rays_notice_of_no_sigterm_handler_is_the_one_quieted():
+    """`ray.init` off the main thread (`psro run` starts Ray on a thread) warns that it set no
+    SIGTERM handler; flows/patches.py filters exactly that warning out of the logger it goes to."""
+    import ast
+    import logging
+    import textwrap
+
+    import ray
+
+    from flows.patches import RAY_WORKER_LOGGER, quiet_ray_notices
+
+    init = inspect.unwrap(ray.init)
+    warnings = [
+        node.args[0].value for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(init))))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "warning"
+        and node.args and isinstance(node.args[0], ast.Constant) and "SIGTERM" in str(node.args[0].value)
+    ]
+    assert len(warnings) == 1, f"ray.init's warnings about SIGTERM are now {warnings}: flows/patches.py filters one that is gone"
+    assert init.__module__ == RAY_WORKER_LOGGER and "logger = logging.getLogger(__name__)" in inspect.getsource(sys.modules[init.__module__]), (
+        f"ray.init now lives in {init.__module__} or logs elsewhere: flows/patches.py filters {RAY_WORKER_LOGGER}"
+    )
+    quiet_ray_notices()
+    logger = logging.getLogger(RAY_WORKER_LOGGER)
+    notice = logger.makeRecord(logger.name, logging.WARNING, "worker.py", 0, warnings[0], (), None)
+    other = logger.makeRecord(logger.name, logging.WARNING, "worker.py", 0, "something else went wrong", (), None)
+    assert not logger.filter(notice), f"flows/patches.py no longer filters Ray's notice {warnings[0]!r}"
+    assert logger.filter(other), "flows/patches.py filters Ray's other warnings too"
+
+
+# --- flows/ray_runner.py ----------------------------------------------------------------------
 
 
 def test_a_worker_takes_a_settings_instance_where_prefect_sends_a_dict():
@@ -174,35 +425,6 @@ def test_the_worker_client_context_is_the_one_prefects_engine_uses():
         SyncClientContext.__var__.reset(token)
 
 
-def test_prefect_clients_share_one_tls_context_and_keep_one_they_are_given():
-    """Prefect's client builds an SSL context from certifi's bundle unless `verify` is one
-    already; the patch hands it the shared one, so two clients must hold the same context, and a
-    client given its own `verify` must keep it."""
-    import ssl
-
-    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
-
-    import flows.ray_runner  # noqa: F401  (applies the patch)
-
-    for client_class in (PrefectClient, SyncPrefectClient):
-        patched = client_class.__init__
-        assert getattr(patched, "_shared_tls", False), f"flows/ray_runner.py no longer patches {client_class.__name__}.__init__"
-        assert "httpx_settings" in inspect.signature(patched.__wrapped__).parameters, (
-            f"{client_class.__name__}.__init__ no longer takes httpx_settings: flows/ray_runner.py passes the shared context there"
-        )
-        source = inspect.getsource(patched.__wrapped__)
-        assert 'httpx_settings.get("verify")' in source and "isinstance(tls_verify, ssl.SSLContext)" in source, (
-            f"{client_class.__name__} no longer skips building an SSL context when given one: the shared context saves nothing"
-        )
-    contexts = [client._client._transport._pool._ssl_context for client in (
-        PrefectClient("http://127.0.0.1:1/api"), PrefectClient("http://127.0.0.1:1/api"), SyncPrefectClient("http://127.0.0.1:1/api"),
-    )]
-    assert isinstance(contexts[0], ssl.SSLContext) and all(context is contexts[0] for context in contexts)
-    own = ssl.create_default_context()
-    given = PrefectClient("http://127.0.0.1:1/api", httpx_settings={"verify": own})
-    assert given._client._transport._pool._ssl_context is own
-
-
 def test_module_level_tasks_and_flows_travel_by_name_and_others_whole():
     """A `@task` or `@flow` at module level is bound to its function's name, so the worker can
     import it; one made by `with_options` (not bound anywhere) must travel as itself."""
@@ -215,6 +437,29 @@ def test_module_level_tasks_and_flows_travel_by_name_and_others_whole():
         assert isinstance(reference, _ModuleAttribute) and _loaded(reference) is task_or_flow
     renamed = tasks.TASKS["solve-meta-game"].with_options(name="renamed")
     assert _by_reference(renamed) is renamed
+
+
+def test_the_serialized_context_carries_its_flow_where_the_runner_swaps_it():
+    """FastRayTaskRunner sends the flow run's flow by name (`_with_flow`): Prefect's serialized
+    context must hold the Flow itself under flow_run_context["flow"], and a worker's
+    hydrated_context must read it from there; anywhere else, the flow would travel pickled."""
+    from prefect.context import FlowRunContext, hydrated_context, serialize_context
+
+    from flows.psro_flow import psro_iteration
+    from flows.ray_runner import _by_reference, _loaded, _ModuleAttribute, _with_flow
+
+    with FlowRunContext.model_construct(flow=psro_iteration, result_store=None):
+        serialized = serialize_context()
+    assert serialized["flow_run_context"].get("flow") is psro_iteration, (
+        "prefect's serialized context no longer carries the flow under flow_run_context['flow']: "
+        "flows/ray_runner.py's _with_flow leaves it alone and the flow travels pickled"
+    )
+    sent = _with_flow(serialized, _by_reference)
+    assert isinstance(sent["flow_run_context"]["flow"], _ModuleAttribute), "flows/ray_runner.py no longer sends the flow by name"
+    assert _with_flow(sent, _loaded)["flow_run_context"]["flow"] is psro_iteration
+    assert 'flow_run_context["flow"]' in inspect.getsource(hydrated_context), (
+        "prefect's hydrated_context no longer reads the flow from flow_run_context['flow']: the worker would get a name, not a flow"
+    )
 
 
 def test_opaque_parameters_survive_the_trip_to_a_worker_and_prefect_unwraps_them():
@@ -237,141 +482,6 @@ def test_opaque_parameters_survive_the_trip_to_a_worker_and_prefect_unwraps_them
     )
 
 
-# --- flows/subflows.py ------------------------------------------------------------------------
-
-
-def test_the_patched_engine_methods_keep_prefects_signatures():
-    from prefect.client.orchestration import SyncPrefectClient
-    from prefect.flow_engine import FlowRunEngine
-
-    import flows.subflows  # noqa: F401  (applies the patch)
-
-    expected = {
-        (FlowRunEngine, "load_subflow_run"): ["self", "parent_task_run", "client", "context"],
-        (FlowRunEngine, "create_flow_run"): ["self", "client"],
-        (SyncPrefectClient, "read_flow_run"): ["self", "flow_run_id"],
-    }
-    for (owner, name), parameters in expected.items():
-        patched = getattr(owner, name)
-        assert getattr(patched, "_fresh_aware", False), f"flows/subflows.py no longer patches {owner.__name__}.{name}"
-        assert list(inspect.signature(patched.__wrapped__).parameters) == parameters, (
-            f"prefect changed {owner.__name__}.{name}{inspect.signature(patched.__wrapped__)}; flows/subflows.py passes {parameters}"
-        )
-    engine_source = inspect.getsource(importlib.import_module("prefect.flow_engine"))
-    assert "self.flow_run = client.read_flow_run(self.flow_run.id)" in engine_source, (
-        "prefect's subflow engine no longer reads back the flow run it created: flows/subflows.py's read skip may be obsolete"
-    )
-    assert "if subflow_run := self.load_subflow_run(" in engine_source
-
-
-@pytest.mark.slow
-def test_a_fresh_subflow_skips_both_reads_and_still_nests_under_its_parent(tmp_path):
-    """Against a real server: a marked subflow makes no lookup of earlier runs and no read-back,
-    an unmarked one makes both (so the patch is what makes the difference), and both end
-    Completed under their parent's tracking task run."""
-    from prefect import flow
-    from prefect.client.base import PrefectHttpxSyncClient
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.runtime import LocalPrefectServer, _flush_prefect_clients
-    from flows.subflows import fresh_every_call
-
-    calls: list[str] = []
-    send = PrefectHttpxSyncClient.send
-
-    def counted_send(self, request, *args, **kwargs):
-        path = request.url.path
-        if request.method == "POST" and path.endswith("/flow_runs/filter"):
-            calls.append("lookup")
-        elif request.method == "GET" and "/flow_runs/" in path:
-            calls.append("read")
-        return send(self, request, *args, **kwargs)
-
-    @fresh_every_call
-    @flow
-    def fresh() -> int:
-        return 1
-
-    @flow
-    def plain() -> int:
-        return 2
-
-    @flow
-    def parent() -> tuple[list[str], list[str]]:
-        calls.clear()
-        fresh()
-        during_fresh = list(calls)
-        calls.clear()
-        plain()
-        return during_fresh, list(calls)
-
-    server = LocalPrefectServer(tmp_path / "prefect", one_run=True)
-    try:
-        server.wait()
-        with temporary_settings({PREFECT_API_URL: server.url}):
-            PrefectHttpxSyncClient.send = counted_send
-            try:
-                during_fresh, during_plain = parent()
-            finally:
-                PrefectHttpxSyncClient.send = send
-            assert during_fresh == [] and sorted(during_plain) == ["lookup", "read"], (during_fresh, during_plain)
-
-            async def subflow_runs():
-                async with get_client() as client:
-                    return [run for run in await client.read_flow_runs() if run.parent_task_run_id]
-
-            runs = asyncio.run(subflow_runs())
-            _flush_prefect_clients()  # the runs' logs, while the server still listens
-    finally:
-        server.stop()
-    assert len(runs) == 2 and all(run.state.is_completed() for run in runs)
-
-
-# --- flows/prefect_server.py ------------------------------------------------------------------
-
-
-def _sqlite_statements(tmp_path: Path) -> list[str]:
-    """The SQL a Prefect write transaction sends, on a fresh SQLite database."""
-    import sqlalchemy as sa
-    from prefect.server.database import configurations
-
-    tmp_path.mkdir()
-
-    async def run() -> list[str]:
-        config = configurations.AioSqliteConfiguration(connection_url=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}")
-        engine = await config.engine()
-        seen: list[str] = []
-        sa.event.listen(engine.sync_engine, "before_cursor_execute", lambda conn, cursor, statement, *_: seen.append(statement))
-        try:
-            async with await config.session(engine) as session, config.begin_transaction(session):
-                await session.execute(sa.text("select 1"))
-        finally:
-            await engine.dispose()
-        return seen
-
-    return asyncio.run(run())
-
-
-def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch):
-    from prefect.server.database import configurations, interface
-
-    from flows.prefect_server import _begin_write_transactions_immediate
-
-    sqlite = configurations.AioSqliteConfiguration
-    monkeypatch.setattr(sqlite, "begin_transaction", sqlite.begin_transaction)  # restored after the test
-    assert "self.database_config.begin_transaction(" in inspect.getsource(interface.PrefectDBInterface.session_context), (
-        "prefect's server no longer opens transactions through database_config.begin_transaction: flows/prefect_server.py's patch is bypassed"
-    )
-    assert _sqlite_statements(tmp_path / "before")[0] == "BEGIN DEFERRED", (
-        "prefect now begins SQLite write transactions some other way: flows/prefect_server.py's patch may be obsolete"
-    )
-    _begin_write_transactions_immediate()
-    assert _sqlite_statements(tmp_path / "after")[0] == "BEGIN IMMEDIATE", (
-        "flows/prefect_server.py's patch no longer makes prefect's SQLite write transactions BEGIN IMMEDIATE"
-    )
-
-
 # --- flows/runtime.py -------------------------------------------------------------------------
 
 
@@ -385,35 +495,6 @@ def test_prefects_log_and_event_workers_still_drain_with_a_timeout():
         assert "timeout" in inspect.signature(worker.drain_all).parameters, f"{worker.__name__}.drain_all(timeout=...) is gone"
 
 
-def test_rays_token_notice_logger_still_has_the_quieted_name():
-    """Read, not imported: importing a piece of ray._private on its own upsets ray's exit hook."""
-    source = Path(importlib.util.find_spec("ray").origin).parent / "_private" / "authentication" / "authentication_token_setup.py"
-    assert source.is_file() and "logging.getLogger(__name__)" in source.read_text(), (
-        "ray._private.authentication.authentication_token_setup no longer logs under its module name: "
-        "flows/runtime.py quiets a logger nothing uses"
-    )
-
-
-# --- flows/cli.py -----------------------------------------------------------------------------
-
-
-def test_typers_bundled_click_errors_are_what_a_bad_flag_raises():
-    """flows/cli.py turns typer._click's BadParameter and UsageError into one `error:` line."""
-    from typer.testing import CliRunner
-
-    from flows.cli import app
-
-    runner = CliRunner()
-    bad_type = runner.invoke(app, ["run", "--iterations", "many"])
-    assert bad_type.exit_code == 2 and bad_type.output.strip().splitlines()[0].startswith("error: iterations='many'"), (
-        f"typer's bad-parameter error no longer reaches flows/cli.py's handler (typer._click.exceptions.BadParameter):\n{bad_type.output}"
-    )
-    unknown = runner.invoke(app, ["run", "--no-such-flag"])
-    assert unknown.exit_code == 2 and unknown.output.strip().splitlines() == ["error: No such option: --no-such-flag"], (
-        f"typer's usage error no longer reaches flows/cli.py's handler (typer._click.exceptions.UsageError):\n{unknown.output}"
-    )
-
-
 def test_rays_token_loader_for_joining_a_cluster_is_still_there():
     """flows/runtime.py joins a cluster the way `ray.init(address="auto")` does, through Ray's
     private `maybe_enable_token_auth_if_token_available`; without it a `psro server` (token auth
@@ -423,3 +504,80 @@ def test_rays_token_loader_for_joining_a_cluster_is_still_there():
     function = getattr(authentication_token_setup, "maybe_enable_token_auth_if_token_available", None)
     assert function is not None, "ray moved maybe_enable_token_auth_if_token_available: flows/runtime.py's ray_session must follow"
     assert "warn_if_disabled" in inspect.signature(function).parameters
+
+
+def test_ray_init_still_binds_a_local_instance_to_the_address_it_is_given():
+    """flows/runtime.py keeps a local Ray on loopback with ray.init's private `_node_ip_address`,
+    which Ray takes from **kwargs (a name Ray stopped reading would be refused, but one it still
+    reads and no longer hands to the node would bind Ray to the machine's address unnoticed)."""
+    import ray
+
+    from flows.runtime import start_ray
+
+    source = inspect.getsource(inspect.unwrap(ray.init))
+    assert 'kwargs.pop("_node_ip_address", None)' in source, "ray.init no longer takes _node_ip_address: flows/runtime.py's start_ray passes it"
+    assert "node_ip_address=_node_ip_address" in source, (
+        "ray.init no longer hands _node_ip_address to the node it starts: a local Ray would listen beyond loopback"
+    )
+    assert '_node_ip_address="127.0.0.1"' in inspect.getsource(start_ray)
+
+
+def test_the_task_run_recorder_writes_in_the_batches_the_server_environment_sets(monkeypatch):
+    """flows/runtime.py starts the Prefect server with TASK_RUN_RECORDER_BATCHING in its
+    environment: the variables must be Prefect settings, and the recorder must hand those
+    settings to the consumer that writes the batches (else it writes one event per transaction)."""
+    import contextlib
+
+    from prefect.context import SettingsContext
+    from prefect.server.services import task_run_recorder
+    from prefect.settings import Settings
+
+    from flows.runtime import TASK_RUN_RECORDER_BATCHING
+
+    for name, value in TASK_RUN_RECORDER_BATCHING.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()  # as the server process builds it, from its environment
+    recorder_settings = settings.server.services.task_run_recorder
+    assert (recorder_settings.batch_size, recorder_settings.flush_interval) == (
+        int(TASK_RUN_RECORDER_BATCHING["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"]),
+        float(TASK_RUN_RECORDER_BATCHING["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL"]),
+    ), f"prefect no longer reads {sorted(TASK_RUN_RECORDER_BATCHING)} into the task-run recorder's settings"
+
+    class Started(Exception):
+        pass
+
+    given = {}
+
+    @contextlib.asynccontextmanager
+    async def consumer(**kwargs):
+        given.update(kwargs)
+        raise Started
+        yield
+
+    monkeypatch.setattr(task_run_recorder, "create_consumer", lambda *args, **kwargs: None)
+    monkeypatch.setattr(task_run_recorder, "consumer", consumer)
+    with SettingsContext(profile=SettingsContext.get().profile, settings=settings), pytest.raises(Started):
+        asyncio.run(task_run_recorder.TaskRunRecorder().start())
+    assert (given.get("write_batch_size"), given.get("flush_every")) == (recorder_settings.batch_size, int(recorder_settings.flush_interval)), (
+        f"prefect's TaskRunRecorder no longer writes by its batch_size and flush_interval settings (it passed {given})"
+    )
+
+
+# --- flows/cli_errors.py ----------------------------------------------------------------------
+
+
+def test_typers_bundled_click_errors_are_what_a_bad_flag_raises():
+    """flows/cli_errors.py turns typer._click's BadParameter and UsageError into one `error:` line."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    runner = CliRunner()
+    bad_type = runner.invoke(app, ["run", "--iterations", "many"])
+    assert bad_type.exit_code == 2 and bad_type.output.strip().splitlines()[0].startswith("error: iterations='many'"), (
+        f"typer's bad-parameter error no longer reaches flows/cli_errors.py's handler (typer._click.exceptions.BadParameter):\n{bad_type.output}"
+    )
+    unknown = runner.invoke(app, ["run", "--no-such-flag"])
+    assert unknown.exit_code == 2 and unknown.output.strip().splitlines() == ["error: No such option: --no-such-flag"], (
+        f"typer's usage error no longer reaches flows/cli_errors.py's handler (typer._click.exceptions.UsageError):\n{unknown.output}"
+    )

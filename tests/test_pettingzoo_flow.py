@@ -15,7 +15,7 @@ import mlflow
 import pandas as pd
 import pytest
 
-from flows.population import load_member, open_store, parse_member
+from flows.tracking.registry_members import load_member, open_store, parse_member
 from flows.tracking import layout
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.storage import NETWORK_FILE, WEIGHTS_FILE

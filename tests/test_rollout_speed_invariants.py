@@ -18,9 +18,9 @@ import torch
 from marl_core.envs import EnvSpec, MultiAgentEnv, TimeStep, by_prefix, make_env, one_population_per_agent, shared_population
 from marl_core.envs.api import check_actions
 from marl_core.games.tree import build_tree
-from marl_core.policies.base import Observations
+from marl_core.policies.base import Observations, sample_rows
 from marl_core.policies.neural import NeuralPolicy
-from marl_core.policies.tabular import TabularPolicy, sample_rows
+from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rollout.worker import AlgorithmPolicy, EnvSource, LearnerSpec, RolloutRequest, PolicyMixture, RolloutResult, RolloutWorker
 from marl_core.rollout.store import ParameterStore

@@ -8,20 +8,13 @@ the standard error of the mean (`marl_core.empirical_game.sampled`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 import numpy as np
 
+from marl_core.empirical_game.payoffs import ProfilePayoffs
 from marl_core.games.tree import GameTree, build_tree, sequence_reach
 from marl_core.registry import Registry
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfilePayoffs:
-    mean: np.ndarray  # [m, n]
-    stderr: np.ndarray  # [m, n]
-    episodes: np.ndarray  # [m]; 0 marks an exact entry
 
 
 EvaluateFn = Callable[..., ProfilePayoffs]

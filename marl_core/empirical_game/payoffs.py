@@ -7,12 +7,22 @@ iteration costs O(new profiles) evaluations rather than re-playing the whole tab
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a frame is made: the table itself is numpy only
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfilePayoffs:
+    """What an evaluator returns for m profiles of n players: the rows `PayoffTable.record` takes."""
+
+    mean: np.ndarray  # [m, n]
+    stderr: np.ndarray  # [m, n]
+    episodes: np.ndarray  # [m]; 0 marks an exact entry
 
 
 class PayoffTable:

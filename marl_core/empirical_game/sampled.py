@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from marl_core.empirical_game.evaluation import ProfilePayoffs
+from marl_core.empirical_game.payoffs import ProfilePayoffs
 from marl_core.policies.population import Population
 from marl_core.rollout.worker import PolicyMixture, RolloutRequest, RolloutResult
 

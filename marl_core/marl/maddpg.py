@@ -63,7 +63,7 @@ from marl_core.marl.batch import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import MADDPGConfig
 from marl_core.marl.value_decomposition import JointReplayBuffer
-from marl_core.policies.tabular import sample_rows
+from marl_core.policies.base import sample_rows
 from marl_core.rl.dqn import owed_gradient_steps
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy

@@ -47,7 +47,7 @@ from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import MAPPOConfig
-from marl_core.policies.tabular import sample_rows
+from marl_core.policies.base import sample_rows
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.ppo import compute_gae, step_metrics

@@ -20,6 +20,18 @@ from typing import Any, ClassVar, Optional, Sequence
 import numpy as np
 
 
+def sample_rows(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One action per row of [B, A] probabilities, by inverting each row's CDF.
+
+    The uniform is scaled by the row total, so rows summing to slightly less than 1 are fine;
+    zero-probability (illegal) actions occupy an empty interval and are never drawn. The clamp
+    covers a product that rounds up to the total.
+    """
+    cdf = np.cumsum(probs, axis=1)
+    u = rng.random(len(probs)) * cdf[:, -1]
+    return np.minimum((cdf <= u[:, None]).sum(axis=1), probs.shape[1] - 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Observations:
     """A batch of decision points as a policy sees them.
@@ -46,8 +58,6 @@ class Policy(abc.ABC):
 
     def act(self, batch: Observations, rng: np.random.Generator) -> np.ndarray:
         """One action per decision point, drawn from `action_probs` with the caller's generator."""
-        from marl_core.policies.tabular import sample_rows
-
         return sample_rows(self.action_probs(batch), rng)
 
     @property

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from marl_core.rl.batch import Experience
-from marl_core.policies.tabular import sample_rows
+from marl_core.policies.base import sample_rows
 from marl_core.rl import Algorithm
 from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy

@@ -54,8 +54,8 @@ import numpy as np
 
 from marl_core.envs import AgentID, AgentMapping, MultiAgentEnv, TimeStep, make_env
 from marl_core.marl.batch import JointExperience
-from marl_core.policies.base import Observations, Policy
-from marl_core.policies.tabular import TabularPolicy, sample_rows
+from marl_core.policies.base import Observations, Policy, sample_rows
+from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.policy import NetworkPolicy, uniform_legal
 from marl_core.rollout.joint import JointRecorder, Stream

@@ -1,9 +1,10 @@
 """`psro server`: a Prefect server and a local Ray instance that outlive single runs.
 
 A cold `psro run` starts a Prefect server and a Ray instance and stops both when it ends. With
-`psro server` running in another terminal, runs find it (through a small file in Prefect's home)
-and reuse both: no server boot, no Ray start. The server process owns what it started and stops
-all of it on Ctrl-C or SIGTERM; nothing runs in the background after it exits.
+`psro server` running in another terminal, runs find it (through a small file in Prefect's home,
+which `flows.runtime.find_running_server` reads) and reuse both: no server boot, no Ray start.
+The server process owns what it started and stops all of it on Ctrl-C or SIGTERM; nothing runs
+in the background after it exits.
 
 Ray's workers see the server's Prefect API address from their environment, inherited from this
 process, so a run that joins this Ray needs no runtime environment of its own (which would cost
@@ -18,41 +19,14 @@ import json
 import os
 import signal
 import threading
-from pathlib import Path
 from typing import Callable, Optional
 
-STATE_FILE = "psro-server.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class RunningServer:
-    prefect_api_url: str
-    ray_address: str
-    pid: int
-
-
-def prefect_home() -> Path:
-    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser().resolve()
-
-
-def find_running_server(home: Optional[Path] = None) -> Optional[RunningServer]:
-    """The `psro server` of this Prefect home, if one is up and answering; else None."""
-    from flows.reaper import alive
-    from flows.runtime import healthy
-
-    path = (home or prefect_home()) / STATE_FILE
-    try:
-        server = RunningServer(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-    return server if alive(server.pid) and healthy(server.prefect_api_url) else None
+from flows.runtime import STATE_FILE, LocalPrefectServer, RunningServer, prefect_home, start_ray
 
 
 def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer], None]) -> None:
     """Start both services, announce them, and block until Ctrl-C or SIGTERM; then stop both."""
     import ray
-
-    from flows.runtime import LocalPrefectServer, start_ray
 
     home = prefect_home()
     stop = threading.Event()

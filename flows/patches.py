@@ -1,0 +1,237 @@
+"""Every change this project makes to Prefect's and Ray's private code, in one place.
+
+None of it is public API, so pyproject.toml pins those packages and `tests/test_patch_canaries.py`
+fails, naming the patch, when an upgrade moves what a patch relies on (a patch that stops
+applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Three
+calls apply them, each in the processes that need its part, so that none pays for another's
+imports (the server's database layer alone is some 270 modules a Ray worker never uses):
+
+- `apply_patches()`: Prefect's client and engine, wherever a flow or its tasks run. It runs on
+  import of `flows/ray_runner.py`, which the driver, `psro serve` and every Ray worker import.
+- `apply_server_patches()`: Prefect's server, in the server process
+  (`flows/patched_prefect_server.py`).
+- `quiet_ray_notices()`: Ray's loggers, before Ray starts (`flows.runtime.start_ray`); it imports
+  nothing, so the processes that start Ray before (or without) importing Prefect can call it.
+
+What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6.0):
+
+- `SettingsContext.serialize`: prefect-ray's submit serializes the whole settings model for every
+  task. The context is an immutable model whose serialization depends only on its fields, so it
+  is serialized once per context.
+- `PrefectClient.__init__`, `SyncPrefectClient.__init__`: every API client builds its own SSL
+  context from certifi's bundle, even for an http:// server, and the flow engine makes a new
+  client for the tracking task of every subflow. Clients given no `verify` share one context
+  per TLS setting.
+- `FlowRunEngine.load_subflow_run`, `FlowRunEngine.create_flow_run`,
+  `SyncPrefectClient.read_flow_run`: Prefect makes six API calls to run a subflow: create its
+  tracking task run, look for an earlier flow run under that task run (to reattach one after a
+  restart), create the flow run, read it back, propose Running and propose Completed. A PSRO
+  iteration or a MARL round is always a new subflow: a retried or resumed run continues from
+  MLflow's last committed iteration in fresh subflows, so there is nothing to reattach to, and
+  the read returns the flow run the create call has just returned. Flows marked with
+  `fresh_every_call` skip both reads; every other flow runs as Prefect wrote it.
+- `AioSqliteConfiguration.begin_transaction` (the server's): on SQLite, Prefect's API opens
+  write transactions DEFERRED. One that reads before it writes (creating a task run reads the
+  flow run's labels first) fails at once with "database is locked" when the task-run recorder
+  commits in between; the API answers 503 and the client backs off 2 s. Under RayTaskRunner that
+  hit every other PSRO iteration (Prefect issues #7277, #18934). Beginning write transactions
+  IMMEDIATE takes SQLite's write lock up front, so writers queue on the busy timeout instead of
+  failing. PostgreSQL-backed servers do not need this.
+- Ray's loggers (`quiet_ray_notices`): the notice that token authentication is on, and the one
+  that Ray set no SIGTERM handler when it starts off the main thread (`psro run` starts it on a
+  thread; its main thread handles signals, `flows.runtime.stop_on_sigterm`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from typing import Any, Optional, TypeVar
+
+F = TypeVar("F")
+
+RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+RAY_WORKER_LOGGER = "ray._private.worker"
+RAY_SIGTERM_NOTICE = "SIGTERM handler is not set"
+
+
+def apply_patches() -> None:
+    """Patch Prefect's client and engine (each patch at most once)."""
+    _memoize_settings_serialization()
+    _share_client_tls_contexts()
+    _skip_reads_for_fresh_subflows()
+
+
+def apply_server_patches() -> None:
+    """Patch Prefect's server (at most once)."""
+    _begin_write_transactions_immediate()
+
+
+# --- Ray's notices --------------------------------------------------------------------------
+
+
+class _NoSigtermNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(RAY_SIGTERM_NOTICE)
+
+
+def quiet_ray_notices() -> None:
+    """Token authentication stays on; its start-up notice is not news worth a console line
+    between the run's own lines (`ray get-auth-token` prints the token). Off the main thread Ray
+    installs no SIGTERM handler and says so; the caller's main thread handles signals."""
+    logging.getLogger(RAY_TOKEN_NOTICE_LOGGER).setLevel(logging.ERROR)
+    worker_logger = logging.getLogger(RAY_WORKER_LOGGER)
+    if not any(isinstance(existing, _NoSigtermNotice) for existing in worker_logger.filters):
+        worker_logger.addFilter(_NoSigtermNotice())
+
+
+# --- Prefect's settings serialization -------------------------------------------------------
+
+
+def _memoize_settings_serialization() -> None:
+    from prefect.context import SettingsContext
+
+    original = SettingsContext.serialize
+    if getattr(original, "_memoized", False):
+        return
+    cache: dict[int, tuple[SettingsContext, dict[str, Any]]] = {}
+
+    @functools.wraps(original)  # __wrapped__: tests/test_patch_canaries.py checks Prefect's signature
+    def serialize(self: SettingsContext, include_secrets: bool = True) -> dict[str, Any]:
+        key = hash((id(self), include_secrets))
+        hit = cache.get(key)
+        if hit is None or hit[0] is not self:  # the stored instance keeps its id unique
+            if len(cache) >= 16:  # settings contexts are few; keep the newest
+                cache.pop(next(iter(cache)))
+            hit = cache[key] = (self, original(self, include_secrets=include_secrets))
+        return hit[1]
+
+    serialize._memoized = True
+    SettingsContext.serialize = serialize
+
+
+# --- Prefect's API clients ------------------------------------------------------------------
+
+_tls_contexts: dict[tuple[bool, str], Any] = {}
+
+
+def _shared_tls_context():
+    """The SSL context Prefect's client would build for the current TLS settings, built once.
+
+    Clients only read it (httpx wraps each connection's socket with it), so sharing is safe.
+    """
+    import ssl
+
+    import certifi
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
+
+    insecure = bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value())
+    cert_file = "" if insecure else (PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    context = _tls_contexts.get((insecure, cert_file))
+    if context is None:
+        if insecure:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        else:
+            context = ssl.create_default_context(cafile=cert_file)
+        _tls_contexts[(insecure, cert_file)] = context
+    return context
+
+
+def _share_client_tls_contexts() -> None:
+    """Hand every Prefect client that is given no `verify` the shared context (the client then
+    skips building its own: it only builds one when `verify` is not an SSLContext)."""
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
+
+    for client_class in (PrefectClient, SyncPrefectClient):
+        original = client_class.__init__
+        if getattr(original, "_shared_tls", False):
+            continue
+
+        @functools.wraps(original)  # __wrapped__: tests/test_patch_canaries.py checks Prefect's signature
+        def __init__(self, api, *args, httpx_settings: dict[str, Any] | None = None, _original=original, **kwargs):
+            if not httpx_settings or "verify" not in httpx_settings:
+                httpx_settings = {**(httpx_settings or {}), "verify": _shared_tls_context()}
+            _original(self, api, *args, httpx_settings=httpx_settings, **kwargs)
+
+        __init__._shared_tls = True
+        client_class.__init__ = __init__
+
+
+# --- Prefect's subflow engine ---------------------------------------------------------------
+
+_FRESH = "_fresh_every_call"
+
+# The flow run this context's engine has just created; the read that follows is answered from it.
+_just_created: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar("just_created_flow_run", default=None)
+
+
+def fresh_every_call(flow: F) -> F:
+    """Mark a flow whose every call as a subflow is a new run: Prefect's engine then skips the
+    lookup of an earlier run to reattach and the read-back of the run it has just created."""
+    apply_patches()  # the mark means nothing to an engine that is not patched
+    setattr(flow, _FRESH, True)
+    return flow
+
+
+def _is_fresh(engine) -> bool:
+    return bool(getattr(engine.flow, _FRESH, False))
+
+
+def _skip_reads_for_fresh_subflows() -> None:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.flow_engine import FlowRunEngine
+
+    load_subflow_run = FlowRunEngine.load_subflow_run
+    if getattr(load_subflow_run, "_fresh_aware", False):
+        return
+
+    @functools.wraps(load_subflow_run)
+    def load_unless_fresh(self, parent_task_run, client, context):
+        return None if _is_fresh(self) else load_subflow_run(self, parent_task_run, client, context)
+
+    create_flow_run = FlowRunEngine.create_flow_run
+
+    @functools.wraps(create_flow_run)
+    def create_and_remember(self, client):
+        flow_run = create_flow_run(self, client)
+        if _is_fresh(self):
+            _just_created.set(flow_run)
+        return flow_run
+
+    read_flow_run = SyncPrefectClient.read_flow_run
+
+    @functools.wraps(read_flow_run)
+    def read_unless_just_created(self, flow_run_id):
+        created = _just_created.get()
+        if created is not None and created.id == flow_run_id:
+            _just_created.set(None)  # once: any later read asks the server
+            return created
+        return read_flow_run(self, flow_run_id)
+
+    for function in (load_unless_fresh, create_and_remember, read_unless_just_created):
+        function._fresh_aware = True
+    FlowRunEngine.load_subflow_run = load_unless_fresh
+    FlowRunEngine.create_flow_run = create_and_remember
+    SyncPrefectClient.read_flow_run = read_unless_just_created
+
+
+# --- Prefect's server on SQLite -------------------------------------------------------------
+
+
+def _begin_write_transactions_immediate() -> None:
+    from prefect.server.database import configurations
+
+    sqlite = configurations.AioSqliteConfiguration
+    original = sqlite.begin_transaction
+    if getattr(original, "_immediate", False):
+        return
+
+    @functools.wraps(original)  # __wrapped__: tests/test_patch_canaries.py starts from Prefect's own
+    def begin_transaction(self, session, with_for_update: bool = False):
+        return original(self, session, with_for_update=True)
+
+    begin_transaction._immediate = True
+    sqlite.begin_transaction = begin_transaction

@@ -1,0 +1,120 @@
+"""The project's modules import each other without cycles.
+
+A cycle makes the import order matter: which module of the pair is imported first decides
+whether the other finds its names defined yet (`import flows.marl_cli` alone once failed that
+way), and a cycle hidden in a function body only moves the failure to the first call. So every
+import statement counts here, at module level or inside a function, under `if TYPE_CHECKING:`
+or not.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("marl_core", "tasks", "flows")
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {_module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def _imported(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
+    """The project modules one import statement names: `import a.b` names `a.b`; `from a import
+    b` names `a.b` when that is a module, else `a`."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in modules}
+    base = node.module or ""
+    if node.level:  # relative: from the importer's package, one level up per extra dot
+        package = importer.split(".") if is_package else importer.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join(package + ([base] if base else []))
+    named = set()
+    for alias in node.names:
+        if f"{base}.{alias.name}" in modules:
+            named.add(f"{base}.{alias.name}")
+        elif base in modules:
+            named.add(base)
+    return named
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges |= _imported(node, name, path.name == "__init__.py", modules)
+        graph[name] = edges - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def _describe(component: frozenset[str], graph: dict[str, set[str]]) -> str:
+    edges = [f"{a} -> {b}" for a in sorted(component) for b in sorted(graph[a] & component)]
+    return "{" + ", ".join(sorted(component)) + "}: " + "; ".join(edges)
+
+
+def test_the_graph_sees_imports_everywhere_in_a_module():
+    """The parser itself: a function-level `from pkg import module` is an edge to that module,
+    `from pkg import name` one to the package, and a two-module loop is reported."""
+    modules = project_modules()
+    assert {"flows.cli", "flows.marl_cli", "marl_core.psro.config", "tasks"} <= set(modules)
+    graph = import_graph()
+    assert "flows.preflight" in graph["flows.cli"]  # imported inside `run`
+    assert "marl_core.psro.config" in graph["flows.cli"]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+
+
+def test_no_project_module_is_part_of_an_import_cycle():
+    graph = import_graph()
+    found = list(cycles(graph))
+    assert not found, "import cycles:\n" + "\n".join(_describe(component, graph) for component in found)
+
+
+def test_the_marl_command_module_imports_on_its_own():
+    """A fresh interpreter, so nothing imported earlier in the suite hides an import-order bug."""
+    result = subprocess.run([sys.executable, "-c", "import flows.marl_cli"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
