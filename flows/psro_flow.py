@@ -155,8 +155,8 @@ def psro_flow(
     state = psro.resumed_state(checkpoint) if checkpoint else psro.initial_state(config)
     first = checkpoint.iteration + 1 if checkpoint else 0
     with contextlib.ExitStack() as stack:
-        # Heartbeats cost ~1.2 s per subflow; however the flow was started (CLI, `psro serve`,
-        # a work-pool worker), its iterations run without them.
+        # Heartbeats add seconds to every subflow (docs/performance.md); however the flow was
+        # started (CLI, `psro serve`, a work-pool worker), its iterations run without them.
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         if not ray.is_initialized():  # run by a deployment: one Ray session for all iterations
             stack.enter_context(reap_on_crash())

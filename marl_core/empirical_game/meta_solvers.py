@@ -316,7 +316,7 @@ def regret_matching(payoffs: np.ndarray, iterations: int = 5000) -> list[np.ndar
 # ---------------------------------------------------------------------------------------------
 
 # Chains (and closed classes) up to this many profiles are solved exactly by GTH state
-# reduction, O(size^3): 729 = 27^2 = 9^3 profiles take ~0.4 s.
+# reduction, O(size^3): 729 = 27^2 = 9^3 profiles (its time: docs/performance.md, "Meta-solvers").
 _EXACT_LIMIT = 729
 # Larger chains are split where transitions fall below this fraction of the fastest one.
 _FAST_RATE = 1e-10

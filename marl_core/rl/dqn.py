@@ -133,7 +133,7 @@ class DQNTrainer:
             torch.manual_seed(config.seed)
             self.policy = QPolicy(obs_size, num_actions, config)
         self.target = copy.deepcopy(self.policy.q).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.policy.q.parameters(), lr=config.lr, fused=True)  # fused: 3x faster on CPU
+        self.optimizer = torch.optim.Adam(self.policy.q.parameters(), lr=config.lr, fused=True)  # fused: one kernel for all parameters (docs/performance.md)
         self.buffer = ReplayBuffer(config.buffer_size, obs_size, num_actions)
         self.generator = np.random.default_rng(config.seed)
         self.env_steps = 0

@@ -46,11 +46,11 @@ class WorkerPool:
     Ray workers are dealt round-robin over the cluster's nodes that have CPUs, each pinned softly
     to its node (a restarted worker may go elsewhere if its node is gone). Ray's own placement
     does not spread them: their `num_cpus` is 0 by default, so nothing pushes them off the
-    driver's node, and its SPREAD strategy put both workers of a two-node test cluster on one
-    node in about one run of three. Ray also ignores a soft node affinity for an actor that
-    requests no resources at all (honoured in 5 of 10 placements here), so each worker
-    requests a token 1 MiB of Ray's `memory` resource (10 of 10). On one machine every worker
-    lands on that machine.
+    driver's node, and its SPREAD strategy often put both workers of a two-node test cluster on
+    one node. Ray also ignores a soft node affinity for an actor that requests no resources at
+    all, so each worker requests a token 1 MiB of Ray's `memory` resource (how often each was
+    honoured: docs/performance.md, "Figures behind choices in the code"). On one machine every
+    worker lands on that machine.
     """
 
     def __init__(self, config: PoolConfig, on_ray: bool = False, max_restarts: int = 3):
