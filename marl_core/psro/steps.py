@@ -242,7 +242,10 @@ def approximate_best_response(config: PSROConfig, role: int, populations, meta_g
     from marl_core.rollout.pool import pool_or_local
 
     with pool_or_local(pool, psro_game_of(config).make_env, config.rollout.envs_per_worker) as workers:
-        call = OracleCall(config, role, populations, meta_game.meta_strategy, iteration, workers, budget=settings.episodes, seed_key=(1,))
+        call = OracleCall(
+            config, role, populations, meta_game.meta_strategy, iteration, workers,
+            budget=settings.episodes, seed_key=(1,), purpose="approximate-exploitability response",
+        )
         response = get_oracle(config.oracle).compute(call)
         value, stderr = estimate_value(
             workers, psro_game_of(config), role, response.policy, populations, meta_game.meta_strategy,
