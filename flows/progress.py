@@ -18,7 +18,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Callable, Iterator, Optional, Protocol
+from typing import Callable, Iterator, Optional, Protocol, runtime_checkable
 
 from marl_core.rollout.progress import Progress
 
@@ -26,6 +26,7 @@ PROGRESS_EVERY = "PSRO_PROGRESS_EVERY"  # seconds between plain progress lines o
 DEFAULT_EVERY = 10.0
 
 
+@runtime_checkable  # a flow's parameter: Prefect builds a schema of its parameters, which checks by isinstance
 class ProgressView(Protocol):
     def show(self, progress: list[Progress]) -> None: ...
 

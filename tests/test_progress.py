@@ -44,8 +44,10 @@ def test_the_store_keeps_done_total_rate_and_time_left_and_drops_work_that_ended
     store.end_work("a")
     store.advance("a", 500)  # a collector's last count after its learner ended: not an error, not counted
     assert [p.label for p in store.progress()] == ["mappo training"]
-    store.begin(Work("b", "mappo training", 1000, "steps"))  # a retried attempt starts over
-    assert store.progress() == [Progress("mappo training", 0, 1000, "steps", 0.0)]
+    store.advance("b", 300)
+    clock.now += 1
+    store.begin(Work("b", "mappo training", 1000, "steps"))  # opened again (a retried attempt): from 0 done, same start
+    assert store.progress() == [Progress("mappo training", 0, 1000, "steps", 2.0)]
 
 
 def test_plain_lines_come_when_work_starts_then_at_most_every_interval():

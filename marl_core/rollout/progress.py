@@ -68,10 +68,12 @@ class ProgressBoard:
         self._lock = threading.Lock()
 
     def begin(self, work: Work) -> None:
-        """Open `work` at 0 done (again, if a retried attempt reopens it)."""
+        """Open `work` at 0 done. Work that is open already (its caller opened it when it asked
+        for it, or a retried attempt starts over) restarts from 0 done but keeps its start: the
+        time it took before is part of what the work costs."""
         with self._lock:
-            self._entries.pop(work.id, None)
-            self._entries[work.id] = _Entry(work, self._clock())
+            entry = self._entries.get(work.id)
+            self._entries[work.id] = _Entry(work, entry.began if entry else self._clock())
 
     def advance(self, work_id: str, amount: int) -> None:
         with self._lock:
