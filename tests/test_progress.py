@@ -162,3 +162,17 @@ def test_psro_run_prints_progress_lines_within_seconds_of_starting_learned_work(
     assert {line.split(":")[0] for _, line in progress} == {"best response player_0 (iteration 1)", "best response player_1 (iteration 1)"}
     counts = [int(re.search(r": (\d+)/", line).group(1)) for _, line in progress if "player_0" in line]
     assert counts == sorted(counts) and counts[-1] > 0, output
+
+
+@pytest.mark.parametrize("command", [["run", "--game", "kuhn_poker"], ["marl", "run", "--env", "pettingzoo:mpe2.simple_spread_v3"]])
+def test_a_bad_progress_interval_is_one_line_before_anything_starts(command, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PSRO_PROGRESS_EVERY", "0")
+    result = CliRunner().invoke(app, command, terminal_width=400)
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: PSRO_PROGRESS_EVERY='0': seconds between progress lines, a number above 0"
+    assert list(tmp_path.iterdir()) == []
