@@ -12,7 +12,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from flows.cli_errors import OneLineErrors as _OneLineErrors, fail as _fail
@@ -92,6 +91,13 @@ def resume_run(
 def _run(config, resume_run_id: Optional[str] = None) -> None:
     import os
 
+    from flows.progress import plain_interval
+
+    try:
+        plain_interval()  # the progress lines' setting, checked before anything starts
+    except ValueError as error:
+        _fail(str(error))
+
     # standard library only: the server and Ray start before the slow imports
     from flows.runtime import prefect_api, ray_in_background, ray_to_use, reap_on_crash, stop_on_sigterm
 
@@ -107,6 +113,7 @@ def _run(config, resume_run_id: Optional[str] = None) -> None:
 
 
 def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) -> None:
+    from flows.progress import progress_bars, view_for
     from flows.psro_flow import run_psro  # slow imports (Prefect, Ray) while the server boots
 
     console.print(
@@ -117,13 +124,9 @@ def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) 
     )
     started = time.perf_counter()
     last = {}
-    progress = Progress(
-        TextColumn("[bold blue]PSRO"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("exploitability {task.fields[exploitability]}"), TimeElapsedColumn(),
-        console=console, transient=True,
-    )
+    progress = progress_bars(console)  # the iterations' row, and one per learned response at work
     with progress:
-        bar = progress.add_task("psro", total=config.iterations + 1, exploitability="-")
+        bar = progress.add_task("[bold blue]PSRO", total=config.iterations + 1, info="exploitability -")
 
         def on_iteration(record, state) -> None:
             last["record"] = record
@@ -133,9 +136,10 @@ def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) 
                 highlight=False,
                 soft_wrap=True,
             )
-            progress.update(bar, advance=1, exploitability=f"{record.exploitability:.4f}")
+            progress.update(bar, advance=1, info=f"exploitability {record.exploitability:.4f}")
 
-        run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id, ray_ready=ray_ready)
+        view = view_for(console, progress)
+        run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id, ray_ready=ray_ready, progress=view)
     wall = time.perf_counter() - started
     if "record" not in last:
         console.print(f"nothing to do: the run already completed {config.iterations} iterations", highlight=False)

@@ -91,8 +91,13 @@ def resume(
 
 
 def _train(config, resume_run_id: Optional[str] = None) -> None:
+    from flows.progress import plain_interval, progress_bars, view_for
     from flows.runtime import stop_on_sigterm
 
+    try:
+        plain_interval()  # the progress lines' setting, checked before anything starts
+    except ValueError as error:
+        _fail(str(error))
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     from flows.marl_flow import run_marl
 
@@ -112,8 +117,9 @@ def _train(config, resume_run_id: Optional[str] = None) -> None:
             f"{record.steps_per_second:7.0f} steps/s", highlight=False, soft_wrap=True,
         )
 
-    with stop_on_sigterm():
-        run_marl(config, on_round, resume_run_id)
+    progress = progress_bars(console)  # the training steps' row, above which the rounds' lines print
+    with stop_on_sigterm(), progress:
+        run_marl(config, on_round, resume_run_id, progress=view_for(console, progress))
     console.print(f"done: {config.rounds} rounds in {time.perf_counter() - started:.1f}s", highlight=False)
 
 

@@ -19,9 +19,10 @@ import contextlib
 from typing import Callable, Optional
 
 import ray
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
 from flows.patches import fresh_every_call
 from flows.runtime import prefect_api, ray_session, reap_on_crash
@@ -101,8 +102,12 @@ def marl_round(config: MARLConfig, round: int, env_steps: int, pool, learner: Ra
 
 
 @flow(name="marl", validate_parameters=False, persist_result=False)
-def marl_flow(config: dict, on_round: Optional[RoundCallback] = None, resume_run_id: Optional[str] = None) -> int:
-    """The whole run; returns the number of rounds the run has completed."""
+def marl_flow(
+    config: dict, on_round: Optional[RoundCallback] = None, resume_run_id: Optional[str] = None,
+    progress: Optional[ProgressView] = None,
+) -> int:
+    """The whole run; returns the number of rounds the run has completed. Its training steps are
+    shown in `progress` while it works; without one, as plain lines in the flow run's log."""
     from flows.tracking.marl_tracker import MARLTracker, load_marl_checkpoint
 
     config = MARLConfig(**config) if isinstance(config, dict) else config
@@ -113,6 +118,8 @@ def marl_flow(config: dict, on_round: Optional[RoundCallback] = None, resume_run
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         pool = WorkerPool(training.pool_config(config), on_ray=True)
         stack.callback(pool.close)
+        stack.enter_context(pool.tracking(training.training_work(config, first)))
+        stack.enter_context(watching(pool.progress, progress or PlainLines(get_run_logger().info, plain_interval())))
         actor = ray.remote(num_cpus=0)(_Learner).remote(config, checkpoint.state if checkpoint else None)
         learner = RayLearner(actor)
         layout, _ = training.layout_and_spec(config)
@@ -135,9 +142,11 @@ def run_marl(
     on_round: Optional[RoundCallback] = None,
     resume_run_id: Optional[str] = None,
     api: Optional[tuple[str, Callable[[], None]]] = None,
+    progress: Optional[ProgressView] = None,
 ) -> int:
     """Start what the run needs (a Prefect server, Ray, the MLflow store), run the flow, stop all.
-    ``api``: an already started `prefect_api()` to use instead of starting one."""
+    ``api``: an already started `prefect_api()` to use instead of starting one; ``progress``:
+    where the run's training steps are shown (see `marl_flow`)."""
     from flows.tracking.run_tracker import prepare_store
 
     with contextlib.ExitStack() as stack:
@@ -147,4 +156,4 @@ def run_marl(
         prepare_store(config.tracking_uri)
         stack.enter_context(ray_session(config.ray_address, config.num_cpus, {"PREFECT_API_URL": api_url}))
         wait_for_api()
-        return marl_flow(config, on_round, resume_run_id)
+        return marl_flow(config, on_round, resume_run_id, progress)

@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Optional
 
 import ray
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.exceptions import CancelledRun
 from prefect.runtime import flow_run
 from prefect.states import Cancelled
@@ -25,6 +25,7 @@ from prefect.utilities.annotations import opaque
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 import tasks
+from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
 from flows.patches import fresh_every_call
 from flows.tracking.layout import FLOW_RUN_TAG
@@ -134,9 +135,13 @@ def _opaque_futures(args: tuple) -> tuple:
 
 @flow(name="psro", validate_parameters=False, persist_result=False)
 def psro_flow(
-    config: dict, on_iteration: Optional[IterationCallback] = None, resume_run_id: Optional[str] = None
+    config: dict, on_iteration: Optional[IterationCallback] = None, resume_run_id: Optional[str] = None,
+    progress: Optional[ProgressView] = None,
 ) -> PSROState:
     """The whole run: the deployable entry point (its parameters are a plain config mapping).
+
+    The learned responses' progress is shown in `progress` while the run works; without one (a
+    deployment's run) as plain lines in the flow run's log.
 
     With `resume_run_id` it continues that MLflow run after its last committed iteration; so does
     a retry of a flow run (see `_earlier_attempt`). The export, if configured, is written here,
@@ -164,6 +169,8 @@ def psro_flow(
             address, worker_env = ray_to_use(config.ray_address, api_url) if api_url else (config.ray_address, {})
             stack.enter_context(ray_session(address, config.num_cpus, worker_env))
         pool = _start_rollout_workers(config, stack)
+        if pool is not None:
+            stack.enter_context(watching(pool.progress, progress or PlainLines(get_run_logger().info, plain_interval())))
         tracker = stack.enter_context(RunTracker(config, resume=checkpoint, tags={FLOW_RUN_TAG: str(flow_run.id)}))
         state, record = _run_iterations(config, state, first, run_started, pool, tracker, on_iteration)
         tracker.finish(state)
@@ -272,13 +279,15 @@ def run_psro(
     api: Optional[tuple[str, Callable[[], None]]] = None,
     resume_run_id: Optional[str] = None,
     ray_ready: Optional[Callable[[], None]] = None,
+    progress: Optional[ProgressView] = None,
 ) -> PSROState:
     """Start what the run needs (Prefect server, Ray, MLflow store), run the `psro` flow, stop all.
 
     They start in parallel: the server boots in its own process while Ray starts and warms its
     workers and the MLflow store is prepared on a thread. ``api`` is an already started
     `prefect_api()` and ``ray_ready`` waits for an already starting `ray_in_background()`, for
-    callers that start both before their own slow imports (as `psro run` does).
+    callers that start both before their own slow imports (as `psro run` does). ``progress``
+    shows the run's long work (see `psro_flow`).
     """
     from flows.tracking.run_tracker import prepare_store
 
@@ -294,4 +303,4 @@ def run_psro(
         wait_for_api()
         store.result()
         ray_ready()
-        return psro_flow(config, on_iteration, resume_run_id)
+        return psro_flow(config, on_iteration, resume_run_id, progress)

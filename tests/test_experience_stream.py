@@ -119,11 +119,14 @@ class FailingPool:
     def drop(self, key: str) -> None:
         self.pool.drop(key)
 
-    def collect(self, requests):
+    def tracking(self, work):
+        return self.pool.tracking(work)
+
+    def collect(self, requests, progress=None):
         self.calls += 1
         if self.calls - 1 == self.at:
             raise self.error
-        return self.pool.collect(requests)
+        return self.pool.collect(requests, progress)
 
 
 # --- in threads, on workers in this process ----------------------------------------------------

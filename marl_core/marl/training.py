@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the rollout engine imports torch; validating a config must 
     from marl_core.marl.batch import JointExperience
     from marl_core.rollout.layout import PolicyLayout
     from marl_core.rollout.pool import PoolConfig
+    from marl_core.rollout.progress import Work
     from marl_core.rollout.worker import LearnerSpec
 
 
@@ -139,6 +140,19 @@ def pool_config(config: MARLConfig) -> PoolConfig:
     return PoolConfig(config.env, config.workers, config.envs_per_worker)
 
 
+TRAINING_PROGRESS = "marl/training"  # the run's training steps, as progress in the pool's store
+
+
+def training_work(config: MARLConfig, first_round: int = 0) -> Work:
+    """The joint steps of the rounds from `first_round` on, over every copy: the run's training
+    as progress (evaluations play apart from it)."""
+    from marl_core.rollout.progress import Work
+
+    copies = config.workers * config.envs_per_worker
+    total = (config.rounds - first_round) * config.steps_per_round * copies
+    return Work(TRAINING_PROGRESS, f"{config.algorithm} training", total, "steps")
+
+
 @dataclasses.dataclass
 class Collected:
     """One round's experience and the training episodes that finished in it."""
@@ -213,7 +227,7 @@ def collect_rollouts(config: MARLConfig, pool, learner: LearnerHandle, round: in
         )
         for worker in range(pool.size)
     ]
-    results = pool.collect(requests)
+    results = pool.collect(requests, progress=TRAINING_PROGRESS)
     return Collected(
         batch=JointExperience.concat_envs([r.joint for r in results]),
         returns=np.concatenate([r.episode_returns for r in results]),
@@ -362,6 +376,7 @@ def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, e
 
             pool = WorkerPool(pool_config(config))
             stack.callback(pool.close)
+        stack.enter_context(pool.tracking(training_work(config, first_round)))
         for round in range(first_round, config.rounds):
             record = run_round(config, round, env_steps, LocalRunner(), pool, handle, layout)
             env_steps = record.env_steps

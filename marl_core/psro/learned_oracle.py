@@ -38,6 +38,7 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.psro.game import PSROGame, psro_game_of
 from marl_core.psro.oracle_call import BestResponse, OracleCall
 from marl_core.rl import ALGORITHMS, Experience
+from marl_core.rollout.progress import Work
 from marl_core.rollout.store import COLLECTOR, ExperienceStream, LEARNER, StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
 
@@ -56,6 +57,7 @@ class Rounds:
     """A response's training rounds, as both halves of the loop derive them from its call."""
 
     stream: str  # the response's mailbox in the store: its iteration, role and seed key
+    label: str  # what its progress is shown as
     game: PSROGame
     role: str
     opponents: dict[str, PolicyMixture]
@@ -71,6 +73,7 @@ class Rounds:
         role = game.roles[call.role]
         return cls(
             stream="/".join(map(str, ("iteration", call.iteration, role, *call.seed_key))),
+            label=f"{call.purpose} {role} (iteration {call.iteration})",
             game=game,
             role=role,
             opponents=mixtures(call.populations, call.meta_strategy, game, skip=call.role),
@@ -79,6 +82,11 @@ class Rounds:
             per_round=config.best_response.episodes_per_round,
             opponent_epsilon=call.opponent_epsilon,
         )
+
+    @property
+    def work(self) -> Work:
+        """The response's training episodes as progress, under its stream's name."""
+        return Work(self.stream, self.label, self.budget, "episodes")
 
     @property
     def count(self) -> int:
@@ -144,7 +152,7 @@ def collect_experience(call: OracleCall, timeouts: StreamTimeouts = StreamTimeou
     with ExperienceStream(pool.store, rounds.stream, COLLECTOR, timeouts) as stream:
         while (asked := stream.next_ask()) is not None:
             number, ask = asked
-            results = pool.collect(rounds.requests(ask.learner, ask.round, pool.size))
+            results = pool.collect(rounds.requests(ask.learner, ask.round, pool.size), progress=rounds.stream)
             stream.answer(number, RoundExperience.of(results, rounds))
             served += 1
     return served
@@ -168,7 +176,7 @@ def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeo
     episodes = env_steps = 0
     returns = []
     try:
-        with ExperienceStream(pool.store, rounds.stream, LEARNER, timeouts) as stream:
+        with pool.tracking(rounds.work), ExperienceStream(pool.store, rounds.stream, LEARNER, timeouts) as stream:
             for round_index in range(rounds.count):
                 pool.push(learner.key, round_index, trainer.policy.get_weights())
                 batch = stream.request(RoundAsk(round_index, learner))

@@ -30,7 +30,8 @@ class OracleCall:
     `collector_step` says that a `collect-experience` step runs beside the learner and plays its
     rounds (else the learned oracle plays them from a thread of its own); `opponent_epsilon` makes
     the opponents tremble while a learned response trains (the run's responses do, the
-    approximate-exploitability ones train against the mixture as it is)."""
+    approximate-exploitability ones train against the mixture as it is); `purpose` names the
+    response where its progress is shown."""
 
     config: Any  # PSROConfig
     role: int
@@ -42,3 +43,4 @@ class OracleCall:
     seed_key: tuple[int, ...] = ()
     collector_step: bool = False
     opponent_epsilon: float = 0.0
+    purpose: str = "best response"

@@ -23,6 +23,7 @@ on Ray (``flows/psro_flow.py``). Both therefore compute the same thing by constr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -242,7 +243,10 @@ def approximate_best_response(config: PSROConfig, role: int, populations, meta_g
     from marl_core.rollout.pool import pool_or_local
 
     with pool_or_local(pool, psro_game_of(config).make_env, config.rollout.envs_per_worker) as workers:
-        call = OracleCall(config, role, populations, meta_game.meta_strategy, iteration, workers, budget=settings.episodes, seed_key=(1,))
+        call = OracleCall(
+            config, role, populations, meta_game.meta_strategy, iteration, workers,
+            budget=settings.episodes, seed_key=(1,), purpose="approximate-exploitability response",
+        )
         response = get_oracle(config.oracle).compute(call)
         value, stderr = estimate_value(
             workers, psro_game_of(config), role, response.policy, populations, meta_game.meta_strategy,
@@ -351,24 +355,27 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
     sizes = [size + (iteration > 0) for size in state.population_sizes]
     populations = runner.share(state.populations)
     responses, collectors = [], []
+    with contextlib.ExitStack() as shown:  # the learned responses' progress, from the moment they are asked for
+        if iteration > 0 and pool is not None and get_oracle(config.oracle).learns:
+            shown.enter_context(_responses_shown(config, state, iteration, pool))
+        if iteration > 0:
+            meta_strategy = runner.share(state.meta_strategy)
+            responses = [runner.submit("train-best-response", config, r, populations, meta_strategy, iteration, pool) for r in range(game.num_roles)]
+            if get_oracle(config.oracle).learns:
+                collectors = [
+                    runner.submit_beside(response, "collect-experience", config, r, populations, meta_strategy, iteration, pool)
+                    for r, response in enumerate(responses)
+                ]
+        chunks = plan_evaluation(state.payoffs, sizes, runner.evaluation_parts(config))
+        evaluations = [runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool) for chunk in chunks]
+        meta_game = runner.submit("solve-meta-game", config, runner.share(state.payoffs), chunks, evaluations)
+        report = runner.submit("measure-exploitability", config, populations, responses, meta_game)
+        approx = []
+        if approximation_due(config, iteration):
+            approx = [runner.submit("approximate-best-response", config, r, populations, responses, meta_game, iteration, pool) for r in range(game.num_roles)]
+        if iteration > 0:
+            responses = [runner.result(response) for response in responses]
     if iteration > 0:
-        meta_strategy = runner.share(state.meta_strategy)
-        responses = [runner.submit("train-best-response", config, r, populations, meta_strategy, iteration, pool) for r in range(game.num_roles)]
-        if get_oracle(config.oracle).learns:
-            collectors = [
-                runner.submit_beside(response, "collect-experience", config, r, populations, meta_strategy, iteration, pool)
-                for r, response in enumerate(responses)
-            ]
-    chunks = plan_evaluation(state.payoffs, sizes, runner.evaluation_parts(config))
-    evaluations = [runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool) for chunk in chunks]
-    meta_game = runner.submit("solve-meta-game", config, runner.share(state.payoffs), chunks, evaluations)
-    report = runner.submit("measure-exploitability", config, populations, responses, meta_game)
-    approx = []
-    if approximation_due(config, iteration):
-        approx = [runner.submit("approximate-best-response", config, r, populations, responses, meta_game, iteration, pool) for r in range(game.num_roles)]
-
-    if iteration > 0:
-        responses = [runner.result(response) for response in responses]
         state.populations = expand_population(state.populations, responses)
         clock.lap("best_response")
     for evaluation in evaluations:
@@ -400,6 +407,19 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
         roles=game.roles,
     )
     return record, state
+
+
+@contextlib.contextmanager
+def _responses_shown(config: PSROConfig, state: PSROState, iteration: int, pool) -> Iterator[None]:
+    """Each role's learned response open in the pool's progress while the block runs: its steps
+    may wait a while for a process and their imports before the learner opens it itself."""
+    from marl_core.psro.learned_oracle import Rounds
+
+    with contextlib.ExitStack() as opened:
+        for role in range(psro_game_of(config).num_roles):
+            call = OracleCall(config, role, state.populations, state.meta_strategy, iteration)
+            opened.enter_context(pool.tracking(Rounds.of(call).work))
+        yield
 
 
 class LocalRunner:

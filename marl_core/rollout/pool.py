@@ -7,7 +7,8 @@ waits on the learner per step. A request is answered the same by any worker, so 
 depend on the pool's size.
 
 The store (`marl_core.rollout.store`) is also MALib's dataset server: a mailbox per learned
-response through which its learner and its collector talk.
+response through which its learner and its collector talk; and it keeps the progress of the
+run's long work, counted here as each request's rollouts come back (`marl_core.rollout.progress`).
 
 On Ray the workers reserve no CPU slot (``num_cpus=0`` by default). The learner runs in a task
 that holds a slot; on a 2-core machine, workers that each reserved a core would leave no slot
@@ -22,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from typing import Optional
 
+from marl_core.rollout.progress import Progress, Work
 from marl_core.rollout.store import ParameterStore, StoreClient
 from marl_core.rollout.worker import EnvSource, RolloutRequest, RolloutResult, RolloutWorker
 
@@ -94,14 +97,47 @@ class WorkerPool:
         else:
             self.store.drop(key)
 
-    def collect(self, requests: list[RolloutRequest]) -> list[RolloutResult]:
-        """Request i goes to worker i modulo the pool's size."""
+    def collect(self, requests: list[RolloutRequest], progress: Optional[str] = None) -> list[RolloutResult]:
+        """Request i goes to worker i modulo the pool's size. `progress`: the id of open work
+        (`tracking`) that each request's rollouts count towards as it comes back."""
         if not self.on_ray:
             with self._collecting:
-                return [self.workers[i % self.size].collect(r) for i, r in enumerate(requests)]
+                results = []
+                for i, request in enumerate(requests):
+                    results.append(self.workers[i % self.size].collect(request))
+                    self._count(progress, request, results[-1])
+                return results
         import ray
 
-        return ray.get([self.workers[i % self.size].collect.remote(r) for i, r in enumerate(requests)])
+        pending = [self.workers[i % self.size].collect.remote(r) for i, r in enumerate(requests)]
+        if progress is None:
+            return ray.get(pending)
+        position = {ref: i for i, ref in enumerate(pending)}
+        results: list[Optional[RolloutResult]] = [None] * len(pending)
+        while pending:
+            (ready,), pending = ray.wait(pending, num_returns=1)
+            i = position[ready]
+            results[i] = ray.get(ready)
+            self._count(progress, requests[i], results[i])
+        return results
+
+    def _count(self, progress: Optional[str], request: RolloutRequest, result: RolloutResult) -> None:
+        """A fragment counts its joint steps (over all copies), whole-episode requests their episodes."""
+        if progress is not None:
+            self.store.advance(progress, result.env_steps if request.fragment else len(result.episode_returns))
+
+    @contextlib.contextmanager
+    def tracking(self, work: Work):
+        """`work` is shown in progress for the duration of the block."""
+        self.store.begin(work)
+        try:
+            yield work
+        finally:
+            self.store.end_work(work.id)
+
+    def progress(self) -> list[Progress]:
+        """The open work as it stands now (one call to the store)."""
+        return self.store.progress()
 
     def node_ids(self) -> list[str]:
         """The Ray node of each worker (on Ray)."""

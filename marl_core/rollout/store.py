@@ -1,5 +1,5 @@
-"""The parameter store: learners' newest weights by key and version, and a mailbox per
-experience stream.
+"""The parameter store: learners' newest weights by key and version, a mailbox per experience
+stream, and the progress of the run's long work (`marl_core.rollout.progress`).
 
 It is MALib's parameter server and dataset server in one small actor. Rollout workers pull a
 learner's weights once per request, never by a blocking call per step. Through a mailbox a
@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from marl_core.rollout.progress import Progress, ProgressBoard, Work
 
 LEARNER, COLLECTOR = "learner", "collector"  # the two sides of an experience stream
 
@@ -55,7 +56,7 @@ class ParameterStore:
     died holds no thread for long, and the caller's own deadline is checked between waits.
     """
 
-    def __init__(self, preload: tuple[str, ...] = ()):
+    def __init__(self, preload: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic):
         # A store actor deserializes what learners push: importing torch on the first push would
         # make that learner wait for it, so a pool on Ray has its store import it when it starts.
         for module in preload:
@@ -63,6 +64,7 @@ class ParameterStore:
         self._weights: dict[str, tuple[int, Any]] = {}
         self._mailboxes: dict[str, _Mailbox] = {}
         self._changed = threading.Condition()
+        self._progress = ProgressBoard(clock)
 
     # --- parameter server ----------------------------------------------------------------
 
@@ -81,6 +83,20 @@ class ParameterStore:
     def drop(self, key: str) -> None:
         with self._changed:
             self._weights.pop(key, None)
+
+    # --- progress of long work (its own lock: a reader never waits on a stream) ------------
+
+    def begin(self, work: Work) -> None:
+        self._progress.begin(work)
+
+    def advance(self, work_id: str, amount: int) -> None:
+        self._progress.advance(work_id, amount)
+
+    def end_work(self, work_id: str) -> None:
+        self._progress.end(work_id)
+
+    def progress(self) -> list[Progress]:
+        return self._progress.read()
 
     # --- experience streams: one learner asks, one collector answers ---------------------
 
@@ -280,3 +296,15 @@ class StoreClient:
 
     def end(self, stream: str, ending: Ending) -> None:
         self._call("end", stream, ending)
+
+    def begin(self, work: Work) -> None:
+        self._call("begin", work)
+
+    def advance(self, work_id: str, amount: int) -> None:
+        self._call("advance", work_id, amount)
+
+    def end_work(self, work_id: str) -> None:
+        self._call("end_work", work_id)
+
+    def progress(self) -> list[Progress]:
+        return self._call("progress")

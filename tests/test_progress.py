@@ -1,0 +1,178 @@
+"""Progress of long work: counted where the rollout pool collects, kept in the parameter store,
+shown as live rows on a terminal or as plain lines anywhere else."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.progress import PlainLines, describe
+from marl_core.rollout.progress import Progress, ProgressBoard, Work
+from marl_core.rollout.store import ParameterStore
+
+
+class FakeClock:
+    def __init__(self, now: float = 100.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_store_keeps_done_total_rate_and_time_left_and_drops_work_that_ended():
+    clock = FakeClock()
+    store = ParameterStore(clock=clock)
+    store.begin(Work("a", "best response player_0 (iteration 1)", 3000, "episodes"))
+    clock.now += 2
+    store.begin(Work("b", "mappo training", 1000, "steps"))
+    (a, b) = store.progress()
+    assert a == Progress("best response player_0 (iteration 1)", 0, 3000, "episodes", 2.0)
+    assert a.rate is None and a.seconds_left is None  # nothing done yet: no rate to guess from
+    store.advance("a", 1000)
+    store.advance("a", 200)
+    clock.now += 1
+    (a, b) = store.progress()
+    assert (a.done, a.elapsed, a.rate, a.seconds_left) == (1200, 3.0, 400.0, 4.5)
+    assert (b.done, b.elapsed) == (0, 1.0)
+    store.end_work("a")
+    store.advance("a", 500)  # a collector's last count after its learner ended: not an error, not counted
+    assert [p.label for p in store.progress()] == ["mappo training"]
+    store.advance("b", 300)
+    clock.now += 1
+    store.begin(Work("b", "mappo training", 1000, "steps"))  # opened again (a retried attempt): from 0 done, same start
+    assert store.progress() == [Progress("mappo training", 0, 1000, "steps", 2.0)]
+
+
+def test_plain_lines_come_when_work_starts_then_at_most_every_interval():
+    clock, lines = FakeClock(0.0), []
+    view = PlainLines(lines.append, every=10, clock=clock)
+    response = lambda done, elapsed: Progress("best response player_0 (iteration 3)", done, 3000, "episodes", elapsed)
+    training = lambda done, elapsed: Progress("mappo training", done, 64_000, "steps", elapsed)
+    for second, shown in enumerate([
+        [response(0, 0.5)],
+        [response(400, 1.5)],
+        [response(1200, 2.0), training(0, 0.2)],
+    ]):
+        clock.now = second
+        view.show(shown)
+    clock.now = 10.0
+    view.show([response(3000, 7.5), training(5_000, 8.0)])  # the response's 10 s are up, the training's not
+    clock.now = 11.0
+    view.show([training(5_200, 8.5)])
+    clock.now = 12.0
+    view.show([training(5_500, 9.0)])
+    clock.now = 13.0
+    view.show([response(0, 0.1)])  # it dropped out (ended) and came back: a new piece of work
+    assert lines == [
+        "best response player_0 (iteration 3): 0/3000 episodes",
+        "mappo training: 0/64000 steps",
+        "best response player_0 (iteration 3): 3000/3000 episodes, 400/s, ~0 s left",
+        "mappo training: 5500/64000 steps, 611/s, ~1 min 36 s left",
+        "best response player_0 (iteration 3): 0/3000 episodes",
+    ]
+
+
+def test_a_long_wait_reads_in_hours_and_minutes():
+    assert describe(Progress("x", 1, 10_000, "steps", 1.0)) == "x: 1/10000 steps, 1/s, ~2 h 46 min left"
+
+
+def _recording_ends(monkeypatch) -> list[Progress]:
+    """Every piece of work as it stood when it ended (it then drops out of the store)."""
+    ended, original = [], ProgressBoard.end
+
+    def end(board, work_id):
+        before = board.read()
+        original(board, work_id)
+        left = {p.label for p in board.read()}
+        ended.extend(p for p in before if p.label not in left)
+
+    monkeypatch.setattr(ProgressBoard, "end", end)
+    return ended
+
+
+def test_a_learned_psro_run_reports_every_response_up_to_its_budget(monkeypatch):
+    from marl_core.psro.config import build_config
+    from marl_core.psro.steps import iterate_psro_local
+
+    ended = _recording_ends(monkeypatch)
+    config = build_config(dict(
+        game="kuhn_poker", oracle="ppo", iterations=1, rollout={"workers": 2, "envs_per_worker": 4},
+        best_response={"episodes": 300, "episodes_per_round": 100},
+        approx_exploitability={"every": 1, "episodes": 200, "eval_episodes": 50},
+    ))
+    list(iterate_psro_local(config))
+    assert sorted((p.label, p.done, p.total, p.unit) for p in ended) == [
+        (f"approximate-exploitability response player_{role} (iteration {iteration})", 200, 200, "episodes")
+        for role in (0, 1) for iteration in (0, 1)
+    ] + [
+        ("best response player_0 (iteration 1)", 300, 300, "episodes"),
+        ("best response player_1 (iteration 1)", 300, 300, "episodes"),
+    ]
+
+
+def test_a_marl_run_reports_its_training_steps_round_by_round(monkeypatch):
+    from marl_core.marl.training import MARLConfig, iterate_marl_local
+
+    ended = _recording_ends(monkeypatch)
+    config = MARLConfig(env="pettingzoo:mpe2.simple_spread_v3", algorithm="ippo", rounds=3, steps_per_round=10,
+                        workers=2, envs_per_worker=2, eval_every=3, eval_episodes=2)
+    list(iterate_marl_local(config))
+    assert [(p.label, p.done, p.total, p.unit) for p in ended] == [("ippo training", 120, 120, "steps")]
+
+
+@pytest.mark.slow
+def test_psro_run_prints_progress_lines_within_seconds_of_starting_learned_work(tmp_path):
+    """The real command, its output not a terminal: a learned iteration that plays for a while
+    shows plain progress lines, the first within 10 s of iteration 0's line (from then on
+    iteration 1's best responses work, and nothing else would print until they finish)."""
+    (tmp_path / "run.yaml").write_text(
+        "game: kuhn_poker\noracle: ppo\niterations: 1\n"
+        "best_response: {episodes: 40000, episodes_per_round: 2000}\nrollout: {workers: 2, envs_per_worker: 16}\n"
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    command = [str(Path(sys.executable).with_name("psro")), "run", "--config", "run.yaml", "--num-cpus", "2",
+               "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timed: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: timed.extend((time.monotonic(), line.rstrip()) for line in process.stdout))
+    reader.start()
+    try:
+        assert process.wait(timeout=600) == 0, "\n".join(line for _, line in timed[-40:])
+    finally:
+        process.kill()
+        reader.join()
+    from processes import assert_all_exited
+
+    assert_all_exited(f"PREFECT_HOME={tmp_path / 'prefect-home'}")
+    output = "\n".join(line for _, line in timed)
+    (work_began,) = [t for t, line in timed if line.startswith("iter    0")]
+    (work_ended,) = [t for t, line in timed if line.startswith("iter    1")]
+    progress = [(t, line) for t, line in timed if re.match(r"best response player_[01] \(iteration 1\): \d+/40000 episodes", line)]
+    assert progress, output
+    assert work_ended - work_began > 15, f"the learned iteration was too short to tell progress from the result:\n{output}"
+    assert progress[0][0] - work_began < 10, output
+    assert {line.split(":")[0] for _, line in progress} == {"best response player_0 (iteration 1)", "best response player_1 (iteration 1)"}
+    counts = [int(re.search(r": (\d+)/", line).group(1)) for _, line in progress if "player_0" in line]
+    assert counts == sorted(counts) and counts[-1] > 0, output
+
+
+@pytest.mark.parametrize("command", [["run", "--game", "kuhn_poker"], ["marl", "run", "--env", "pettingzoo:mpe2.simple_spread_v3"]])
+def test_a_bad_progress_interval_is_one_line_before_anything_starts(command, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PSRO_PROGRESS_EVERY", "0")
+    result = CliRunner().invoke(app, command, terminal_width=400)
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: PSRO_PROGRESS_EVERY='0': seconds between progress lines, a number above 0"
+    assert list(tmp_path.iterdir()) == []
