@@ -72,10 +72,16 @@ def test_missing_config_file(workdir):
     assert "cannot read config file 'absent.yaml'" in result.output
 
 
-def test_listings_name_every_registered_entry():
+def test_listings_name_every_registered_entry(monkeypatch):
+    from flows import cli, marl_cli
     from marl_core.empirical_game.meta_solvers import META_SOLVERS
     from marl_core.marl import MARL_ALGORITHMS
     from marl_core.psro.oracles import ORACLES
+
+    # The commands' consoles took their width when the modules were imported (80 columns where no
+    # terminal was there); wide enough here that no summary wraps onto a second line.
+    for module in (cli, marl_cli):
+        monkeypatch.setattr(module.console, "width", 300)
 
     for command, registry in (["solvers"], META_SOLVERS), (["oracles"], ORACLES), (["marl", "algorithms"], MARL_ALGORITHMS):
         listing = CliRunner().invoke(app, command, env={"COLUMNS": "300"})
