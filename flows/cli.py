@@ -14,14 +14,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows.cli_errors import OneLineErrors as _OneLineErrors, fail as _fail
+from flows.cli_errors import OneLineErrors, fail
 from flows.marl_cli import marl_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow.")
 console = Console()
 
 
-@app.command(cls=_OneLineErrors)
+@app.command(cls=OneLineErrors)
 def run(
     config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
     game: Optional[str] = typer.Option(None, help="OpenSpiel game string (leduc_poker, 'kuhn_poker(players=3)') or pettingzoo:<module>"),
@@ -55,7 +55,7 @@ def run(
 
         preflight(config)
     except ConfigError as error:
-        _fail(str(error))
+        fail(str(error))
     resume_run_id = None
     if resume:
         from flows.tracking.resume import find_resumable
@@ -65,7 +65,7 @@ def run(
     _run(config, resume_run_id)
 
 
-@app.command("resume", cls=_OneLineErrors)
+@app.command("resume", cls=OneLineErrors)
 def resume_run(
     run_id: str = typer.Argument(..., help="MLflow run id of the run to continue"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow tracking URI the run is in"),
@@ -83,7 +83,7 @@ def resume_run(
         config = build_config(values)
         preflight(config)  # the stored settings may point at what is gone by now, as for `psro run`
     except (ResumeError, ConfigError) as error:
-        _fail(str(error))
+        fail(str(error))
     console.print(f"resuming run {run_id}", highlight=False)
     _run(config, run_id)
 
@@ -96,7 +96,7 @@ def _run(config, resume_run_id: Optional[str] = None) -> None:
     try:
         plain_interval()  # the progress lines' setting, checked before anything starts
     except ValueError as error:
-        _fail(str(error))
+        fail(str(error))
 
     # standard library only: the server and Ray start before the slow imports
     from flows.runtime import prefect_api, ray_in_background, ray_to_use, reap_on_crash, stop_on_sigterm
@@ -205,9 +205,9 @@ def evaluate(
     from marl_core.empirical_game.evaluation import EVALUATORS
 
     if eval not in EVALUATORS:
-        _fail(f"unknown evaluator {eval!r}; choose one of: {', '.join(sorted(EVALUATORS))}")
+        fail(f"unknown evaluator {eval!r}; choose one of: {', '.join(sorted(EVALUATORS))}")
     if eval == "sampled" and episodes < 2:
-        _fail(f"episodes={episodes}: sampled evaluation needs 2 or more (one episode has no standard error)")
+        fail(f"episodes={episodes}: sampled evaluation needs 2 or more (one episode has no standard error)")
     try:
         specs = [registry_members.parse_member(text) for text in members]
         client = registry_members.open_store(tracking_uri)
@@ -215,7 +215,7 @@ def evaluate(
         game, groups = registry_members.populations_of(loaded)
         registry_members.check_evaluable(game.name, groups, eval)
     except registry_members.PopulationError as error:
-        _fail(str(error))
+        fail(str(error))
     table = registry_members.evaluate(game, groups, eval, episodes, seed)
     settings = {"eval": eval, "episodes": episodes if eval == "sampled" else 0, "seed": seed, "members": " ".join(members)}
     run_id = registry_members.log_evaluation(client, experiment, game, groups, table, settings)
@@ -264,7 +264,7 @@ def export_command(
         client = registry_members.open_store(tracking_uri)
         result = registry_members.export_run(client, run_id, directory)
     except (registry_members.PopulationError, ConfigError) as error:
-        _fail(str(error))
+        fail(str(error))
     measured = []
     if result["logged"]:
         recomputed = result["recomputed"]
@@ -292,10 +292,10 @@ def serve(
     try:
         serving.serve(serving.read_deployments(prefect_yaml, deployments), console)
     except serving.DeploymentError as error:
-        _fail(str(error))
+        fail(str(error))
 
 
-@app.command("server", cls=_OneLineErrors)
+@app.command("server", cls=OneLineErrors)
 def server_command(
     port: int = typer.Option(4200, help="port of the Prefect server and its UI, on 127.0.0.1 (0: a free one)"),
     num_cpus: Optional[int] = typer.Option(None, help="CPUs for the Ray instance (default: all of this machine's)"),
@@ -307,15 +307,15 @@ def server_command(
     from flows.runtime import find_running_server, prefect_home
 
     if port != 0 and not 1024 <= port <= 65535:
-        _fail(f"port={port}: choose a port from 1024 to 65535, or 0 for a free one")
+        fail(f"port={port}: choose a port from 1024 to 65535, or 0 for a free one")
     if num_cpus is not None and num_cpus < 1:
-        _fail(f"num_cpus={num_cpus}: needs 1 or more")
+        fail(f"num_cpus={num_cpus}: needs 1 or more")
     running = find_running_server()
     if running:
-        _fail(f"a psro server already runs for {prefect_home()} (pid {running.pid}, Prefect at {running.prefect_api_url})")
+        fail(f"a psro server already runs for {prefect_home()} (pid {running.pid}, Prefect at {running.prefect_api_url})")
     with socket.socket() as probe:
         if port and probe.connect_ex(("127.0.0.1", port)) == 0:
-            _fail(f"port={port}: something already listens on 127.0.0.1:{port}; choose another with --port")
+            fail(f"port={port}: something already listens on 127.0.0.1:{port}; choose another with --port")
 
     def ready(server) -> None:
         console.print(f"Prefect UI: {server.prefect_api_url.removesuffix('/api')}   Ray: {server.ray_address}", highlight=False)

@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flows.cli_errors import OneLineErrors as _OneLineErrors, fail as _fail
+from flows.cli_errors import OneLineErrors, fail
 
 marl_app = typer.Typer(add_completion=False, no_args_is_help=True, help="MARL training: MAPPO, QMIX, MADDPG, IPPO, ... on one environment.")
 console = Console()
@@ -33,10 +33,10 @@ def _config(values: dict):
     except ValidationError as error:
         first = error.errors()[0]
         message = first["msg"].removeprefix("Value error, ")
-        _fail(f"{'.'.join(map(str, first['loc']))}={first['input']!r}: {message}" if first["loc"] else message)
+        fail(f"{'.'.join(map(str, first['loc']))}={first['input']!r}: {message}" if first["loc"] else message)
 
 
-@marl_app.command("run", cls=_OneLineErrors)
+@marl_app.command("run", cls=OneLineErrors)
 def run(
     config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
     env: Optional[str] = typer.Option(None, help="simultaneous environment, pettingzoo:<module with parallel_env()>"),
@@ -52,27 +52,27 @@ def run(
     values = {}
     if config_file is not None:
         if not config_file.is_file():
-            _fail(f"--config {config_file}: no such file")
+            fail(f"--config {config_file}: no such file")
         values = yaml.safe_load(config_file.read_text()) or {}
         if not isinstance(values, dict):
-            _fail(f"--config {config_file}: expected a mapping of settings, got {type(values).__name__}")
+            fail(f"--config {config_file}: expected a mapping of settings, got {type(values).__name__}")
     flags = dict(env=env, algorithm=algorithm, rounds=rounds, seed=seed, num_cpus=num_cpus, tracking_uri=tracking_uri)
     values.update({k: v for k, v in flags.items() if v is not None})
     if "env" not in values:
-        _fail("no environment: pass --env or set env in --config")
+        fail("no environment: pass --env or set env in --config")
     config = _config(values)
     from marl_core.marl.training import check
 
     try:
         check(config)
     except ValueError as error:
-        _fail(str(error))
+        fail(str(error))
     except KeyError as error:  # an agent no `policies` prefix matches
-        _fail(str(error.args[0]))
+        fail(str(error.args[0]))
     _train(config)
 
 
-@marl_app.command("resume", cls=_OneLineErrors)
+@marl_app.command("resume", cls=OneLineErrors)
 def resume(
     run_id: str = typer.Argument(..., help="MLflow run id of the MARL run to continue"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow tracking URI the run is in"),
@@ -84,7 +84,7 @@ def resume(
     try:
         checkpoint = load_marl_checkpoint(tracking_uri, run_id)
     except ResumeError as error:
-        _fail(str(error))
+        fail(str(error))
     config = _config({**checkpoint.config, "tracking_uri": tracking_uri})
     console.print(f"resuming run {run_id} after round {checkpoint.round}", highlight=False)
     _train(config, run_id)
@@ -97,7 +97,7 @@ def _train(config, resume_run_id: Optional[str] = None) -> None:
     try:
         plain_interval()  # the progress lines' setting, checked before anything starts
     except ValueError as error:
-        _fail(str(error))
+        fail(str(error))
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     from flows.marl_flow import run_marl
 

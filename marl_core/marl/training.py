@@ -179,9 +179,10 @@ class LearnerHandle(Protocol):
 class LocalLearner:
     def __init__(self, learner):
         self.learner = learner
+        self._specs = learner_specs(learner)  # a network's architecture never changes
 
     def specs(self) -> dict[str, LearnerSpec]:
-        return learner_specs(self.learner)
+        return self._specs
 
     def publish(self, pool, version: int) -> None:
         publish(self.learner, pool, version)
