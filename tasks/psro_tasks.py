@@ -81,9 +81,9 @@ def collect_experience(config, role: int, populations, meta_strategy, iteration:
 
 
 @task(name="evaluate-payoffs", **_retrying)
-def evaluate_payoffs(config, populations, responses, profiles, pool=None):
+def evaluate_payoffs(config, populations, responses, profiles, pool=None, progress=None):
     _log_ray_node()
-    return steps.STEPS["evaluate-payoffs"](config, populations, responses, profiles, pool)
+    return steps.STEPS["evaluate-payoffs"](config, populations, responses, profiles, pool, progress)
 
 
 @task(name="solve-meta-game", **_options)

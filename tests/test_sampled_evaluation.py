@@ -70,7 +70,7 @@ def test_sampled_payoffs_of_network_members_on_pettingzoo_average_each_roles_age
     pool = _pool(ADVERSARY, 2)
     sent: list = []
     collect = pool.collect
-    pool.collect = lambda requests: sent.extend(requests) or collect(requests)
+    pool.collect = lambda requests, progress=None: sent.extend(requests) or collect(requests, progress)
     profiles = [[0, 1], [1, 0]]
     payoffs = evaluate_by_rollouts(pool, game, populations, profiles, episodes=6, seed=2)
     assert payoffs.mean.shape == (2, 2) and np.all(np.isfinite(payoffs.mean)) and np.all(payoffs.stderr > 0)
@@ -90,7 +90,7 @@ def test_sampled_payoffs_of_network_members_on_pettingzoo_average_each_roles_age
 class NaNPool:
     """A pool whose every episode returns NaN to the second agent."""
 
-    def collect(self, requests):
+    def collect(self, requests, progress=None):
         return [
             RolloutResult(experience={}, joint=None, episode_returns=np.array([[1.0, np.nan]] * r.episodes), episode_lengths=np.ones(r.episodes, np.int64),
                           draws=np.zeros((r.episodes, 2), np.int64), env_steps=0, weights_version=0, seconds=0.0)

@@ -45,16 +45,17 @@ def _exact(game, populations, profiles, **_unused) -> ProfilePayoffs:
     return evaluate_exact(build_tree(game.name), stacked_tables(populations), profiles)
 
 
-def _sampled(game, populations, profiles, *, episodes: int, seed: int, pool=None) -> ProfilePayoffs:
+def _sampled(game, populations, profiles, *, episodes: int, seed: int, pool=None, progress=None) -> ProfilePayoffs:
     from marl_core.empirical_game.sampled import evaluate_by_rollouts
     from marl_core.rollout.pool import pool_or_local
 
     with pool_or_local(pool, game.make_env) as workers:
-        return evaluate_by_rollouts(workers, game, populations, profiles, episodes=episodes, seed=seed)
+        return evaluate_by_rollouts(workers, game, populations, profiles, episodes=episodes, seed=seed, progress=progress)
 
 
 # Every evaluator takes (game: PSROGame, populations: list[Population], profiles, *, episodes,
-# seed, pool=None); `pool` is the run's rollout workers, where it has some.
+# seed, pool=None, progress=None); `pool` is the run's rollout workers, where it has some, and
+# `progress` the open work its episodes count towards.
 EVALUATORS: Registry[EvaluateFn] = Registry("evaluator")
 EVALUATORS.add("exact", _exact, "expected payoffs computed exactly over the game tree")
 EVALUATORS.add("sampled", _sampled, "mean returns of rollouts, with their standard errors")

@@ -13,7 +13,7 @@ one worker, so an entry does not depend on how many workers the pool has or whic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import numpy as np
 
@@ -26,13 +26,14 @@ if TYPE_CHECKING:
 
 
 class Pool(Protocol):
-    def collect(self, requests: list[RolloutRequest]) -> list[RolloutResult]: ...
+    def collect(self, requests: list[RolloutRequest], progress: Optional[str] = None) -> list[RolloutResult]: ...
 
 
 def evaluate_by_rollouts(
-    pool: Pool, game: "PSROGame", populations: list[Population], profiles, *, episodes: int, seed: int
+    pool: Pool, game: "PSROGame", populations: list[Population], profiles, *, episodes: int, seed: int, progress: Optional[str] = None
 ) -> ProfilePayoffs:
-    """[m, num_roles] profiles of member indices -> each role's mean payoff and its standard error."""
+    """[m, num_roles] profiles of member indices -> each role's mean payoff and its standard error.
+    `progress`: the open work in the pool's progress that each profile's episodes count towards."""
     profiles = _checked_profiles(game, populations, profiles, episodes)
     requests = [
         RolloutRequest(
@@ -50,7 +51,7 @@ def evaluate_by_rollouts(
     columns = [[game.agents.index(agent) for agent in game.agents_of(role)] for role in game.roles]
     mean = np.empty((len(profiles), game.num_roles))
     stderr = np.empty_like(mean)
-    for i, (profile, result) in enumerate(zip(profiles.tolist(), pool.collect(requests))):
+    for i, (profile, result) in enumerate(zip(profiles.tolist(), pool.collect(requests, progress=progress))):
         returns = result.episode_returns
         if not np.all(np.isfinite(returns)):
             raise ValueError(f"game {game.name!r} returned a non-finite return for profile {profile}")

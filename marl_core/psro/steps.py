@@ -43,6 +43,7 @@ from marl_core.policies.tabular import TabularPolicy
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.game import PSROGame, psro_game_of
 from marl_core.psro.oracles import BestResponse, OracleCall, get_oracle
+from marl_core.rollout.progress import Work
 
 
 @dataclasses.dataclass
@@ -189,11 +190,21 @@ def expand_population(populations: list[Population], responses: list[BestRespons
     return [population.added(by_role[r]) if r in by_role else population for r, population in enumerate(populations)]
 
 
-def evaluate_payoffs(config: PSROConfig, populations: list[Population], profiles, pool=None) -> ProfilePayoffs:
+def evaluate_payoffs(config: PSROConfig, populations: list[Population], profiles, pool=None, progress: Optional[str] = None) -> ProfilePayoffs:
     """`exact` over the game tree; `sampled` by episodes on the rollout workers (the run's `pool`,
-    else one in this process), on any environment."""
+    else one in this process), on any environment. `progress`: the open work (`evaluation_work`)
+    that the episodes count towards."""
     evaluate = EVALUATORS[config.eval]
-    return evaluate(psro_game_of(config), populations, profiles, episodes=config.episodes, seed=config.seed, pool=pool)
+    return evaluate(psro_game_of(config), populations, profiles, episodes=config.episodes, seed=config.seed, pool=pool, progress=progress)
+
+
+def evaluation_work(config: PSROConfig, iteration: int, chunks: list[list]) -> Optional[Work]:
+    """An iteration's sampled payoff evaluation as progress (its episodes over every new profile);
+    None where payoffs are computed exactly, which takes no time worth showing."""
+    if config.eval != "sampled":
+        return None
+    profiles = sum(len(chunk) for chunk in chunks)
+    return Work(f"evaluation/{iteration}", f"payoff evaluation (iteration {iteration})", profiles * config.episodes, "episodes")
 
 
 @dataclasses.dataclass
@@ -321,10 +332,10 @@ def _learn_beside_collector(config, role, populations, meta_strategy, iteration,
     return best_response(config, role, populations, meta_strategy, iteration, pool, collector_step=True)
 
 
-def _evaluate_new_profiles(config, populations, responses, profiles, pool=None) -> ProfilePayoffs:
+def _evaluate_new_profiles(config, populations, responses, profiles, pool=None, progress=None) -> ProfilePayoffs:
     """`responses` join `populations` in the step that first needs them: a step of its own would
     add a round trip to every iteration for a concatenation."""
-    return evaluate_payoffs(config, expand_population(populations, responses), profiles, pool)
+    return evaluate_payoffs(config, expand_population(populations, responses), profiles, pool, progress)
 
 
 def _measure_exactly(config, populations, responses, meta_game) -> Optional[NashConvReport]:
@@ -355,7 +366,7 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
     sizes = [size + (iteration > 0) for size in state.population_sizes]
     populations = runner.share(state.populations)
     responses, collectors = [], []
-    with contextlib.ExitStack() as shown:  # the learned responses' progress, from the moment they are asked for
+    with contextlib.ExitStack() as shown:  # long work in progress, from the moment it is asked for
         if iteration > 0 and pool is not None and get_oracle(config.oracle).learns:
             shown.enter_context(_responses_shown(config, state, iteration, pool))
         if iteration > 0:
@@ -367,7 +378,11 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
                     for r, response in enumerate(responses)
                 ]
         chunks = plan_evaluation(state.payoffs, sizes, runner.evaluation_parts(config))
-        evaluations = [runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool) for chunk in chunks]
+        evaluating = evaluation_work(config, iteration, chunks) if pool is not None else None
+        if evaluating is not None:
+            shown.enter_context(pool.tracking(evaluating))
+        progress = evaluating.id if evaluating is not None else None
+        evaluations = [runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool, progress) for chunk in chunks]
         meta_game = runner.submit("solve-meta-game", config, runner.share(state.payoffs), chunks, evaluations)
         report = runner.submit("measure-exploitability", config, populations, responses, meta_game)
         approx = []
@@ -375,12 +390,11 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
             approx = [runner.submit("approximate-best-response", config, r, populations, responses, meta_game, iteration, pool) for r in range(game.num_roles)]
         if iteration > 0:
             responses = [runner.result(response) for response in responses]
-    if iteration > 0:
-        state.populations = expand_population(state.populations, responses)
-        clock.lap("best_response")
-    for evaluation in evaluations:
-        runner.result(evaluation)
-    clock.lap("evaluate")
+            state.populations = expand_population(state.populations, responses)
+            clock.lap("best_response")
+        for evaluation in evaluations:
+            runner.result(evaluation)
+        clock.lap("evaluate")
     solved = runner.result(meta_game)
     state.payoffs, state.meta_strategy = solved.payoffs, solved.meta_strategy
     clock.lap("meta_solve")

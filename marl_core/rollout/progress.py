@@ -60,7 +60,8 @@ class _Entry:
 class ProgressBoard:
     """The work in progress, in the order it began. Work that ended drops out; counts for work
     that is not open (it ended, or a retried learner reopened it) are ignored rather than
-    failing the rollouts they came with."""
+    failing the rollouts they came with. A retried evaluation counts its episodes again, so what
+    is done is read as at most the total."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
@@ -89,6 +90,6 @@ class ProgressBoard:
         with self._lock:
             now = self._clock()
             return [
-                Progress(e.work.label, e.done, e.work.total, e.work.unit, now - e.began)
+                Progress(e.work.label, min(e.done, e.work.total), e.work.total, e.work.unit, now - e.began)
                 for e in self._entries.values()
             ]
