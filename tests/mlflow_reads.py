@@ -15,6 +15,17 @@ def final_tables(client, run_id: str, iteration: int) -> tuple[str, dict]:
     return payoffs, meta
 
 
+def uninterrupted_tables(config) -> tuple[str, dict]:
+    """What `final_tables` reads from a run of `config` that nothing interrupted, computed by
+    playing it through in this process and rendered as the run tracker renders it: the flow
+    computes what the local loop does (`tests/test_flow_matches_local.py`)."""
+    from marl_core.psro.game import psro_game_of
+    from marl_core.psro.steps import iterate_psro_local
+
+    *_, (record, state) = iterate_psro_local(config)
+    return state.payoffs.to_frame().to_csv(index=False), dict(zip(psro_game_of(config).roles, record.meta_strategy))
+
+
 def registered_members(client, experiment: str, role: str, game: str = "kuhn_poker") -> list[tuple[int, int]]:
     """(member, iteration) of every registry version of the role's model."""
     name = layout.registered_model_name(experiment, game, role)

@@ -4,9 +4,13 @@ PREFECT_HOME or RAY_TMPDIR) instead of matching process names."""
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
+import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -52,22 +56,98 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def run_config(work: Path, config_text: str, *flags: str, timeout: float = 600):
-    """`psro run` on `config_text` (written to work/run.yaml) in a clean environment with its own
-    Prefect home, MLflow in work/mlflow.db and two CPUs; asserts it succeeded and left no
-    process behind, and returns the finished process."""
+_migrated_home: Optional[Path] = None
+
+
+def prefect_home(path: Path) -> Path:
+    """A Prefect home of its own at `path`, with its database already migrated: a copy of one a
+    real server made the first time a test of this process asked. A server started on a fresh
+    home first creates its database and registers its block types, which takes seconds; a
+    user's runs share one home (~/.prefect) and pay that once. Tests that must see a home
+    created from nothing pass a path that does not exist instead."""
+    global _migrated_home
+    if _migrated_home is None:
+        from flows.runtime import LocalPrefectServer
+
+        template = Path(tempfile.mkdtemp(prefix="prefect-home-"))
+        atexit.register(shutil.rmtree, template, True)
+        server = LocalPrefectServer(template, one_run=True)
+        try:
+            server.wait()
+        finally:
+            server.stop()
+        (template / "server.log").unlink()
+        _migrated_home = template
+    shutil.copytree(_migrated_home, path)
+    return path
+
+
+_empty_store: Optional[Path] = None
+
+
+def mlflow_store(directory: Path) -> str:
+    """The URI of an MLflow SQLite store in `directory` whose tables already exist: a copy of one
+    made the first time a test of this process asked. A new store runs every one of MLflow's
+    schema migrations first, which takes seconds; a user's runs share one store."""
+    global _empty_store
+    if _empty_store is None:
+        import subprocess
+        import sys
+
+        template = Path(tempfile.mkdtemp(prefix="mlflow-store-"))
+        atexit.register(shutil.rmtree, template, True)
+        # in a process of its own, started in the template's folder: the store's default
+        # experiment keeps the artifact folder of the working directory it was created in
+        create = "import mlflow, sys; mlflow.MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
+        subprocess.run([sys.executable, "-c", create, f"sqlite:///{template}/mlflow.db"], cwd=template, check=True, capture_output=True)
+        _empty_store = template / "mlflow.db"
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_empty_store, directory / "mlflow.db")
+    return f"sqlite:///{directory}/mlflow.db"
+
+
+@dataclasses.dataclass
+class FinishedRun:
+    """A finished `psro run`: its output, and when each line of its standard output came."""
+
+    stdout: str
+    stderr: str
+    timed_lines: list[tuple[float, str]]  # (time.monotonic() when read, line)
+
+
+def run_config(work: Path, config_text: str, *flags: str, timeout: float = 600, env: Optional[dict] = None) -> FinishedRun:
+    """`psro run` on `config_text` (written to work/run.yaml) in a clean environment (plus `env`)
+    with its own Prefect home, MLflow in work/mlflow.db and two CPUs; asserts it succeeded and
+    left no process behind. Its standard output is read as it comes (not a terminal: progress
+    shows as plain lines)."""
     import os
     import subprocess
     import sys
+    import threading
 
     (work / "run.yaml").write_text(config_text)
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(work / "prefect-home")
+    clean = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+    clean.update(env or {}, PREFECT_HOME=str(prefect_home(work / "prefect-home")))
     command = [
         str(Path(sys.executable).with_name("psro")), "run", "--config", "run.yaml", "--num-cpus", "2",
-        "--tracking-uri", f"sqlite:///{work}/mlflow.db", *flags,
+        "--tracking-uri", mlflow_store(work), *flags,
     ]
-    result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    process = subprocess.Popen(command, cwd=work, env=clean, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    timed: list[tuple[float, str]] = []
+    errors: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: timed.extend((time.monotonic(), line.rstrip("\n")) for line in process.stdout)),
+        threading.Thread(target=lambda: errors.extend(process.stderr)),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        returncode = process.wait(timeout=timeout)
+    finally:
+        process.kill()
+        for reader in readers:
+            reader.join()
+    finished = FinishedRun("\n".join(line for _, line in timed), "".join(errors), timed)
+    assert returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert_all_exited(f"PREFECT_HOME={work / 'prefect-home'}")
-    return result
+    return finished

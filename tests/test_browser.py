@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from processes import assert_all_exited
+from processes import assert_all_exited, mlflow_store, prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
@@ -171,10 +171,10 @@ def served_run(tmp_path_factory):
 
     _require_browser()
     work = tmp_path_factory.mktemp("browser")
-    uri = f"sqlite:///{work}/mlflow.db"
+    uri = mlflow_store(work)
     marker = f"PREFECT_HOME={work / 'prefect-home'}"
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(work / "prefect-home")
+    env["PREFECT_HOME"] = str(prefect_home(work / "prefect-home"))
     prefect = LocalPrefectServer(work / "prefect-home")
     mlflow_ui = None
     try:

@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from processes import assert_all_exited, poll
+from processes import assert_all_exited, mlflow_store, poll, prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 2
@@ -100,7 +100,7 @@ def prefect_server(tmp_path):
     cluster starts (request this fixture first)."""
     from flows.runtime import LocalPrefectServer
 
-    server = LocalPrefectServer(tmp_path / "prefect-home")
+    server = LocalPrefectServer(prefect_home(tmp_path / "prefect-home"))
     try:
         yield server
     finally:
@@ -123,7 +123,7 @@ def test_psro_runs_on_both_nodes_of_a_cluster(prefect_server, two_node_cluster, 
         str(Path(sys.executable).with_name("psro")), "run", "--config", str(settings), "--game", "kuhn_poker",
         "--oracle", "dqn", "--iterations", str(ITERATIONS), "--eval", "sampled", "--episodes", "200",
         "--ray-address", two_node_cluster["address"],
-        "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--experiment", "cluster",
+        "--tracking-uri", mlflow_store(tmp_path), "--experiment", "cluster",
     ]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

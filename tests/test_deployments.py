@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from processes import assert_all_exited, processes_with_env, wait_until
+from processes import assert_all_exited, mlflow_store, prefect_home, processes_with_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -72,9 +72,10 @@ def served(tmp_path_factory):
     home = work / "prefect-home"
     marker = f"PREFECT_HOME={home}"
     assert not processes_with_env(marker)
-    server = LocalPrefectServer(home)  # boots while `psro serve` imports; serve waits for it
+    server = LocalPrefectServer(prefect_home(home))  # boots while `psro serve` imports; serve waits for it
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    env.update(PREFECT_HOME=str(home), PREFECT_API_URL=server.url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.update(PREFECT_HOME=str(home), PREFECT_API_URL=server.url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_RUNNER_POLL_FREQUENCY="1")  # the serving process looks for scheduled runs every second, not every 10
     log = open(work / "serve.log", "wb")
     serve = subprocess.Popen([str(Path(sys.executable).with_name("psro")), "serve", "--prefect-yaml", str(ROOT / "prefect.yaml")],
                              cwd=work, env=env,
@@ -96,7 +97,7 @@ def triggered_run(served):
     """A kuhn-smoke run triggered from the command line, as the README shows, run to completion."""
     work, env, prefect, _ = served
     config = {"game": "kuhn_poker", "meta_solver": "nash", "iterations": ITERATIONS, "num_cpus": 2,
-              "tracking_uri": f"sqlite:///{work}/mlflow.db", "experiment": "smoke", "export": str(work / "export")}
+              "tracking_uri": mlflow_store(work), "experiment": "smoke", "export": str(work / "export")}
     command = [str(Path(sys.executable).with_name("prefect")), "deployment", "run", "psro/kuhn-smoke",
                "--params", json.dumps({"config": config})]
     out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=120)

@@ -23,6 +23,7 @@ import pytest
 
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import iterate_psro_local
+from processes import mlflow_store, prefect_home
 
 pytestmark = pytest.mark.slow
 
@@ -70,11 +71,11 @@ def services(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("flow-vs-local")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PREFECT_HOME", str(work / "prefect-home"))
+        patch.setenv("PREFECT_HOME", str(prefect_home(work / "prefect-home")))
         patch.delenv("PREFECT_API_URL", raising=False)
         with prefect_api() as api:
             api[1]()  # wait until it answers
-            yield api, f"sqlite:///{work}/mlflow.db"
+            yield api, mlflow_store(work)
 
 
 @pytest.mark.parametrize(

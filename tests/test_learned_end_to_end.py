@@ -3,6 +3,7 @@ networks checkpointed in MLflow's registry as weights only, the export checked b
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -27,16 +28,19 @@ ITERATIONS = 2
 
 @pytest.fixture(scope="module")
 def learned_run(tmp_path_factory):
+    """`--oracle a2c`: an oracle that exists only as a line of marl_core.rl.ALGORITHMS, with its
+    game defaults from its config section (every RL algorithm is an oracle of the real command).
+    Its output is no terminal, so its progress shows as plain lines, here at most every second."""
     work = tmp_path_factory.mktemp("learned")
     result = run_config(
         work,
         "game: kuhn_poker\n"
-        "oracle: dqn\n"
         f"iterations: {ITERATIONS}\n"
         "experiment: learned\n"
-        "best_response: {episodes: 3000, episodes_per_round: 1000}\n"
+        "best_response: {episodes: 2000, episodes_per_round: 1000}\n"
         "rollout: {workers: 2, envs_per_worker: 8}\n",
-        "--export", str(work / "export"),
+        "--oracle", "a2c", "--export", str(work / "export"),
+        env={"PSRO_PROGRESS_EVERY": "1"},
     )
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("learned").experiment_id])[0]
@@ -45,13 +49,14 @@ def learned_run(tmp_path_factory):
 
 def test_learned_run_reports_training_and_an_export_openspiel_accepts(learned_run):
     work, result, client, run = learned_run
-    assert run.info.status == "FINISHED" and run.data.params["oracle"] == "dqn"
-    assert run.data.params["dqn.gamma"] == "1.0" and run.data.params["rollout.workers"] == "2"
+    assert "oracle=a2c" in result.stdout and f"done: {ITERATIONS} iterations" in result.stdout
+    assert run.info.status == "FINISHED" and run.data.params["oracle"] == "a2c"
+    assert run.data.params["a2c.gamma"] == "1.0" and run.data.params["rollout.workers"] == "2"
     for player in range(2):
         returns = client.get_metric_history(run.info.run_id, f"player_{player}/oracle_training_return")
         assert sorted(m.step for m in returns) == list(range(1, ITERATIONS + 1))
         episodes = client.get_metric_history(run.info.run_id, f"player_{player}/oracle_episodes")
-        assert {m.value for m in episodes} == {3000.0}
+        assert {m.value for m in episodes} == {2000.0}
     sys.path.insert(0, str(ROOT / "scripts"))
     from verify_export import verify
 
@@ -81,18 +86,18 @@ def test_every_learned_member_is_a_weights_only_checkpoint_that_rebuilds_its_pol
             np.testing.assert_array_equal(tabularize(member.network, tree, player), member.tabular)
 
 
-def test_every_rl_algorithm_is_an_oracle_of_the_real_command_a2c_included(tmp_path):
-    """`psro run --oracle a2c`: an oracle that exists only as a line of marl_core.rl.ALGORITHMS,
-    with its game defaults from its config section."""
-    result = run_config(
-        tmp_path,
-        "experiment: a2c\nbest_response: {episodes: 400, episodes_per_round: 200}\nrollout: {workers: 1, envs_per_worker: 8}\n",
-        "--game", "kuhn_poker", "--oracle", "a2c", "--iterations", "2",
-    )
-    assert "oracle=a2c" in result.stdout and "done: 2 iterations" in result.stdout
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    run = client.search_runs([client.get_experiment_by_name("a2c").experiment_id])[0]
-    assert run.info.status == "FINISHED" and run.data.params["oracle"] == "a2c" and run.data.params["a2c.gamma"] == "1.0"
-    for player in range(2):
-        episodes = client.get_metric_history(run.info.run_id, f"player_{player}/oracle_episodes")
-        assert sorted((m.step, m.value) for m in episodes) == [(1, 400.0), (2, 400.0)]
+def test_each_learned_iteration_shows_its_responses_progress_within_seconds(learned_run):
+    """A plain progress line as each best response starts, within 10 s of the previous
+    iteration's line and before its own result; then counts that only grow."""
+    _, result, _, _ = learned_run
+    timed = result.timed_lines
+    for iteration in range(1, ITERATIONS + 1):
+        began = next(t for t, line in timed if line.startswith(f"iter {iteration - 1:4d}"))
+        ended = next(t for t, line in timed if line.startswith(f"iter {iteration:4d}"))
+        pattern = rf"(best response player_[01] \(iteration {iteration}\)): (\d+)/2000 episodes"
+        shown = [(t, match) for t, line in timed if (match := re.match(pattern, line))]
+        assert {match[1] for _, match in shown} == {f"best response player_{r} (iteration {iteration})" for r in (0, 1)}, result.stdout
+        first_time, first = shown[0]
+        assert began <= first_time < min(began + 10, ended) and int(first[2]) < 2000, result.stdout
+        counts = [int(match[2]) for _, match in shown if "player_0" in match[1]]
+        assert counts == sorted(counts), result.stdout

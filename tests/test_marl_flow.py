@@ -5,6 +5,7 @@ committing it resumes to the same round count with no registry version twice."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 
 from flows.tracking import layout
 from flows.tracking.marl_tracker import KILL_BEFORE_COMMIT
-from processes import assert_all_exited
+from processes import assert_all_exited, mlflow_store, prefect_home
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +42,17 @@ def _env(home: Path, **extra: str) -> dict:
 
 
 def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions(tmp_path):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+    store = mlflow_store(tmp_path)
     (tmp_path / "run.yaml").write_text(CONFIG.format(store=store))
-    home = tmp_path / "prefect-home"
+    home = prefect_home(tmp_path / "prefect-home")
     killed = subprocess.run([PSRO, "marl", "run", "--config", "run.yaml"], cwd=tmp_path,
                             env=_env(home, **{KILL_BEFORE_COMMIT: "3"}), capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert_all_exited(str(home))
+    # its output is no terminal: a plain progress line as training starts, before round 0 ends
+    lines = killed.stdout.splitlines()
+    shown = [i for i, line in enumerate(lines) if re.fullmatch(r"ippo training: \d+/1200 steps.*", line)]
+    assert shown and shown[0] < min(i for i, line in enumerate(lines) if line.startswith("round    0")), killed.stdout
 
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("marl").experiment_id])

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from processes import mlflow_store, prefect_home
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from memory_long_run import marked_processes  # noqa: E402
@@ -31,6 +32,8 @@ MAX_GROWTH = 0.20  # resident memory from iteration EARLY to ITERATIONS
 
 
 def _run(work: Path, *args: str, timeout: float) -> tuple[subprocess.CompletedProcess, dict]:
+    prefect_home(work / "prefect-home")  # where the script keeps its Prefect home and its store
+    mlflow_store(work)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
     result = subprocess.run([sys.executable, str(SCRIPT), "--work", str(work), *args],
                             env=env, capture_output=True, text=True, timeout=timeout)

@@ -38,8 +38,8 @@ def adversary_run(tmp_path_factory):
         f"iterations: {ITERATIONS}\n"
         "experiment: mpe\n"
         "episodes: 20\n"
-        "best_response: {episodes: 200, episodes_per_round: 100}\n"
-        "approx_exploitability: {every: 1, episodes: 200, eval_episodes: 40}\n"
+        "best_response: {episodes: 100, episodes_per_round: 50}\n"
+        "approx_exploitability: {every: 1, episodes: 100, eval_episodes: 20}\n"
         "rollout: {workers: 2, envs_per_worker: 8}\n"
     )
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")

@@ -1,15 +1,8 @@
 """Progress of long work: counted where the rollout pool collects, kept in the parameter store,
-shown as live rows on a terminal or as plain lines anywhere else."""
+shown as live rows on a terminal or as plain lines anywhere else. The real commands' progress
+lines are checked on their end-to-end runs (`test_learned_end_to_end.py`, `test_marl_flow.py`)."""
 
 from __future__ import annotations
-
-import os
-import re
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 
 import pytest
 
@@ -117,6 +110,19 @@ def test_a_learned_psro_run_reports_every_response_up_to_its_budget(monkeypatch)
     ]
 
 
+def test_a_sampled_psro_run_reports_each_iterations_payoff_evaluation(monkeypatch):
+    from marl_core.psro.config import build_config
+    from marl_core.psro.steps import iterate_psro_local
+
+    ended = _recording_ends(monkeypatch)
+    config = build_config(dict(game="kuhn_poker", eval="sampled", episodes=20, iterations=1, rollout={"workers": 2, "envs_per_worker": 4}))
+    list(iterate_psro_local(config))
+    assert [(p.label, p.done, p.total, p.unit) for p in ended] == [
+        ("payoff evaluation (iteration 0)", 20, 20, "episodes"),  # the 1x1 table
+        ("payoff evaluation (iteration 1)", 60, 60, "episodes"),  # the 2x2 table's three new profiles
+    ]
+
+
 def test_a_marl_run_reports_its_training_steps_round_by_round(monkeypatch):
     from marl_core.marl.training import MARLConfig, iterate_marl_local
 
@@ -125,43 +131,6 @@ def test_a_marl_run_reports_its_training_steps_round_by_round(monkeypatch):
                         workers=2, envs_per_worker=2, eval_every=3, eval_episodes=2)
     list(iterate_marl_local(config))
     assert [(p.label, p.done, p.total, p.unit) for p in ended] == [("ippo training", 120, 120, "steps")]
-
-
-@pytest.mark.slow
-def test_psro_run_prints_progress_lines_within_seconds_of_starting_learned_work(tmp_path):
-    """The real command, its output not a terminal: a learned iteration that plays for a while
-    shows plain progress lines, the first within 10 s of iteration 0's line (from then on
-    iteration 1's best responses work, and nothing else would print until they finish)."""
-    (tmp_path / "run.yaml").write_text(
-        "game: kuhn_poker\noracle: ppo\niterations: 1\n"
-        "best_response: {episodes: 40000, episodes_per_round: 2000}\nrollout: {workers: 2, envs_per_worker: 16}\n"
-    )
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    command = [str(Path(sys.executable).with_name("psro")), "run", "--config", "run.yaml", "--num-cpus", "2",
-               "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    timed: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: timed.extend((time.monotonic(), line.rstrip()) for line in process.stdout))
-    reader.start()
-    try:
-        assert process.wait(timeout=600) == 0, "\n".join(line for _, line in timed[-40:])
-    finally:
-        process.kill()
-        reader.join()
-    from processes import assert_all_exited
-
-    assert_all_exited(f"PREFECT_HOME={tmp_path / 'prefect-home'}")
-    output = "\n".join(line for _, line in timed)
-    (work_began,) = [t for t, line in timed if line.startswith("iter    0")]
-    (work_ended,) = [t for t, line in timed if line.startswith("iter    1")]
-    progress = [(t, line) for t, line in timed if re.match(r"best response player_[01] \(iteration 1\): \d+/40000 episodes", line)]
-    assert progress, output
-    assert work_ended - work_began > 15, f"the learned iteration was too short to tell progress from the result:\n{output}"
-    assert progress[0][0] - work_began < 10, output
-    assert {line.split(":")[0] for _, line in progress} == {"best response player_0 (iteration 1)", "best response player_1 (iteration 1)"}
-    counts = [int(re.search(r": (\d+)/", line).group(1)) for _, line in progress if "player_0" in line]
-    assert counts == sorted(counts) and counts[-1] > 0, output
 
 
 @pytest.mark.parametrize("command", [["run", "--game", "kuhn_poker"], ["marl", "run", "--env", "pettingzoo:mpe2.simple_spread_v3"]])

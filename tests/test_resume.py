@@ -26,8 +26,8 @@ from marl_core.psro.config import build_config
 from flows.tracking.layout import COMMITTED_TAG, CONFIG_ARTIFACT
 from flows.tracking.resume import find_resumable
 from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
-from mlflow_reads import final_tables, registered_members
-from processes import assert_all_exited
+from mlflow_reads import final_tables, registered_members, uninterrupted_tables
+from processes import assert_all_exited, mlflow_store, prefect_home
 
 ITERATIONS = 6
 ROLES = ("player_0", "player_1")  # kuhn_poker's populations
@@ -50,15 +50,11 @@ def _only_run(client, experiment: str):
     return run
 
 
-@pytest.mark.slow  # three `psro` runs, each with its own Prefect server and local Ray
+@pytest.mark.slow  # two `psro` runs, each with its own Prefect server and local Ray
 def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_path):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+    store = mlflow_store(tmp_path)
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
-    home = tmp_path / "prefect-home"
-
-    reference = subprocess.run([PSRO, "run", *_settings(store, "reference")], cwd=tmp_path, env=_env(home),
-                               capture_output=True, text=True, timeout=600)
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    home = prefect_home(tmp_path / "prefect-home")
 
     crashed = subprocess.run([PSRO, "run", *_settings(store, "crash")], cwd=tmp_path,
                              env=_env(home, **{KILL_BEFORE_COMMIT: str(KILLED_AT)}), capture_output=True, text=True, timeout=600)
@@ -79,7 +75,7 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     first_line = next(line for line in resumed.stdout.splitlines() if line.startswith("iter "))
     assert int(first_line.split()[1]) == KILLED_AT  # the uncommitted iteration is redone, nothing committed is
 
-    assert final_tables(client, run_id, ITERATIONS) == final_tables(client, _only_run(client, "reference").info.run_id, ITERATIONS)
+    assert final_tables(client, run_id, ITERATIONS) == uninterrupted_tables(config)
     assert client.get_run(run_id).info.status == "FINISHED"
     for role in ROLES:  # each member exactly once, the redone one included
         assert registered_members(client, "crash", role) == [(member, member) for member in range(ITERATIONS + 1)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import assert_all_exited, wait_until
+from processes import assert_all_exited, mlflow_store, prefect_home, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,7 @@ def _env(home: Path) -> dict[str, str]:
 
 @pytest.fixture
 def psro_server(tmp_path):
-    home = tmp_path / "prefect-home"
-    home.mkdir()
+    home = prefect_home(tmp_path / "prefect-home")
     log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen([PSRO, "server", "--port", "0", "--num-cpus", "2"], env=_env(home), cwd=tmp_path,
                               stdout=log, stderr=subprocess.STDOUT)
@@ -50,7 +49,7 @@ def psro_server(tmp_path):
 def test_a_run_reuses_the_servers_prefect_and_ray_and_sigterm_stops_everything(psro_server, tmp_path):
     server, home, state = psro_server
     run = subprocess.run(
-        [PSRO, "run", "--game", "kuhn_poker", "--iterations", "2", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],
+        [PSRO, "run", "--game", "kuhn_poker", "--iterations", "2", "--tracking-uri", mlflow_store(tmp_path)],
         env=_env(home), cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
