@@ -5,9 +5,10 @@ URL starts one and stops it at interpreter exit, after the suite's output is clo
 that reads "its" runs from it reads an empty server. Every test talks to a server it started (or
 none), so with the fallback off such a slip fails loudly.
 
-Files with slow tests run first: the suite runs in two processes that take whole files in
-collection order, and long files started last would leave one process working alone at the end
-while the other has nothing left; the many short files fill the gaps instead.
+The suite runs in two processes that take whole files in collection order. A long file started
+last leaves one process working alone at the end while the other has nothing left, so the files
+that run for minutes go first, longest first (as `--durations` last ranked them), then the other
+files with slow tests, and the many short files fill the gaps at the end.
 """
 
 import os
@@ -15,6 +16,19 @@ import os
 os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
 
 
+LONGEST_FILES = (
+    "test_flow_matches_local.py", "test_approx_exploitability.py", "test_marl_flow.py", "test_memory.py",
+    "test_browser.py", "test_pettingzoo_flow.py", "test_server.py", "test_learned_end_to_end.py",
+    "test_cluster.py", "test_resume.py", "test_retry.py", "test_deployments.py",
+)
+
+
 def pytest_collection_modifyitems(items):
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: files stay whole and in order
+
+    def order(item) -> tuple[int, int]:
+        if item.path.name in LONGEST_FILES:
+            return 0, LONGEST_FILES.index(item.path.name)
+        return (1 if item.path in slow_files else 2), 0
+
+    items.sort(key=order)  # stable: a file's tests stay together and in their order
