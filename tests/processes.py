@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import shutil
 import tempfile
 import time
@@ -56,53 +57,51 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-_migrated_home: Optional[Path] = None
+@functools.cache
+def _migrated_prefect_home() -> Path:
+    """Made once per test process, by a real server start; removed when the process exits."""
+    from flows.runtime import LocalPrefectServer
+
+    template = Path(tempfile.mkdtemp(prefix="prefect-home-"))
+    atexit.register(shutil.rmtree, template, True)
+    server = LocalPrefectServer(template, one_run=True)
+    try:
+        server.wait()
+    finally:
+        server.stop()
+    (template / "server.log").unlink()
+    return template
 
 
 def prefect_home(path: Path) -> Path:
-    """A Prefect home of its own at `path`, with its database already migrated: a copy of one a
-    real server made the first time a test of this process asked. A server started on a fresh
-    home first creates its database and registers its block types, which takes seconds; a
-    user's runs share one home (~/.prefect) and pay that once. Tests that must see a home
-    created from nothing pass a path that does not exist instead."""
-    global _migrated_home
-    if _migrated_home is None:
-        from flows.runtime import LocalPrefectServer
-
-        template = Path(tempfile.mkdtemp(prefix="prefect-home-"))
-        atexit.register(shutil.rmtree, template, True)
-        server = LocalPrefectServer(template, one_run=True)
-        try:
-            server.wait()
-        finally:
-            server.stop()
-        (template / "server.log").unlink()
-        _migrated_home = template
-    shutil.copytree(_migrated_home, path)
+    """A Prefect home of its own at `path`, with its database already migrated (a copy). A
+    server started on a fresh home first creates its database and registers its block types,
+    which takes seconds; a user's runs share one home (~/.prefect) and pay that once. A test
+    that must see a home created from nothing gives the server a path that does not exist."""
+    shutil.copytree(_migrated_prefect_home(), path)
     return path
 
 
-_empty_store: Optional[Path] = None
+@functools.cache
+def _empty_mlflow_store() -> Path:
+    """Made once per test process, in a process of its own started in the template's folder:
+    the store's default experiment keeps the artifact folder of the directory it was made in."""
+    import subprocess
+    import sys
+
+    template = Path(tempfile.mkdtemp(prefix="mlflow-store-"))
+    atexit.register(shutil.rmtree, template, True)
+    create = "import mlflow, sys; mlflow.MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
+    subprocess.run([sys.executable, "-c", create, f"sqlite:///{template}/mlflow.db"], cwd=template, check=True, capture_output=True)
+    return template / "mlflow.db"
 
 
 def mlflow_store(directory: Path) -> str:
-    """The URI of an MLflow SQLite store in `directory` whose tables already exist: a copy of one
-    made the first time a test of this process asked. A new store runs every one of MLflow's
-    schema migrations first, which takes seconds; a user's runs share one store."""
-    global _empty_store
-    if _empty_store is None:
-        import subprocess
-        import sys
-
-        template = Path(tempfile.mkdtemp(prefix="mlflow-store-"))
-        atexit.register(shutil.rmtree, template, True)
-        # in a process of its own, started in the template's folder: the store's default
-        # experiment keeps the artifact folder of the working directory it was created in
-        create = "import mlflow, sys; mlflow.MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
-        subprocess.run([sys.executable, "-c", create, f"sqlite:///{template}/mlflow.db"], cwd=template, check=True, capture_output=True)
-        _empty_store = template / "mlflow.db"
+    """The URI of an MLflow SQLite store in `directory` whose tables already exist (a copy): a
+    new store runs every one of MLflow's schema migrations first, which takes seconds; a user's
+    runs share one store."""
     directory.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_empty_store, directory / "mlflow.db")
+    shutil.copyfile(_empty_mlflow_store(), directory / "mlflow.db")
     return f"sqlite:///{directory}/mlflow.db"
 
 

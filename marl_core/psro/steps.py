@@ -378,10 +378,9 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
                     for r, response in enumerate(responses)
                 ]
         chunks = plan_evaluation(state.payoffs, sizes, runner.evaluation_parts(config))
-        evaluating = evaluation_work(config, iteration, chunks) if pool is not None else None
-        if evaluating is not None:
-            shown.enter_context(pool.tracking(evaluating))
-        progress = evaluating.id if evaluating is not None else None
+        progress = None
+        if pool is not None and (evaluating := evaluation_work(config, iteration, chunks)) is not None:
+            progress = shown.enter_context(pool.tracking(evaluating)).id
         evaluations = [runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool, progress) for chunk in chunks]
         meta_game = runner.submit("solve-meta-game", config, runner.share(state.payoffs), chunks, evaluations)
         report = runner.submit("measure-exploitability", config, populations, responses, meta_game)
