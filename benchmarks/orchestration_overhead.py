@@ -163,7 +163,7 @@ def run_flow(args, probe: DriverProbe):
 
             probe.install()
             config = psro_config(args, tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db")
-            run_psro(config, lambda record, state: (records.append(record), seen.append(time.perf_counter())), api=api)
+            run_psro(config, lambda record, state: (records.append(record), seen.append(time.perf_counter())))
     return records, seen, started
 
 

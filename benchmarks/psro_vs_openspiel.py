@@ -73,7 +73,7 @@ def run_floor(game: str, stop: float, time_cap: float) -> list[tuple[float, floa
 def run_ours_here(game: str, stop: float, time_cap: float) -> None:
     """Child process: one `psro run`-path run; prints a JSON line per iteration."""
     started = time.perf_counter()  # the same order as `psro run`: server and Ray first, then imports
-    from flows.runtime import prefect_api, ray_in_background, ray_to_use
+    from flows.runtime import services_starting
 
     def on_iteration(record, state) -> None:
         seconds = time.perf_counter() - started
@@ -81,20 +81,18 @@ def run_ours_here(game: str, stop: float, time_cap: float) -> None:
         if seconds > time_cap:
             raise TimeoutError
 
-    with tempfile.TemporaryDirectory() as tracking_dir, prefect_api() as api:
-        address, worker_env = ray_to_use(None, api[0])
-        with ray_in_background(address, None, worker_env, game) as ray_ready:
-            from flows.psro_flow import run_psro
-            from marl_core.psro.config import PSROConfig
+    with tempfile.TemporaryDirectory() as tracking_dir, services_starting(None, None, game) as services:
+        from flows.psro_flow import run_psro
+        from marl_core.psro.config import PSROConfig
 
-            config = PSROConfig(
-                game=game, meta_solver="nash", oracle="exact", iterations=400,
-                stop_exploitability=stop, tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db",
-            )
-            try:
-                run_psro(config, on_iteration, api=api, ray_ready=ray_ready)
-            except TimeoutError:
-                pass
+        config = PSROConfig(
+            game=game, meta_solver="nash", oracle="exact", iterations=400,
+            stop_exploitability=stop, tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db",
+        )
+        try:
+            run_psro(config, on_iteration, services=services)
+        except TimeoutError:
+            pass
 
 
 def run_ours(label: str, game: str, stop: float, time_cap: float) -> list[tuple[float, float]]:

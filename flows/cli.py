@@ -99,20 +99,17 @@ def _run(config, resume_run_id: Optional[str] = None) -> None:
         fail(str(error))
 
     # standard library only: the server and Ray start before the slow imports
-    from flows.runtime import prefect_api, ray_in_background, ray_to_use, reap_on_crash, stop_on_sigterm
+    from flows.runtime import services_starting, stop_on_sigterm
 
     # Prefect's console shows warnings only (three INFO lines per iteration would bury the
     # progress lines); its API handler keeps every level, so the UI still has all logs.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    with stop_on_sigterm(), reap_on_crash(), prefect_api() as api:
-        address, worker_env = ray_to_use(config.ray_address, api[0])
-        with ray_in_background(address, config.num_cpus, worker_env, config.game) as ray_ready:
-            reuse = f" (the running psro server's; Ray at {address})" if not worker_env else ""
-            console.print(f"Prefect UI during the run: {api[0].removesuffix('/api')}{reuse}", highlight=False, soft_wrap=True)
-            _run_with(config, api, resume_run_id, ray_ready)
+    with stop_on_sigterm(), services_starting(config.ray_address, config.num_cpus, config.game) as services:
+        console.print(services.ui_line, highlight=False, soft_wrap=True)
+        _run_with(config, services, resume_run_id)
 
 
-def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) -> None:
+def _run_with(config, services, resume_run_id: Optional[str] = None) -> None:
     from flows.progress import progress_bars, view_for
     from flows.psro_flow import run_psro  # slow imports (Prefect, Ray) while the server boots
 
@@ -139,7 +136,7 @@ def _run_with(config, api, resume_run_id: Optional[str] = None, ray_ready=None) 
             progress.update(bar, advance=1, info=f"exploitability {record.exploitability:.4f}")
 
         view = view_for(console, progress)
-        run_psro(config, on_iteration, api=api, resume_run_id=resume_run_id, ray_ready=ray_ready, progress=view)
+        run_psro(config, on_iteration, resume_run_id, services, progress=view)
     wall = time.perf_counter() - started
     if "record" not in last:
         console.print(f"nothing to do: the run already completed {config.iterations} iterations", highlight=False)

@@ -91,15 +91,24 @@ def resume(
 
 
 def _train(config, resume_run_id: Optional[str] = None) -> None:
-    from flows.progress import plain_interval, progress_bars, view_for
-    from flows.runtime import stop_on_sigterm
+    from flows.progress import plain_interval
 
     try:
         plain_interval()  # the progress lines' setting, checked before anything starts
     except ValueError as error:
         fail(str(error))
+    # standard library only: the server and Ray start before the slow imports, as for `psro run`
+    from flows.runtime import services_starting, stop_on_sigterm
+
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    from flows.marl_flow import run_marl
+    with stop_on_sigterm(), services_starting(config.ray_address, config.num_cpus, config.env) as services:
+        console.print(services.ui_line, highlight=False, soft_wrap=True)
+        _train_with(config, services, resume_run_id)
+
+
+def _train_with(config, services, resume_run_id: Optional[str]) -> None:
+    from flows.marl_flow import run_marl  # slow imports (Prefect, Ray) while the server boots
+    from flows.progress import progress_bars, view_for
 
     console.print(
         f"MARL on [bold]{config.env}[/]: {config.algorithm}, {config.rounds} rounds of "
@@ -118,8 +127,8 @@ def _train(config, resume_run_id: Optional[str] = None) -> None:
         )
 
     progress = progress_bars(console)  # the training steps' row, above which the rounds' lines print
-    with stop_on_sigterm(), progress:
-        run_marl(config, on_round, resume_run_id, progress=view_for(console, progress))
+    with progress:
+        run_marl(config, on_round, resume_run_id, services, progress=view_for(console, progress))
     console.print(f"done: {config.rounds} rounds in {time.perf_counter() - started:.1f}s", highlight=False)
 
 

@@ -25,7 +25,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
 from flows.patches import fresh_every_call
-from flows.runtime import prefect_api, ray_session, reap_on_crash
+from flows.runtime import StartingServices, run_services
 from marl_core.marl import training
 from marl_core.marl.training import MARLConfig, RoundRecord
 from marl_core.rollout.pool import WorkerPool
@@ -141,19 +141,10 @@ def run_marl(
     config: MARLConfig,
     on_round: Optional[RoundCallback] = None,
     resume_run_id: Optional[str] = None,
-    api: Optional[tuple[str, Callable[[], None]]] = None,
+    services: Optional[StartingServices] = None,
     progress: Optional[ProgressView] = None,
 ) -> int:
     """Start what the run needs (a Prefect server, Ray, the MLflow store), run the flow, stop all.
-    ``api``: an already started `prefect_api()` to use instead of starting one; ``progress``:
-    where the run's training steps are shown (see `marl_flow`)."""
-    from flows.tracking.run_tracker import prepare_store
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(reap_on_crash())
-        api_url, wait_for_api = api or stack.enter_context(prefect_api())
-        stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
-        prepare_store(config.tracking_uri)
-        stack.enter_context(ray_session(config.ray_address, config.num_cpus, {"PREFECT_API_URL": api_url}))
-        wait_for_api()
+    ``services`` and ``progress`` as for `flows.psro_flow.run_psro`."""
+    with run_services(config.ray_address, config.num_cpus, config.env, config.tracking_uri, services):
         return marl_flow(config, on_round, resume_run_id, progress)

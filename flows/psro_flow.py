@@ -29,7 +29,7 @@ from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
 from flows.patches import fresh_every_call
 from flows.tracking.layout import FLOW_RUN_TAG
-from flows.runtime import prefect_api, ray_in_background, ray_session, ray_to_use, reap_on_crash
+from flows.runtime import StartingServices, ray_session, ray_to_use, reap_on_crash, run_services
 from marl_core.psro import steps as psro
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import IterationRecord, PSROState
@@ -276,31 +276,15 @@ def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):
 def run_psro(
     config: PSROConfig,
     on_iteration: Optional[IterationCallback] = None,
-    api: Optional[tuple[str, Callable[[], None]]] = None,
     resume_run_id: Optional[str] = None,
-    ray_ready: Optional[Callable[[], None]] = None,
+    services: Optional[StartingServices] = None,
     progress: Optional[ProgressView] = None,
 ) -> PSROState:
     """Start what the run needs (Prefect server, Ray, MLflow store), run the `psro` flow, stop all.
 
-    They start in parallel: the server boots in its own process while Ray starts and warms its
-    workers and the MLflow store is prepared on a thread. ``api`` is an already started
-    `prefect_api()` and ``ray_ready`` waits for an already starting `ray_in_background()`, for
-    callers that start both before their own slow imports (as `psro run` does). ``progress``
-    shows the run's long work (see `psro_flow`).
+    ``services``: the services as `services_starting()` began them, for callers that start them
+    before their own slow imports (as `psro run` does); ``progress`` shows the run's long work
+    (see `psro_flow`).
     """
-    from flows.tracking.run_tracker import prepare_store
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(reap_on_crash())
-        api_url, wait_for_api = api or stack.enter_context(prefect_api())
-        # the outer run's heartbeat too (psro_flow turns off only its iterations'): a CLI run has its terminal
-        stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
-        store = stack.enter_context(ThreadPoolExecutor(max_workers=1)).submit(prepare_store, config.tracking_uri)
-        if ray_ready is None:
-            address, worker_env = ray_to_use(config.ray_address, api_url)
-            ray_ready = stack.enter_context(ray_in_background(address, config.num_cpus, worker_env, config.game))
-        wait_for_api()
-        store.result()
-        ray_ready()
+    with run_services(config.ray_address, config.num_cpus, config.game, config.tracking_uri, services):
         return psro_flow(config, on_iteration, resume_run_id, progress)

@@ -293,14 +293,14 @@ def stop_on_sigterm() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[str, str], game: str) -> Iterator[Callable[[], None]]:
+def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[str, str], environment: str) -> Iterator[Callable[[], None]]:
     """`ray_session`, started on a thread, with its workers warming up: the caller goes on with
     its own slow imports meanwhile. Yields a function that waits until Ray is up."""
     from concurrent.futures import ThreadPoolExecutor
 
     def start() -> None:
         start_ray(address, num_cpus, env_vars)
-        warm_up_workers(game)
+        warm_up_workers(environment)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as thread:
         started = thread.submit(start)
@@ -314,9 +314,64 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
             ray.shutdown(wait_for_processes=True)
 
 
-def warm_up_workers(game: str) -> list:
+@dataclasses.dataclass(frozen=True)
+class StartingServices:
+    """The Prefect API and Ray of a run, both still starting: ``api`` is `prefect_api()`'s
+    (URL, wait) and ``ray_ready`` waits for Ray; ``joined_ray`` is the address of a running
+    `psro server`'s Ray the run joins, else None."""
+
+    api: tuple[str, Callable[[], None]]
+    ray_ready: Callable[[], None]
+    joined_ray: str | None
+
+    @property
+    def ui_line(self) -> str:
+        reuse = f" (the running psro server's; Ray at {self.joined_ray})" if self.joined_ray else ""
+        return f"Prefect UI during the run: {self.api[0].removesuffix('/api')}{reuse}"
+
+
+@contextlib.contextmanager
+def services_starting(ray_address: str | None, num_cpus: int | None, environment: str) -> Iterator[StartingServices]:
+    """Start a run's Prefect API and Ray in the background (Ray's workers warming up on
+    ``environment``), for every scenario's command: it goes on with its slow imports meanwhile,
+    and everything stops on exit, a crash included."""
+    with reap_on_crash(), prefect_api() as api:
+        address, worker_env = ray_to_use(ray_address, api[0])
+        with ray_in_background(address, num_cpus, worker_env, environment) as ray_ready:
+            yield StartingServices(api, ray_ready, None if worker_env else address)
+
+
+@contextlib.contextmanager
+def run_services(
+    ray_address: str | None, num_cpus: int | None, environment: str, tracking_uri: str,
+    services: StartingServices | None = None,
+) -> Iterator[None]:
+    """Everything a scenario's run needs, up and waited for: the Prefect API, Ray and the MLflow
+    store, started in parallel (the server boots in its own process, Ray starts and warms its
+    workers on a thread, the store is prepared on another), or ``services`` where the caller
+    began them before its own slow imports (`services_starting`). Stopped on exit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.tracking.run_tracker import prepare_store
+
+    with contextlib.ExitStack() as stack:
+        if services is None:
+            services = stack.enter_context(services_starting(ray_address, num_cpus, environment))
+        # the outer run's heartbeat too (the scenarios' flows turn off only their subflows'): a run has its terminal
+        stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
+        store = stack.enter_context(ThreadPoolExecutor(max_workers=1)).submit(prepare_store, tracking_uri)
+        services.api[1]()
+        store.result()
+        services.ray_ready()
+        yield
+
+
+def warm_up_workers(environment: str) -> list:
     """Start one worker per CPU and load what tasks need (Prefect, the environment, the game
-    tree where there is one) in each.
+    tree where there is one) in each. A warm-up that fails costs nothing but its time: nobody
+    waits for it, and the run's own first use of the environment reports the error.
 
     Returns Ray object refs; the workers warm up while the Prefect server boots and the flow
     starts, and the first tasks queue behind the warm-up.
@@ -333,4 +388,4 @@ def warm_up_workers(game: str) -> list:
             build_tree(game_string)
         time.sleep(0.3)  # hold the CPU so the next warm-up lands on another worker
 
-    return [warm_up.remote(game) for _ in range(int(ray.cluster_resources().get("CPU", 1)))]
+    return [warm_up.remote(environment) for _ in range(int(ray.cluster_resources().get("CPU", 1)))]

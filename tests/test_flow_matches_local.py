@@ -99,7 +99,7 @@ def test_flow_and_local_loop_agree(services, settings):
     expected = _local(config)
     earlier = {run.id for run in _iteration_flow_runs(api[0])}
     seen = []
-    run_psro(config, lambda record, state: seen.append((record, _snapshot(state))), api=api)
+    run_psro(config, lambda record, state: seen.append((record, _snapshot(state))))
 
     assert [r.iteration for r, _ in seen] == [r.iteration for r, _ in expected]
     for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(seen, expected):
@@ -140,7 +140,7 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
     from flows.tracking import layout
     from marl_core.marl.training import MARLConfig, iterate_marl_local
 
-    api, tracking_uri = services
+    _, tracking_uri = services
     config = MARLConfig(
         env="pettingzoo:mpe2.simple_spread_v3", algorithm="mappo", rounds=3, steps_per_round=25, workers=2,
         envs_per_worker=2, eval_every=2, eval_episodes=4, checkpoint_every=3, seed=5, num_cpus=2,
@@ -151,7 +151,7 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
     for record, learner in iterate_marl_local(config):
         local.append({k: v for k, v in record.metrics.items() if not k.startswith(timing)})
     seen = []
-    run_marl(config, lambda record: seen.append({k: v for k, v in record.metrics.items() if not k.startswith(timing)}), api=api)
+    run_marl(config, lambda record: seen.append({k: v for k, v in record.metrics.items() if not k.startswith(timing)}))
 
     assert len(seen) == len(local) == 3 and any("eval_return/policy/agent" in m for m in seen)
     for round, (flow_metrics, local_metrics) in enumerate(zip(seen, local)):
