@@ -57,6 +57,18 @@ def test_a_run_reuses_the_servers_prefect_and_ray_and_sigterm_stops_everything(p
     assert "done: 2 iterations" in run.stdout
     assert server.poll() is None, "the run must leave the server it reused running"
 
+    # a MARL run reuses them the same way (it once started a Ray of its own beside the server's)
+    (tmp_path / "marl.yaml").write_text("steps_per_round: 10\nworkers: 1\nenvs_per_worker: 1\neval_episodes: 1\n")
+    marl = subprocess.run(
+        [PSRO, "marl", "run", "--config", "marl.yaml", "--env", "pettingzoo:mpe2.simple_spread_v3", "--algorithm", "ippo",
+         "--rounds", "1", "--tracking-uri", mlflow_store(tmp_path)],
+        env=_env(home), cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert marl.returncode == 0, marl.stdout[-2000:] + marl.stderr[-2000:]
+    assert f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} (the running psro server's; Ray at {state['ray_address']})" in marl.stdout
+    assert "done: 1 rounds" in marl.stdout
+    assert server.poll() is None
+
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == 0
     assert not (home / "psro-server.json").exists()
