@@ -5,10 +5,10 @@ URL starts one and stops it at interpreter exit, after the suite's output is clo
 that reads "its" runs from it reads an empty server. Every test talks to a server it started (or
 none), so with the fallback off such a slip fails loudly.
 
-The suite runs in two processes that take whole files in collection order. A long file started
-last leaves one process working alone at the end while the other has nothing left, so the files
-that run for minutes go first, longest first (as `--durations` last ranked them), then the other
-files with slow tests, and the many short files fill the gaps at the end.
+The suite runs in two processes that take whole files, the files with the most tests first
+(pytest-xdist's order). Among files with as many tests, the order here decides: the files that
+run for minutes first, longest first (as `--durations` last ranked them), then the other files
+with slow tests, then the short files, so that a long file is not the last one left.
 """
 
 import os
