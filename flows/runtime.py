@@ -316,18 +316,18 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
 
 @dataclasses.dataclass(frozen=True)
 class StartingServices:
-    """The Prefect API and Ray of a run, both still starting: ``api`` is `prefect_api()`'s
-    (URL, wait) and ``ray_ready`` waits for Ray; ``joined_ray`` is the address of a running
-    `psro server`'s Ray the run joins, else None."""
+    """The Prefect API and Ray of a run, both still starting; ``joined_ray`` is the address of a
+    running `psro server`'s Ray the run joins, else None."""
 
-    api: tuple[str, Callable[[], None]]
-    ray_ready: Callable[[], None]
+    prefect_api_url: str
+    wait_for_prefect: Callable[[], None]
+    wait_for_ray: Callable[[], None]
     joined_ray: str | None
 
     @property
     def ui_line(self) -> str:
         reuse = f" (the running psro server's; Ray at {self.joined_ray})" if self.joined_ray else ""
-        return f"Prefect UI during the run: {self.api[0].removesuffix('/api')}{reuse}"
+        return f"Prefect UI during the run: {self.prefect_api_url.removesuffix('/api')}{reuse}"
 
 
 @contextlib.contextmanager
@@ -335,10 +335,10 @@ def services_starting(ray_address: str | None, num_cpus: int | None, environment
     """Start a run's Prefect API and Ray in the background (Ray's workers warming up on
     ``environment``), for every scenario's command: it goes on with its slow imports meanwhile,
     and everything stops on exit, a crash included."""
-    with reap_on_crash(), prefect_api() as api:
-        address, worker_env = ray_to_use(ray_address, api[0])
-        with ray_in_background(address, num_cpus, worker_env, environment) as ray_ready:
-            yield StartingServices(api, ray_ready, None if worker_env else address)
+    with reap_on_crash(), prefect_api() as (api_url, wait_for_prefect):
+        address, worker_env = ray_to_use(ray_address, api_url)
+        with ray_in_background(address, num_cpus, worker_env, environment) as wait_for_ray:
+            yield StartingServices(api_url, wait_for_prefect, wait_for_ray, None if worker_env else address)
 
 
 @contextlib.contextmanager
@@ -362,9 +362,9 @@ def run_services(
         # the outer run's heartbeat too (the scenarios' flows turn off only their subflows'): a run has its terminal
         stack.enter_context(temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         store = stack.enter_context(ThreadPoolExecutor(max_workers=1)).submit(prepare_store, tracking_uri)
-        services.api[1]()
+        services.wait_for_prefect()
         store.result()
-        services.ray_ready()
+        services.wait_for_ray()
         yield
 
 
