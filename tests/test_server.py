@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import assert_all_exited, mlflow_store, prefect_home, wait_until
+from processes import assert_all_exited, mlflow_store, poll, prefect_home, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -102,8 +102,9 @@ def test_only_a_one_run_server_turns_its_scheduling_services_off(tmp_path, one_r
     from flows.runtime import ONE_RUN_SERVICES_OFF, LocalPrefectServer
 
     server = LocalPrefectServer(tmp_path / "prefect-home", one_run=one_run)
-    try:
-        environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().decode().split("\0")
+    try:  # read empty while the process is still in its exec (seen once), so poll
+        environ = poll(lambda: Path(f"/proc/{server.process.pid}/environ").read_bytes().decode().split("\0"),
+                       lambda entries: len(entries) > 1, timeout=10)
     finally:
         server.stop()
     off = {f"PREFECT_SERVER_SERVICES_{service}_ENABLED=false" for service in ONE_RUN_SERVICES_OFF}
