@@ -2,7 +2,7 @@
 
 None of it is public API, so pyproject.toml pins those packages and `tests/test_patch_canaries.py`
 fails, naming the patch, when an upgrade moves what a patch relies on (a patch that stops
-applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Three
+applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Four
 calls apply them, each in the processes that need its part, so that none pays for another's
 imports (the server's database layer alone is some 270 modules a Ray worker never uses):
 
@@ -12,6 +12,8 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
   (`flows/patched_prefect_server.py`).
 - `quiet_ray_notices()`: Ray's loggers, before Ray starts (`flows.runtime.start_ray`); it imports
   nothing, so the processes that start Ray before (or without) importing Prefect can call it.
+- `ray_on_loopback()`: around the `ray.init` that starts or joins a Ray on 127.0.0.1
+  (`flows.runtime.start_ray`).
 
 What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6.0):
 
@@ -37,6 +39,10 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   hit every other PSRO iteration (Prefect issues #7277, #18934). Beginning write transactions
   IMMEDIATE takes SQLite's write lock up front, so writers queue on the busy timeout instead of
   failing. PostgreSQL-backed servers do not need this.
+- `ray._private.ray_constants.ENABLE_RAY_CLUSTER` (`ray_on_loopback`), around starting or
+  joining a Ray on 127.0.0.1: with it on (Linux's default) Ray resolves 127.0.0.1 to the
+  machine's network address, so a local instance's servers listen on every interface and a
+  driver joining 127.0.0.1 calls the network address; off, both stay on loopback.
 - Ray's loggers (`quiet_ray_notices`): the notice that token authentication is on, and the one
   that Ray set no SIGTERM handler when it starts off the main thread (`psro run` starts it on a
   thread; its main thread handles signals, `flows.runtime.stop_on_sigterm`).
@@ -44,10 +50,11 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import logging
-from typing import Any, Optional, TypeVar
+from typing import Any, Iterator, Optional, TypeVar
 
 F = TypeVar("F")
 
@@ -84,6 +91,26 @@ def quiet_ray_notices() -> None:
     worker_logger = logging.getLogger(RAY_WORKER_LOGGER)
     if not any(isinstance(existing, _NoSigtermNotice) for existing in worker_logger.filters):
         worker_logger.addFilter(_NoSigtermNotice())
+
+
+@contextlib.contextmanager
+def ray_on_loopback() -> Iterator[None]:
+    """Around a `ray.init` that starts a local instance on 127.0.0.1, or joins one there: Ray
+    replaces a loopback address (`_node_ip_address`, or the address it is asked to join) with
+    the machine's network address, so that other machines could join. A local instance's GCS,
+    raylet and workers then listen on every interface, and a driver joining 127.0.0.1 calls the
+    network address, where a loopback instance does not answer. Where clusters are off (Ray's
+    Windows and macOS default, `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`) Ray keeps loopback and
+    hands 127.0.0.1 to every process it starts. Ray reads that switch once, at import, so it is
+    turned off here for the start alone: joining another machine's cluster later is unchanged."""
+    from ray._private import ray_constants
+
+    previous = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = previous
 
 
 # --- Prefect's settings serialization -------------------------------------------------------

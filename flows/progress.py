@@ -15,6 +15,7 @@ parameter store (`marl_core.rollout.progress`); here a thread reads the store on
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
 import time
@@ -130,7 +131,10 @@ def watching(read: Callable[[], list[Progress]], view: Optional[ProgressView], p
         while not stop.wait(poll):
             view.show(read())
 
-    thread = threading.Thread(target=watch, name="progress", daemon=True)
+    # In the caller's context: Prefect's run logger sends each line to the API of the settings in
+    # context, and a bare thread would get the settings of Prefect's import, which may predate
+    # the run's server (Prefect then starts a temporary server of its own, or drops the lines).
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(watch,), name="progress", daemon=True)
     thread.start()
     try:
         yield

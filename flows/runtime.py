@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
 
-from flows.patches import quiet_ray_notices
+from flows.patches import quiet_ray_notices, ray_on_loopback
 from flows.reaper import MARKER, alive
 
 SERVER_START_TIMEOUT = 120.0
@@ -254,18 +254,22 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
             # the token Ray saved for this user. Other clusters keep Ray's own rules.
             maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         runtime_env = {"env_vars": env_vars} if env_vars else None
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        # a Ray on this machine's loopback (a `psro server`'s, a test cluster's) is joined there
+        on_loopback = address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+        with ray_on_loopback() if on_loopback else contextlib.nullcontext():
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     else:
         os.environ.update(env_vars)
-        ray.init(
-            address="local",
-            num_cpus=num_cpus or os.cpu_count(),
-            object_store_memory=512 * 1024 * 1024,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",  # loopback only; a cluster is joined explicitly
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
+        with ray_on_loopback():  # loopback only; a cluster is joined explicitly
+            ray.init(
+                address="local",
+                num_cpus=num_cpus or os.cpu_count(),
+                object_store_memory=512 * 1024 * 1024,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
 
 
 def ray_to_use(config_address: str | None, api_url: str) -> tuple[str | None, dict[str, str]]:

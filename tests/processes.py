@@ -16,15 +16,26 @@ from typing import Callable, Optional, TypeVar
 T = TypeVar("T")
 
 
-def processes_with_env(entry: str) -> list[str]:
-    """Command lines of live (not zombie) processes whose environment holds ``entry``."""
+def pids_with_env(entry: str) -> list[int]:
+    """Live (not zombie) processes whose environment holds ``entry``."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
             zombie = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
             if not zombie and entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120])
-        except (OSError, IndexError):
+                found.append(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def processes_with_env(entry: str) -> list[str]:
+    """Command lines of live (not zombie) processes whose environment holds ``entry``."""
+    found = []
+    for pid in pids_with_env(entry):
+        try:
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120])
+        except OSError:
             continue
     return found
 

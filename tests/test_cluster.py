@@ -15,8 +15,9 @@ Why `ray.cluster_utils.Cluster` and not two `ray start`: `ray start` replaces 12
 machine's network address, and a second `ray start` on one machine refuses to keep it on
 loopback. The cluster runs in a child process (this file run as a script) with its own RAY_TMPDIR,
 so stopping it and checking for leftovers touches no other Ray on the machine.
-RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is Ray's switch for "local addresses stay local"; the driver
-needs it too, or Ray rewrites --ray-address 127.0.0.1:PORT to the network address.
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is Ray's switch for "local addresses stay local"; the cluster's
+process needs it. `psro run` gets none: it joins --ray-address 127.0.0.1:PORT on loopback by
+itself (`flows.patches.ray_on_loopback`), where Ray would rewrite it to the network address.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def test_psro_runs_on_both_nodes_of_a_cluster(prefect_server, two_node_cluster, 
     server = prefect_server
     server.wait()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    env.update(LOOPBACK_ONLY, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=server.url)
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=server.url)
     settings = tmp_path / "small-dqn.yaml"  # a short learned response: the point is where it runs
     settings.write_text(textwrap.dedent("""
         best_response: {episodes: 1000, episodes_per_round: 250}

@@ -16,15 +16,20 @@ patch that stops applying fails silently: runs just get slower, or chattier).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import importlib.util
 import inspect
+import os
 import re
+import socket
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from processes import assert_all_exited, pids_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # package -> the files whose patches rely on its internals
@@ -506,20 +511,64 @@ def test_rays_token_loader_for_joining_a_cluster_is_still_there():
     assert "warn_if_disabled" in inspect.signature(function).parameters
 
 
-def test_ray_init_still_binds_a_local_instance_to_the_address_it_is_given():
-    """flows/runtime.py keeps a local Ray on loopback with ray.init's private `_node_ip_address`,
-    which Ray takes from **kwargs (a name Ray stopped reading would be refused, but one it still
-    reads and no longer hands to the node would bind Ray to the machine's address unnoticed)."""
-    import ray
+LOCAL_RAY = """
+import sys
+import ray
+from flows.runtime import start_ray
+start_ray(None, 1, {})
+ray.get(ray.remote(lambda: None).remote())  # a worker process too
+print("up", flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
 
-    from flows.runtime import start_ray
 
-    source = inspect.getsource(inspect.unwrap(ray.init))
-    assert 'kwargs.pop("_node_ip_address", None)' in source, "ray.init no longer takes _node_ip_address: flows/runtime.py's start_ray passes it"
-    assert "node_ip_address=_node_ip_address" in source, (
-        "ray.init no longer hands _node_ip_address to the node it starts: a local Ray would listen beyond loopback"
-    )
-    assert '_node_ip_address="127.0.0.1"' in inspect.getsource(start_ray)
+def test_a_local_ray_listens_on_loopback_only(tmp_path):
+    """`ray_on_loopback` (flows/patches.py): every socket the processes of a local Ray
+    listen on, the driver's included, is on 127.0.0.1. Without the patch Ray hands its GCS,
+    raylet and workers the machine's address and they listen on every interface."""
+    marker = f"LOOPBACK_TEST={tmp_path}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    driver = subprocess.Popen([sys.executable, "-c", LOCAL_RAY], env={**env, "LOOPBACK_TEST": str(tmp_path)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline() == "up\n"
+        listening = _listening_addresses(pids_with_env(marker))
+    finally:
+        driver.communicate("", timeout=120)
+    assert_all_exited(marker)
+    assert len(listening) >= 4, listening  # the GCS, the raylet, the driver's and the worker's gRPC at least
+    assert {host for host, _ in listening} <= {"127.0.0.1"}, sorted(listening)
+
+
+def _listening_addresses(pids: list[int]) -> set[tuple[str, int]]:
+    """(host, port) of every TCP socket the processes listen on, from /proc/net/tcp{,6}."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(fd)).startswith("socket:["):
+                        inodes.add(target[8:-1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                address, port = fields[1].split(":")
+                found.add((_host(address), int(port, 16)))
+    return found
+
+
+def _host(hex_address: str) -> str:
+    """/proc/net's little-endian hex address as text; an IPv4-mapped IPv6 address as its IPv4."""
+    raw = bytes.fromhex(hex_address)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    if raw[:12] == b"\0" * 10 + b"\xff\xff":
+        return socket.inet_ntop(socket.AF_INET, raw[12:])
+    return socket.inet_ntop(socket.AF_INET6, raw)
 
 
 def test_the_task_run_recorder_writes_in_the_batches_the_server_environment_sets(monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.progress import PlainLines, describe
+from flows.progress import PlainLines, describe, watching
 from marl_core.rollout.progress import Progress, ProgressBoard, Work
 from marl_core.rollout.store import ParameterStore
 
@@ -74,6 +74,27 @@ def test_plain_lines_come_when_work_starts_then_at_most_every_interval():
 
 def test_a_long_wait_reads_in_hours_and_minutes():
     assert describe(Progress("x", 1, 10_000, "steps", 1.0)) == "x: 1/10000 steps, 1/s, ~2 h 46 min left"
+
+
+def test_the_watcher_shows_progress_in_its_callers_context():
+    """Prefect's run logger sends a line to the API of the settings in context: a watcher thread
+    without the caller's context (where the run's server is set) sent it to the server of
+    Prefect's import-time settings, or had Prefect start a temporary one."""
+    import contextvars
+    import threading
+
+    server = contextvars.ContextVar("server", default="the settings at import")
+    server.set("the run's server")
+    shown, done = [], threading.Event()
+
+    class Recording:
+        def show(self, progress):
+            shown.append(server.get())
+            done.set()
+
+    with watching(lambda: [], Recording(), poll=0.01):
+        assert done.wait(10)
+    assert set(shown) == {"the run's server"}
 
 
 def _recording_ends(monkeypatch) -> list[Progress]:
