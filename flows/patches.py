@@ -12,7 +12,7 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
   (`flows/patched_prefect_server.py`).
 - `quiet_ray_notices()`: Ray's loggers, before Ray starts (`flows.runtime.start_ray`); it imports
   nothing, so the processes that start Ray before (or without) importing Prefect can call it.
-- `ray_on_loopback()`: around the `ray.init` that starts or joins a Ray on 127.0.0.1
+- `ray_on_loopback()`: around the `ray.init` that starts a local Ray or joins one on 127.0.0.1
   (`flows.runtime.start_ray`).
 
 What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6.0):
@@ -95,9 +95,10 @@ def quiet_ray_notices() -> None:
 
 @contextlib.contextmanager
 def ray_on_loopback() -> Iterator[None]:
-    """Around a `ray.init` that starts a local instance on 127.0.0.1, or joins one there: Ray
-    replaces a loopback address (`_node_ip_address`, or the address it is asked to join) with
-    the machine's network address, so that other machines could join. A local instance's GCS,
+    """Around a `ray.init` that starts a local instance, or joins one on 127.0.0.1: Ray gives a
+    new node the machine's network address, and replaces a loopback address it is given (even
+    ray.init's private `_node_ip_address`, or the address to join) with it, so that other
+    machines could join. A local instance's GCS,
     raylet and workers then listen on every interface, and a driver joining 127.0.0.1 calls the
     network address, where a loopback instance does not answer. Where clusters are off (Ray's
     Windows and macOS default, `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`) Ray keeps loopback and

@@ -266,7 +266,6 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
                 num_cpus=num_cpus or os.cpu_count(),
                 object_store_memory=512 * 1024 * 1024,
                 include_dashboard=False,
-                _node_ip_address="127.0.0.1",
                 log_to_driver=False,
                 logging_level=logging.WARNING,
             )

@@ -2,12 +2,12 @@
 
 flows/patches.py applies every patch (`apply_patches()`): it memoizes Prefect's
 SettingsContext.serialize, shares one SSL context among Prefect's API clients, skips two reads in
-Prefect's subflow engine, begins the SQLite server's write transactions IMMEDIATE, and quiets two
-of Ray's private loggers. Beside that, flows/ray_runner.py overrides prefect-ray's
-RayTaskRunner.submit and _run_prefect_task and swaps the flow in Prefect's serialized context;
-flows/runtime.py drains Prefect's log and event workers, sets the task-run recorder's batch
-settings, and calls Ray's private token loader and `_node_ip_address`; flows/cli_errors.py catches
-the exceptions of the click that typer bundles (typer._click).
+Prefect's subflow engine, begins the SQLite server's write transactions IMMEDIATE, quiets two
+of Ray's private loggers, and keeps a Ray on this machine on loopback. Beside that,
+flows/ray_runner.py overrides prefect-ray's RayTaskRunner.submit and _run_prefect_task and
+swaps the flow in Prefect's serialized context; flows/runtime.py drains Prefect's log and event
+workers, sets the task-run recorder's batch settings, and calls Ray's private token loader;
+flows/cli_errors.py catches the exceptions of the click that typer bundles (typer._click).
 None of that is public API, so pyproject.toml pins those packages. An upgrade changes the pin;
 these tests then say which patch no longer holds, before a PSRO run finds out the slow way (a
 patch that stops applying fails silently: runs just get slower, or chattier).
