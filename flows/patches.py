@@ -2,7 +2,7 @@
 
 None of it is public API, so pyproject.toml pins those packages and `tests/test_patch_canaries.py`
 fails, naming the patch, when an upgrade moves what a patch relies on (a patch that stops
-applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Four
+applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Five
 calls apply them, each in the processes that need its part, so that none pays for another's
 imports (the server's database layer alone is some 270 modules a Ray worker never uses):
 
@@ -13,6 +13,8 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
 - `quiet_ray_notices()`: Ray's loggers, before Ray starts (`flows.runtime.start_ray`); it imports
   nothing, so the processes that start Ray before (or without) importing Prefect can call it.
 - `ray_on_loopback()`: around the `ray.init` that starts a local Ray or joins one on 127.0.0.1
+  (`flows.runtime.start_ray`).
+- `ray_without_cluster_services()`: around the `ray.init` that starts a run's own local Ray
   (`flows.runtime.start_ray`).
 
 What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6.0):
@@ -43,6 +45,13 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   joining a Ray on 127.0.0.1: with it on (Linux's default) Ray resolves 127.0.0.1 to the
   machine's network address, so a local instance's servers listen on every interface and a
   driver joining 127.0.0.1 calls the network address; off, both stay on loopback.
+- `ray._private.node.Node.__init__`, `Node.start_api_server` (`ray_without_cluster_services`),
+  around starting a run's own Ray: a head node always starts three Python processes a run of
+  its own never uses: the autoscaler's monitor, the log monitor (it forwards worker output to a
+  driver that asked for it; runs pass `log_to_driver=False`) and the dashboard's API server
+  (started even with `include_dashboard=False`, and polled until it answers). Ray treats a
+  dashboard that failed to start as optional. Without them the run's Ray starts on less CPU
+  and stops sooner (figures in docs/performance.md). A `psro server`'s shared Ray keeps them.
 - Ray's loggers (`quiet_ray_notices`): the notice that token authentication is on, and the one
   that Ray set no SIGTERM handler when it starts off the main thread (`psro run` starts it on a
   thread; its main thread handles signals, `flows.runtime.stop_on_sigterm`).
@@ -112,6 +121,34 @@ def ray_on_loopback() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = previous
+
+
+@contextlib.contextmanager
+def ray_without_cluster_services() -> Iterator[None]:
+    """Around a `ray.init` that starts a local head node with ``include_dashboard=False``: the
+    node starts without the autoscaler's monitor, the log monitor and the dashboard's API server
+    (see the module docstring). Any other node, and every node started outside this context, is
+    started as Ray starts it."""
+    from ray._private.node import Node
+
+    init, start_api_server = Node.__init__, Node.start_api_server
+
+    def lean_init(self, ray_params, head: bool = False, *args, **kwargs):
+        if head and ray_params.include_dashboard is False:
+            ray_params.no_monitor = True
+            ray_params.include_log_monitor = False
+        init(self, ray_params, head, *args, **kwargs)
+
+    def no_api_server(self, *, include_dashboard, raise_on_failure):
+        if include_dashboard is not False:
+            return start_api_server(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+        self._webui_url = None  # what Ray records when the dashboard fails to start
+
+    Node.__init__, Node.start_api_server = lean_init, no_api_server
+    try:
+        yield
+    finally:
+        Node.__init__, Node.start_api_server = init, start_api_server
 
 
 # --- Prefect's settings serialization -------------------------------------------------------

@@ -33,7 +33,7 @@ def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer]
     server = LocalPrefectServer(home, port=port)
     state_path = home / STATE_FILE
     try:
-        start_ray(None, num_cpus, {"PREFECT_API_URL": server.url})  # the same local Ray a run starts
+        start_ray(None, num_cpus, {"PREFECT_API_URL": server.url}, shared=True)  # runs join it
         for signum in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
             signal.signal(signum, lambda *_: stop.set())
         server.wait()

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
 
-from flows.patches import quiet_ray_notices, ray_on_loopback
+from flows.patches import quiet_ray_notices, ray_on_loopback, ray_without_cluster_services
 from flows.reaper import MARKER, alive
 
 SERVER_START_TIMEOUT = 120.0
@@ -240,7 +240,10 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
         ray.shutdown(wait_for_processes=True)  # else it stops waiting for a slow process to exit after about 2 s
 
 
-def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> None:
+def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str], shared: bool = False) -> None:
+    """Join the Ray at `address`, or start a local one. A run's own local Ray starts without
+    the cluster services only a shared Ray needs (`flows.patches.ray_without_cluster_services`);
+    ``shared``: a Ray that outlives the run, as a `psro server`'s, keeps them."""
     import ray
 
     quiet_ray_notices()
@@ -260,7 +263,8 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     else:
         os.environ.update(env_vars)
-        with ray_on_loopback():  # loopback only; a cluster is joined explicitly
+        lean = contextlib.nullcontext() if shared else ray_without_cluster_services()
+        with ray_on_loopback(), lean:  # loopback only; a cluster is joined explicitly
             ray.init(
                 address="local",
                 num_cpus=num_cpus or os.cpu_count(),

@@ -523,22 +523,38 @@ ray.shutdown()
 """
 
 
-def test_a_local_ray_listens_on_loopback_only(tmp_path):
+# What a head node runs besides the GCS, the raylet and its two agents, found by command line.
+RAY_CLUSTER_SERVICES = ("dashboard/dashboard.py", "autoscaler/_private/monitor.py", "_private/log_monitor.py")
+
+
+def test_a_runs_local_ray_listens_on_loopback_only_and_starts_no_cluster_services(tmp_path):
     """`ray_on_loopback` (flows/patches.py): every socket the processes of a local Ray
     listen on, the driver's included, is on 127.0.0.1. Without the patch Ray hands its GCS,
-    raylet and workers the machine's address and they listen on every interface."""
+    raylet and workers the machine's address and they listen on every interface.
+    `ray_without_cluster_services`: a run's own Ray starts no autoscaler monitor, log monitor or
+    dashboard API server, and still runs tasks; without the patch all three are there."""
     marker = f"LOOPBACK_TEST={tmp_path}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
     driver = subprocess.Popen([sys.executable, "-c", LOCAL_RAY], env={**env, "LOOPBACK_TEST": str(tmp_path)},
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert driver.stdout.readline() == "up\n"
-        listening = _listening_addresses(pids_with_env(marker))
+        pids = pids_with_env(marker)
+        listening = _listening_addresses(pids)
+        commands = [_command_line(pid) for pid in pids]
     finally:
         driver.communicate("", timeout=120)
     assert_all_exited(marker)
     assert len(listening) >= 4, listening  # the GCS, the raylet, the driver's and the worker's gRPC at least
     assert {host for host, _ in listening} <= {"127.0.0.1"}, sorted(listening)
+    assert any("gcs_server" in c for c in commands) and any("raylet" in c for c in commands), commands
+    assert not [c for c in commands if any(service in c for service in RAY_CLUSTER_SERVICES)], commands
+
+
+def _command_line(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
 
 
 def _listening_addresses(pids: list[int]) -> set[tuple[str, int]]:
