@@ -20,6 +20,7 @@ import pytest
 import ray
 import ray.cloudpickle
 
+from flows.patches import ray_without_cluster_services
 from marl_core.envs import OpenSpielEnv, one_population_per_agent
 from marl_core.games.tree import build_tree
 from marl_core.rl import ALGORITHMS
@@ -75,8 +76,9 @@ def local_ray(tmp_path_factory):
     # The environments above live in this test module, which Ray's workers cannot import:
     # ship them by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20,
-             _temp_dir=str(tmp_path_factory.mktemp("ray")), log_to_driver=False)
+    with ray_without_cluster_services():  # as a run starts its own Ray
+        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20,
+                 _temp_dir=str(tmp_path_factory.mktemp("ray")), log_to_driver=False)
     yield
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
