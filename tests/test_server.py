@@ -46,7 +46,8 @@ def psro_server(tmp_path):
         log.close()
 
 
-def test_a_run_reuses_the_servers_prefect_and_ray_and_sigterm_stops_everything(psro_server, tmp_path):
+def test_runs_reuse_the_server_a_second_server_is_refused_and_sigterm_stops_everything(psro_server, tmp_path):
+    """One server for every check: starting one (Prefect and Ray) is the slow part."""
     server, home, state = psro_server
     run = subprocess.run(
         [PSRO, "run", "--game", "kuhn_poker", "--iterations", "2", "--tracking-uri", mlflow_store(tmp_path)],
@@ -69,19 +70,18 @@ def test_a_run_reuses_the_servers_prefect_and_ray_and_sigterm_stops_everything(p
     assert "done: 1 rounds" in marl.stdout
     assert server.poll() is None
 
-    server.send_signal(signal.SIGTERM)
-    assert server.wait(timeout=60) == 0
-    assert not (home / "psro-server.json").exists()
-    assert_all_exited(f"PREFECT_HOME={home}")
-
-
-def test_a_second_server_for_the_same_home_is_refused(psro_server):
-    _, home, state = psro_server
+    # a second server for the same home is refused, and the first keeps running
     second = subprocess.run([PSRO, "server"], env=_env(home), capture_output=True, text=True, timeout=120)
     assert second.returncode == 2
     assert second.stderr.strip().splitlines() == [
         f"error: a psro server already runs for {home.resolve()} (pid {state['pid']}, Prefect at {state['prefect_api_url']})"
     ]
+    assert server.poll() is None
+
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 0
+    assert not (home / "psro-server.json").exists()
+    assert_all_exited(f"PREFECT_HOME={home}")
 
 
 @pytest.mark.parametrize("args, message", [
