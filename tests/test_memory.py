@@ -77,3 +77,18 @@ def test_a_failed_run_leaves_nothing_running_and_its_mlflow_run_failed(tmp_path)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("memory").experiment_id])
     assert run.info.status == "FAILED"
+
+
+def test_a_subflow_starting_after_its_run_stopped_ray_starts_no_ray_of_its_own():
+    """A thread of a failed run can start an iteration's subflow after the run stopped Ray;
+    prefect-ray's runner would then start a default local Ray that outlives the run (one was
+    found still starting when a failed run returned). The project's runner refuses instead."""
+    import ray
+
+    from flows.ray_runner import FastRayTaskRunner
+
+    assert not ray.is_initialized()
+    with pytest.raises(RuntimeError, match="^Ray is not running"):
+        with FastRayTaskRunner():
+            pass
+    assert not ray.is_initialized()
