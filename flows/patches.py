@@ -107,9 +107,9 @@ def ray_on_loopback() -> Iterator[None]:
     """Around a `ray.init` that starts a local instance, or joins one on 127.0.0.1: Ray gives a
     new node the machine's network address, and replaces a loopback address it is given (even
     ray.init's private `_node_ip_address`, or the address to join) with it, so that other
-    machines could join. A local instance's GCS,
-    raylet and workers then listen on every interface, and a driver joining 127.0.0.1 calls the
-    network address, where a loopback instance does not answer. Where clusters are off (Ray's
+    machines could join. A local instance's GCS, raylet and workers then listen on every
+    interface, and a driver joining 127.0.0.1 calls the network address, where a loopback
+    instance does not answer. Where clusters are off (Ray's
     Windows and macOS default, `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`) Ray keeps loopback and
     hands 127.0.0.1 to every process it starts. Ray reads that switch once, at import, so it is
     turned off here for the start alone: joining another machine's cluster later is unchanged."""

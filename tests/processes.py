@@ -29,15 +29,30 @@ def pids_with_env(entry: str) -> list[int]:
     return found
 
 
+def command_line(pid: int) -> str | None:
+    """The process's whole command line, or None once it has gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
 def processes_with_env(entry: str) -> list[str]:
-    """Command lines of live (not zombie) processes whose environment holds ``entry``."""
-    found = []
-    for pid in pids_with_env(entry):
-        try:
-            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120])
-        except OSError:
-            continue
-    return found
+    """Command lines (their first 120 characters) of live (not zombie) processes whose
+    environment holds ``entry``."""
+    return [command[:120] for pid in pids_with_env(entry) if (command := command_line(pid)) is not None]
+
+
+def start_bare_ray(temp_dir: Path) -> None:
+    """A local Ray for tests that need Ray without a run, started as a run starts its own
+    (`flows.runtime.start_ray`: no cluster services), with its files in ``temp_dir``."""
+    import ray
+
+    from flows.patches import ray_without_cluster_services
+
+    with ray_without_cluster_services():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20,
+                 _temp_dir=str(temp_dir), log_to_driver=False)
 
 
 def assert_all_exited(entry: str, timeout: float = 30) -> None:

@@ -15,7 +15,6 @@ import ray
 import ray.cloudpickle
 import torch
 
-from flows.patches import ray_without_cluster_services
 from marl_core.psro.config import build_config
 from marl_core.psro.learned_oracle import collect_experience, learn_best_response, mixtures, train_best_response
 from marl_core.psro.oracles import OracleCall
@@ -25,6 +24,7 @@ from marl_core.rl.ppo import PPOTrainer
 from marl_core.rollout.pool import PoolConfig, WorkerPool
 from marl_core.rollout.store import StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
+from processes import start_bare_ray
 
 torch.set_num_threads(1)  # as the learner and the workers act: the one loop below must do the same arithmetic
 
@@ -249,9 +249,7 @@ def test_the_local_runner_runs_each_collector_beside_its_learner(monkeypatch):
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # FailingPool goes to Ray's workers
-    with ray_without_cluster_services():  # as a run starts its own Ray
-        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20,
-                 _temp_dir=str(tmp_path_factory.mktemp("ray")), log_to_driver=False)
+    start_bare_ray(tmp_path_factory.mktemp("ray"))
     yield
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])

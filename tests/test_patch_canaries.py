@@ -3,7 +3,8 @@
 flows/patches.py applies every patch (`apply_patches()`): it memoizes Prefect's
 SettingsContext.serialize, shares one SSL context among Prefect's API clients, skips two reads in
 Prefect's subflow engine, begins the SQLite server's write transactions IMMEDIATE, quiets two
-of Ray's private loggers, and keeps a Ray on this machine on loopback. Beside that,
+of Ray's private loggers, keeps a Ray on this machine on loopback, and starts a run's own Ray
+without Ray's cluster services. Beside that,
 flows/ray_runner.py overrides prefect-ray's RayTaskRunner.submit and _run_prefect_task and
 swaps the flow in Prefect's serialized context; flows/runtime.py drains Prefect's log and event
 workers, sets the task-run recorder's batch settings, and calls Ray's private token loader;
@@ -29,7 +30,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from processes import assert_all_exited, pids_with_env
+from processes import assert_all_exited, command_line, pids_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # package -> the files whose patches rely on its internals
@@ -541,7 +542,7 @@ def test_a_runs_local_ray_listens_on_loopback_only_and_starts_no_cluster_service
         assert driver.stdout.readline() == "up\n"
         pids = pids_with_env(marker)
         listening = _listening_addresses(pids)
-        commands = [_command_line(pid) for pid in pids]
+        commands = [command for pid in pids if (command := command_line(pid)) is not None]
     finally:
         driver.communicate("", timeout=120)
     assert_all_exited(marker)
@@ -549,12 +550,6 @@ def test_a_runs_local_ray_listens_on_loopback_only_and_starts_no_cluster_service
     assert {host for host, _ in listening} <= {"127.0.0.1"}, sorted(listening)
     assert any("gcs_server" in c for c in commands) and any("raylet" in c for c in commands), commands
     assert not [c for c in commands if any(service in c for service in RAY_CLUSTER_SERVICES)], commands
-
-
-def _command_line(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    return ""
 
 
 def _listening_addresses(pids: list[int]) -> set[tuple[str, int]]:

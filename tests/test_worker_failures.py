@@ -20,13 +20,13 @@ import pytest
 import ray
 import ray.cloudpickle
 
-from flows.patches import ray_without_cluster_services
 from marl_core.envs import OpenSpielEnv, one_population_per_agent
 from marl_core.games.tree import build_tree
 from marl_core.rl import ALGORITHMS
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest
 from marl_core.rollout.pool import PoolConfig, WorkerPool
+from processes import start_bare_ray
 
 pytestmark = pytest.mark.slow
 
@@ -76,9 +76,7 @@ def local_ray(tmp_path_factory):
     # The environments above live in this test module, which Ray's workers cannot import:
     # ship them by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    with ray_without_cluster_services():  # as a run starts its own Ray
-        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20,
-                 _temp_dir=str(tmp_path_factory.mktemp("ray")), log_to_driver=False)
+    start_bare_ray(tmp_path_factory.mktemp("ray"))
     yield
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
