@@ -1,24 +1,35 @@
 """A short PSRO run through the real `psro` command: a real Prefect server, a real local Ray
 instance, a real MLflow SQLite store. Afterwards everything is read back: metrics, artifacts and
-registered models from MLflow, flow and task runs from Prefect, the export through OpenSpiel."""
+registered models from MLflow, flow and task runs from Prefect, the export through OpenSpiel.
+
+Then the run as a person sees it: `prefect server start` on the run's Prefect home and `mlflow
+ui` on its store, both on 127.0.0.1, and the pages the README points to in headless Chromium
+(tests/headless_browser.py), with screenshots in test-artifacts/screenshots/."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
-from processes import assert_all_exited
+from headless_browser import (
+    chromium_page, close_mlflow_assistant, dismiss_mlflow_dialog, shoot, start_mlflow_ui, wait_for_text,
+    wait_until_healthy,
+)
+from processes import assert_all_exited, poll, processes_with_env
 
 pytestmark = pytest.mark.slow
 
 ITERATIONS = 3
+EXPERIMENT = "e2e"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,29 +38,70 @@ def _marker(prefect_home: Path) -> str:
     return f"PREFECT_HOME={prefect_home}"
 
 
+def _clean_env(prefect_home: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
+    return {**env, "PREFECT_HOME": str(prefect_home)}
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
+    """The run, on a Prefect home made from nothing (as on a new machine), and what it left
+    running once it returned (read before anything else here starts on that home)."""
     work = tmp_path_factory.mktemp("e2e")
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    env["PREFECT_HOME"] = str(work / "prefect-home")
     command = [
         str(Path(sys.executable).with_name("psro")), "run", "--game", "kuhn_poker",
         "--iterations", str(ITERATIONS), "--tracking-uri", f"sqlite:///{work}/mlflow.db",
-        "--experiment", "e2e", "--export", str(work / "export"), "--num-cpus", "2",
+        "--experiment", EXPERIMENT, "--export", str(work / "export"), "--num-cpus", "2",
     ]
-    result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, cwd=work, env=_clean_env(work / "prefect-home"), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result.left_running = poll(lambda: processes_with_env(_marker(work / "prefect-home")), lambda found: not found)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
-    run = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])[0]
+    run = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])[0]
     return work, result, client, run
 
 
+@pytest.fixture(scope="module")
+def served(finished_run):
+    """Prefect's server (API and UI) on the run's home and `mlflow ui` on its store, both booting
+    at once; yields their addresses."""
+    from flows.runtime import LocalPrefectServer, free_port
+
+    work = finished_run[0]
+    home = work / "prefect-home"
+    prefect = LocalPrefectServer(home)
+    port = free_port()
+    mlflow_ui = start_mlflow_ui(f"sqlite:///{work}/mlflow.db", work, _clean_env(home), port)
+    try:
+        prefect.wait()
+        wait_until_healthy(f"http://127.0.0.1:{port}/health", mlflow_ui, work / "mlflow-ui.log")
+        yield prefect.url, f"http://127.0.0.1:{port}"
+    finally:
+        if mlflow_ui.poll() is None:
+            os.killpg(mlflow_ui.pid, signal.SIGTERM)
+            mlflow_ui.wait(timeout=30)
+        prefect.stop()
+        assert_all_exited(_marker(home))
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    with chromium_page(tmp_path_factory.mktemp("chromium-profile")) as page:
+        yield page
+
+
+def _post(url: str, body: dict):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
 def test_prints_one_line_per_iteration_and_leaves_no_process(finished_run):
-    work, result, _, _ = finished_run
+    _, result, _, _ = finished_run
     lines = [line for line in result.stdout.splitlines() if line.startswith("iter ")]
     assert [int(line.split()[1]) for line in lines] == list(range(ITERATIONS + 1))
     assert "done:" in result.stdout
-    assert_all_exited(_marker(work / "prefect-home"))
+    assert result.left_running == []
 
 
 def test_mlflow_holds_params_metrics_and_artifacts(finished_run):
@@ -85,7 +137,7 @@ def test_mlflow_holds_params_metrics_and_artifacts(finished_run):
 def test_every_member_is_registered_once_with_tags_and_alias(finished_run):
     _, _, client, run = finished_run
     for player in (0, 1):
-        name = f"e2e-kuhn_poker-player_{player}"
+        name = f"{EXPERIMENT}-kuhn_poker-player_{player}"
         versions = client.search_model_versions(f"name='{name}' and run_id='{run.info.run_id}'")
         members = sorted(int(v.tags["member"]) for v in versions)
         assert members == list(range(ITERATIONS + 1))
@@ -118,35 +170,80 @@ def test_export_agrees_with_openspiel(finished_run):
     assert reported["exploitability"] == pytest.approx(run.data.metrics["exploitability"])
 
 
-def test_prefect_recorded_the_flow_its_iterations_and_their_tasks(finished_run):
-    work, _, _, _ = finished_run
-    from flows.runtime import LocalPrefectServer
-
-    server = LocalPrefectServer(work / "prefect-home")
-    try:
-        server.wait()
-        script = (
-            "import asyncio, collections, json\n"
-            "from prefect.client.orchestration import get_client\n"
-            "async def main():\n"
-            "    async with get_client() as client:\n"
-            "        flows = {f.id: f.name for f in await client.read_flows()}\n"
-            "        runs = await client.read_flow_runs()\n"
-            "        tasks = await client.read_task_runs()\n"
-            "        print(json.dumps({'flows': collections.Counter(flows[r.flow_id] for r in runs),\n"
-            "                          'states': sorted({r.state_name for r in runs}),\n"
-            "                          'tasks': collections.Counter(t.task_key.rsplit('-', 1)[0] for t in tasks)}))\n"
-            "asyncio.run(main())\n"
-        )
-        env = dict(os.environ, PREFECT_API_URL=server.url)
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        seen = json.loads(out.stdout.strip().splitlines()[-1])
-    finally:
-        server.stop()
-    assert seen["flows"] == {"psro": 1, "psro-iteration": ITERATIONS + 1}
-    assert seen["states"] == ["Completed"]
-    names = " ".join(seen["tasks"])
+def test_prefect_recorded_the_flow_its_iterations_and_their_tasks(served):
+    prefect_api, _ = served
+    flows = {f["id"]: f["name"] for f in _post(f"{prefect_api}/flows/filter", {})}
+    runs = _post(f"{prefect_api}/flow_runs/filter", {})
+    tasks = _post(f"{prefect_api}/task_runs/filter", {})
+    assert sorted(flows[r["flow_id"]] for r in runs) == ["psro"] + ["psro-iteration"] * (ITERATIONS + 1)
+    assert {r["state"]["name"] for r in runs} == {"Completed"}
+    names = " ".join(t["task_key"] for t in tasks)
     for task in ("train_best_response", "evaluate_payoffs", "solve_meta_game", "measure_exploitability"):
-        assert task in names, seen["tasks"]
+        assert task in names, names
 
+
+def test_mlflow_ui_shows_the_run_its_exploitability_and_the_registered_population(finished_run, served, page):
+    run = finished_run[3]
+    _, mlflow_url = served
+    run_page = f"{mlflow_url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+
+    page.goto(run_page)
+    wait_for_text(page, run.info.run_name)
+    close_mlflow_assistant(page)
+    page.get_by_placeholder("Search metrics").fill("exploitability")
+    row = page.get_by_role("row").filter(has=page.get_by_role("link", name="exploitability", exact=True))
+    shown = row.get_by_role("cell").nth(1)
+    shown.wait_for()
+    assert float(shown.inner_text()) == run.data.metrics["exploitability"]  # the value the run logged last
+    shoot(page, "01-mlflow-run-overview")
+
+    page.goto(f"{run_page}/model-metrics")
+    page.get_by_placeholder("Search metric charts").fill("exploitability")
+    wait_for_text(page, "exploitability", exact=True)
+    shoot(page, "02-mlflow-exploitability-chart")
+
+    page.goto(f"{run_page}/artifacts/plots/exploitability.png")
+    wait_for_text(page, "plots/exploitability.png")
+    page.wait_for_function("() => [...document.images].some(image => image.complete && image.naturalWidth >= 400)")
+    shoot(page, "03-mlflow-exploitability-plot")
+
+    page.goto(f"{mlflow_url}/#/models")
+    for player in (0, 1):
+        wait_for_text(page, f"{EXPERIMENT}-kuhn_poker-player_{player}")
+    dismiss_mlflow_dialog(page)
+    shoot(page, "04-mlflow-registered-models")
+
+    page.goto(f"{mlflow_url}/#/models/{EXPERIMENT}-kuhn_poker-player_0")
+    wait_for_text(page, "@ newest")
+    wait_for_text(page, f"Version {ITERATIONS + 1}")
+    shoot(page, "05-mlflow-population-versions")
+
+
+def test_prefect_ui_shows_the_flow_run_its_iterations_and_their_tasks(served, page):
+    prefect_api, _ = served
+    prefect_url = prefect_api.removesuffix("/api")
+    flows = {f["id"]: f["name"] for f in _post(f"{prefect_api}/flows/filter", {})}
+    runs = _post(f"{prefect_api}/flow_runs/filter", {})
+    psro = next(r for r in runs if flows[r["flow_id"]] == "psro")
+    iterations = [r for r in runs if flows[r["flow_id"]] == "psro-iteration"]
+    assert len(iterations) == ITERATIONS + 1
+
+    page.goto(f"{prefect_url}/runs")
+    wait_for_text(page, iterations[0]["name"])
+    page.get_by_text("Hide subflows", exact=True).click()  # the list then holds the psro run alone
+    wait_for_text(page, psro["name"]).scroll_into_view_if_needed()
+    shoot(page, "06-prefect-runs")
+
+    page.goto(f"{prefect_url}/runs/flow-run/{psro['id']}")
+    wait_for_text(page, psro["name"])
+    page.get_by_text("Subflow Runs", exact=True).click()
+    for run in iterations:
+        wait_for_text(page, run["name"])
+    shoot(page, "07-prefect-psro-subflows")
+
+    last = max(iterations, key=lambda r: r["start_time"])
+    page.goto(f"{prefect_url}/runs/flow-run/{last['id']}")
+    page.get_by_text("Task Runs", exact=True).click()
+    for task in ("train-best-response", "evaluate-payoffs", "solve-meta-game", "measure-exploitability"):
+        wait_for_text(page, task)
+    shoot(page, "08-prefect-iteration-tasks")
