@@ -309,6 +309,13 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
         start_ray(address, num_cpus, env_vars)
         warm_up_workers(environment)
 
+    # Ray's serializers (on the thread, once the warm-up exports its function) and Prefect (in
+    # the caller's imports meanwhile) both import pydantic.v1. Its modules import each other, and
+    # a thread that enters that cycle while another is inside it gets a half-initialised module:
+    # "cannot import name 'Field' from partially initialized module 'pydantic.v1.fields'" failed
+    # a run once. Imported here first, it is whole before either thread asks for it.
+    import pydantic.v1.fields  # noqa: F401
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as thread:
         started = thread.submit(start)
         try:
