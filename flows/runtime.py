@@ -54,8 +54,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def healthy(url: str) -> bool:
-    """Whether the Prefect API at `url` answers its health check (anything else on the port,
-    HTTP or not, is not it)."""
+    """Whether the server at `url` (Prefect's API; the tests' `mlflow ui` too) answers its
+    `/health` check (anything else on the port, HTTP or not, is not it)."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
             return response.status == 200

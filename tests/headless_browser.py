@@ -20,8 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -46,7 +44,6 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 RENDER_TIMEOUT_MS = 30_000
-UI_START_TIMEOUT = 90
 
 
 def find_chromium() -> Path | None:
@@ -115,21 +112,6 @@ def start_mlflow_ui(store: str, work: Path, env: dict[str, str], port: int) -> s
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         cwd=work, env=env, stdout=open(work / "mlflow-ui.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
-
-
-def wait_until_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + UI_START_TIMEOUT
-    while not _healthy(url):
-        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.3)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def shoot(page, name: str) -> None:

@@ -22,9 +22,8 @@ import pandas as pd
 import pytest
 from headless_browser import (
     chromium_page, close_mlflow_assistant, dismiss_mlflow_dialog, shoot, start_mlflow_ui, wait_for_text,
-    wait_until_healthy,
 )
-from processes import assert_all_exited, poll, processes_with_env
+from processes import assert_all_exited, poll, processes_with_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +64,7 @@ def finished_run(tmp_path_factory):
 def served(finished_run):
     """Prefect's server (API and UI) on the run's home and `mlflow ui` on its store, both booting
     at once; yields their addresses."""
-    from flows.runtime import LocalPrefectServer, free_port
+    from flows.runtime import LocalPrefectServer, free_port, healthy
 
     work = finished_run[0]
     home = work / "prefect-home"
@@ -74,8 +73,10 @@ def served(finished_run):
     mlflow_ui = start_mlflow_ui(f"sqlite:///{work}/mlflow.db", work, _clean_env(home), port)
     try:
         prefect.wait()
-        wait_until_healthy(f"http://127.0.0.1:{port}/health", mlflow_ui, work / "mlflow-ui.log")
-        yield prefect.url, f"http://127.0.0.1:{port}"
+        mlflow_url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: healthy(mlflow_url) or mlflow_ui.poll() is not None, 90, f"mlflow ui (log: {work / 'mlflow-ui.log'})")
+        assert mlflow_ui.poll() is None, (work / "mlflow-ui.log").read_text()[-2000:]
+        yield prefect.url, mlflow_url
     finally:
         if mlflow_ui.poll() is None:
             os.killpg(mlflow_ui.pid, signal.SIGTERM)
