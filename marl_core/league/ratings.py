@@ -82,6 +82,10 @@ class Ratings:
         s = self.settings
         self._ratings[player] = dataclasses.replace(self._ratings[like], games=0) if like else Rating(s.elo_initial, s.mu, s.sigma, 0)
 
+    def reset(self, player: str, like: str) -> None:
+        """`player` is rated as `like` is now: it went back to the policy `like` holds."""
+        self._ratings[player] = dataclasses.replace(self._ratings[like], games=self._ratings[player].games)
+
     def record(self, game: Game) -> None:
         """A two-sided game between single players."""
         self.record_teams([[game.home], [game.away]], game.outcome)

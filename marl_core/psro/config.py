@@ -37,7 +37,19 @@ GAME_A2C = A2CConfig(gamma=1.0)  # the rest: A2C's own defaults
 GAME_DEFAULTS = {"dqn": GAME_DQN, "ppo": GAME_PPO, "a2c": GAME_A2C}  # RL algorithm name -> its game defaults
 
 
-class _PSROConfigWithoutAlgorithms(BaseModel):
+class WithAlgorithmSections(BaseModel):
+    """A config that takes one section of settings per RL algorithm (`with_algorithm_sections`):
+    settings given for an algorithm override its game defaults one by one."""
+
+    @field_validator(*GAME_DEFAULTS, mode="before", check_fields=False)
+    @classmethod
+    def _override_game_defaults(cls, value, info):
+        if isinstance(value, dict):
+            return {**GAME_DEFAULTS[info.field_name].model_dump(), **value}
+        return value
+
+
+class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
     """Every setting of a run but the learned oracles' own, which `PSROConfig` adds: one section
     per RL algorithm, named after it and checked by its settings class."""
 
@@ -64,14 +76,6 @@ class _PSROConfigWithoutAlgorithms(BaseModel):
     best_response: BestResponseTraining = Field(default_factory=BestResponseTraining)
     tabularize: bool = Field(True, description="learned members also get their table where a game tree exists (exact payoffs and NashConv)")
     approx_exploitability: ApproxExploitability = Field(default_factory=ApproxExploitability)
-
-    @field_validator(*GAME_DEFAULTS, mode="before", check_fields=False)
-    @classmethod
-    def _override_game_defaults(cls, value, info):
-        """Settings given for an algorithm override its game defaults one by one."""
-        if isinstance(value, dict):
-            return {**GAME_DEFAULTS[info.field_name].model_dump(), **value}
-        return value
 
     @property
     def oracle_settings(self) -> BaseModel:
@@ -144,22 +148,22 @@ class _PSROConfigWithoutAlgorithms(BaseModel):
         return psro_game_of(self).num_roles
 
 
-def _algorithm_sections() -> dict:
-    """One config section per RL algorithm, named after it, of its settings class; its default
-    is the algorithm's game defaults where `GAME_DEFAULTS` has them."""
+def with_algorithm_sections(base: type[WithAlgorithmSections], name: str, doc: str) -> type:
+    """`base` with one config section per RL algorithm, named after it, of its settings class;
+    its default is the algorithm's game defaults where `GAME_DEFAULTS` has them."""
     sections = {}
-    for name in ALGORITHMS:
-        if name in _PSROConfigWithoutAlgorithms.model_fields:
-            raise ValueError(f"RL algorithm {name!r} has the name of a PSRO setting; its config section needs a name of its own")
-        settings = ALGORITHMS.settings(name)
-        default = GAME_DEFAULTS[name] if name in GAME_DEFAULTS else settings()
-        sections[name] = (settings, Field(default, description=f"{name} oracle settings ({ALGORITHMS.summary(name)})"))
-    return sections
+    for algorithm in ALGORITHMS:
+        if algorithm in base.model_fields:
+            raise ValueError(f"RL algorithm {algorithm!r} has the name of a {name} setting; its config section needs a name of its own")
+        settings = ALGORITHMS.settings(algorithm)
+        default = GAME_DEFAULTS[algorithm] if algorithm in GAME_DEFAULTS else settings()
+        sections[algorithm] = (settings, Field(default, description=f"{algorithm} settings ({ALGORITHMS.summary(algorithm)})"))
+    return create_model(name, __base__=base, __module__=base.__module__, __doc__=doc, **sections)
 
 
-PSROConfig = create_model(
-    "PSROConfig", __base__=_PSROConfigWithoutAlgorithms, __module__=__name__, **_algorithm_sections(),
-    __doc__="A PSRO run's settings, with a section of settings per RL algorithm (its learned oracle's).",
+PSROConfig = with_algorithm_sections(
+    _PSROConfigWithoutAlgorithms, "PSROConfig",
+    "A PSRO run's settings, with a section of settings per RL algorithm (its learned oracle's).",
 )
 
 
@@ -171,7 +175,8 @@ def _two_player_zero_sum(game: str) -> bool:
     return loaded.num_players() == 2 and is_zero_sum(loaded)
 
 
-def _one_line(error: ValidationError) -> str:
+def one_line(error: ValidationError, model: type[BaseModel]) -> str:
+    """A config's validation error as one line naming the setting, its value and what is allowed."""
     first = error.errors()[0]
     location = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
@@ -181,16 +186,17 @@ def _one_line(error: ValidationError) -> str:
         return f"{location}: {message}"
     if first["type"] == "extra_forbidden" and len(first["loc"]) == 2:  # a misspelt setting of a section
         section = first["loc"][0]
-        message += f"; {section} takes: {', '.join(PSROConfig.model_fields[section].annotation.model_fields)}"
+        message += f"; {section} takes: {', '.join(model.model_fields[section].annotation.model_fields)}"
     return f"{location}={first.get('input')!r}: {message}"
 
 
-def build_config(values: dict) -> PSROConfig:
-    """Build a config, turning any validation failure into a one-line ConfigError."""
+def build_config(values: dict, model: type[BaseModel] = None) -> BaseModel:
+    """Build a config (default a `PSROConfig`), turning any validation failure into a one-line ConfigError."""
+    model = model or PSROConfig
     try:
-        return PSROConfig(**values)
+        return model(**values)
     except ValidationError as error:
-        raise ConfigError(_one_line(error)) from None
+        raise ConfigError(one_line(error, model)) from None
     except ValueError as error:  # games, oracles and solvers raise their own one-liners
         raise ConfigError(str(error)) from None
 

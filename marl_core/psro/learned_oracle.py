@@ -36,7 +36,7 @@ import torch
 
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.psro.game import PSROGame, psro_game_of
-from marl_core.psro.oracle_call import BestResponse, OracleCall
+from marl_core.psro.oracle_call import BestResponse, OracleCall, TrainingGames
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rollout.progress import Work
 from marl_core.rollout.store import COLLECTOR, ExperienceStream, LEARNER, StreamError, StreamTimeouts
@@ -56,7 +56,7 @@ def mixtures(populations, meta_strategy, game: PSROGame, skip: int | None = None
 class Rounds:
     """A response's training rounds, as both halves of the loop derive them from its call."""
 
-    stream: str  # the response's mailbox in the store: its iteration, role and seed key
+    stream: str  # the response's mailbox in the store: its iteration (or generation), role and seed key
     label: str  # what its progress is shown as
     game: PSROGame
     role: str
@@ -72,8 +72,8 @@ class Rounds:
         game = psro_game_of(config)
         role = game.roles[call.role]
         return cls(
-            stream="/".join(map(str, ("iteration", call.iteration, role, *call.seed_key))),
-            label=f"{call.purpose} {role} (iteration {call.iteration})",
+            stream="/".join(map(str, (call.stage, call.iteration, role, *call.seed_key))),
+            label=f"{call.purpose} {role} ({call.stage} {call.iteration})",
             game=game,
             role=role,
             opponents=mixtures(call.populations, call.meta_strategy, game, skip=call.role),
@@ -122,14 +122,17 @@ class RoundAsk:
 
 @dataclasses.dataclass(frozen=True)
 class RoundExperience:
-    """The collector's answer: the round's transitions, the learner role's return per episode
-    (both one entry per request, in request order) and the environment steps taken.
+    """The collector's answer: the round's transitions, the learner role's return per episode,
+    each episode's draws from the opponents' mixtures and every agent's return (each one entry
+    per request, in request order), and the environment steps taken.
 
     The learner concatenates the transitions itself: on Ray they reach it through the object
     store as read-only arrays, and its concatenation is the writable batch a trainer expects."""
 
     experience: list[Experience]
     returns: list[np.ndarray]
+    draws: list[np.ndarray]
+    episode_returns: list[np.ndarray]
     env_steps: int
 
     @classmethod
@@ -137,6 +140,8 @@ class RoundExperience:
         return cls(
             experience=[r.experience[rounds.role] for r in results],
             returns=[role_returns(r.episode_returns, rounds.game, rounds.role) for r in results],
+            draws=[r.draws for r in results],
+            episode_returns=[r.episode_returns for r in results],
             env_steps=sum(r.env_steps for r in results),
         )
 
@@ -170,11 +175,13 @@ def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeo
     seed = int(np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0])
     algorithm_config = config.oracle_settings.model_copy(update={"seed": seed})
     trainer = algorithm.trainer(game.obs_size[rounds.role], game.num_actions[rounds.role], algorithm_config)
+    if call.trainer_state is not None:
+        trainer.load_state_dict(call.trainer_state)
     # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
     # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.
     learner = LearnerSpec(key=f"{rounds.stream}/{uuid.uuid4().hex[:8]}", build=AlgorithmPolicy(config.oracle, algorithm_config))
     episodes = env_steps = 0
-    returns = []
+    returns, draws, episode_returns = [], [], []
     try:
         with pool.tracking(rounds.work), ExperienceStream(pool.store, rounds.stream, LEARNER, timeouts) as stream:
             for round_index in range(rounds.count):
@@ -184,6 +191,8 @@ def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeo
                 episodes += sum(len(r) for r in batch.returns)
                 env_steps += batch.env_steps
                 returns.extend(batch.returns)
+                draws.extend(batch.draws)
+                episode_returns.extend(batch.episode_returns)
     finally:
         pool.drop(learner.key)
 
@@ -197,7 +206,10 @@ def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeo
             table = None
     metrics["seconds"] = time.perf_counter() - started
     member = NeuralPolicy.of(config.oracle, algorithm_config, trainer.policy, table)
-    return BestResponse(role=call.role, policy=member, value=value, metrics=metrics)
+    if not call.report_training:
+        return BestResponse(role=call.role, policy=member, value=value, metrics=metrics)
+    games = TrainingGames(np.concatenate(draws), np.concatenate(episode_returns))
+    return BestResponse(call.role, member, value, metrics, trainer_state=trainer.state_dict(), games=games)
 
 
 def train_best_response(call: OracleCall) -> BestResponse:

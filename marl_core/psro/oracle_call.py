@@ -10,8 +10,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+import numpy as np
+
 from marl_core.policies.base import Policy
 from marl_core.policies.population import Population
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingGames:
+    """The episodes a learned response trained on, in the order they were played: which member
+    of each opponent mixture each one drew, and every agent's return."""
+
+    draws: np.ndarray  # [episodes, opponent roles] member index, the mixtures in role order
+    returns: np.ndarray  # [episodes, agents] summed rewards, agents in the environment's order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +31,9 @@ class BestResponse:
     policy: Policy
     value: Optional[float]  # exact expected return against the opponents' mixture, where a tree gives it
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    # where the call asks for them (`report_training`): the trainer's state to go on from, and its games
+    trainer_state: Optional[dict] = None
+    games: Optional[TrainingGames] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +45,11 @@ class OracleCall:
     rounds (else the learned oracle plays them from a thread of its own); `opponent_epsilon` makes
     the opponents tremble while a learned response trains (the run's responses do, the
     approximate-exploitability ones train against the mixture as it is); `purpose` names the
-    response where its progress is shown."""
+    response where its progress is shown, and `stage` what `iteration` counts.
+
+    A league player goes on training across generations: `trainer_state` is where its trainer
+    left off (else a learned response starts from a fresh network), and `report_training` asks
+    for the trainer's state and the games it trained on in the answer."""
 
     config: Any  # PSROConfig
     role: int
@@ -44,3 +62,6 @@ class OracleCall:
     collector_step: bool = False
     opponent_epsilon: float = 0.0
     purpose: str = "best response"
+    stage: str = "iteration"
+    trainer_state: Optional[dict] = None
+    report_training: bool = False

@@ -438,16 +438,20 @@ def _responses_shown(config: PSROConfig, state: PSROState, iteration: int, pool)
 class LocalRunner:
     """Each step runs in this process when its result is first asked for, so the stage clock
     of `run_iteration` times each stage's own work. A step submitted beside another runs in a
-    thread for as long as that one runs."""
+    thread for as long as that one runs. `steps`: the step functions by name (default PSRO's;
+    a league generation's are `marl_core.league.generation.STEPS`)."""
+
+    def __init__(self, steps: Optional[dict[str, Callable]] = None):
+        self.steps = STEPS if steps is None else steps
 
     def share(self, value):
         return value
 
     def submit(self, step: str, *args):
-        return _Deferred(step, args)
+        return _Deferred(self.steps[step], args)
 
     def submit_beside(self, partner: "_Deferred", step: str, *args):
-        companion = _Deferred(step, args, partner=partner)
+        companion = _Deferred(self.steps[step], args, partner=partner)
         partner.companions.append(companion)
         return companion
 
@@ -459,8 +463,8 @@ class LocalRunner:
 
 
 class _Deferred:
-    def __init__(self, step: str, args: tuple, partner: Optional["_Deferred"] = None):
-        self.step, self.args, self.partner = step, args, partner
+    def __init__(self, function: Callable, args: tuple, partner: Optional["_Deferred"] = None):
+        self.function, self.args, self.partner = function, args, partner
         self.companions: list[_Deferred] = []
         self.running: Optional[Future] = None  # a companion, once its partner started it
         self.done, self._value = False, None
@@ -472,12 +476,12 @@ class _Deferred:
         if not self.done:
             args = [_resolved(a) for a in self.args]
             if not self.companions:
-                self._value, self.done = STEPS[self.step](*args), True
+                self._value, self.done = self.function(*args), True
                 return self._value
             with ThreadPoolExecutor(max_workers=len(self.companions)) as threads:
                 for companion in self.companions:
-                    companion.running = threads.submit(STEPS[companion.step], *map(_resolved, companion.args))
-                self._value, self.done = STEPS[self.step](*args), True
+                    companion.running = threads.submit(companion.function, *map(_resolved, companion.args))
+                self._value, self.done = self.function(*args), True
         return self._value
 
 
