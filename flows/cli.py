@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.cli_errors import OneLineErrors, fail
+from flows.league_cli import league_app
 from flows.marl_cli import marl_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow.")
@@ -322,6 +323,7 @@ def server_command(
 
 
 app.add_typer(marl_app, name="marl")
+app.add_typer(league_app, name="league")
 
 
 if __name__ == "__main__":

@@ -91,14 +91,18 @@ class RayTaskSteps:
     this process. Tasks get object references: each shared value is put in Ray's object store
     once instead of being pickled into every task that reads it, and marked `opaque` so Prefect
     takes it whole. A learned oracle's learner task is served by a collector task that drives
-    the run's rollout workers (`pool`, Ray actors).
+    the run's rollout workers (`pool`, Ray actors). `tasks`: the step name -> Prefect task
+    table (default PSRO's; a league generation's is `tasks.league_tasks.TASKS`).
     """
+
+    def __init__(self, task_table: Optional[dict] = None):
+        self.tasks = tasks.TASKS if task_table is None else task_table
 
     def share(self, value):
         return opaque(ray.put(value))
 
     def submit(self, step: str, *args):
-        return tasks.TASKS[step].submit(*_opaque_futures(args))
+        return self.tasks[step].submit(*_opaque_futures(args))
 
     def submit_beside(self, partner, step: str, *args):
         """The step only waits on its partner and on actors, so it holds no CPU slot: it starts
@@ -107,7 +111,7 @@ class RayTaskSteps:
         from prefect_ray.context import remote_options
 
         with remote_options(num_cpus=0):
-            return tasks.TASKS[step].submit(*_opaque_futures(args))
+            return self.tasks[step].submit(*_opaque_futures(args))
 
     def result(self, future):
         return future.result()

@@ -117,3 +117,35 @@ POLICY_DESCRIPTION = "policy.json"
 
 def policy_checkpoint_path(policy: str, round: int) -> str:
     return f"policies/{policy}/round_{round:04d}"
+
+
+# --- league runs (`psro league run`) ----------------------------------------------------------
+#
+# One MLflow run per league run: ``config.json`` (as above); per-generation metrics
+# (`GenerationRecord.metrics`, step = generation: exploitability and record against uniform play
+# of each main agent, every player's ratings, its learners' training figures);
+# ``league/generation_NNNN/{match_table,ratings}.csv``; ``league/members/<snapshot>/<role>/``
+# each snapshot's policy per role (`marl_core.policies.storage`), one registry version each under
+# ``{experiment}-{game}-{role}`` tagged as a PSRO member is (so `psro evaluate` and `psro
+# ratings` take it) plus its snapshot, parent and kind; ``checkpoint/slot_K/`` (K = generation
+# mod 2) the league, ratings, trainer states and learning players' members of a commit, two
+# slots so that a commit being written never overwrites the committed one; the tag
+# ``league.committed_generation`` = N is the commit of generation N. Plots: ``plots/ratings.png``,
+# ``plots/win_rates.png`` and, where a tree exists, ``plots/exploitability.png``.
+
+LEAGUE_COMMITTED_TAG = "league.committed_generation"
+LEAGUE_CHECKPOINT_FILE = "league.pt"
+RATINGS_PLOT = "plots/ratings.png"
+WIN_RATE_HEATMAP = "plots/win_rates.png"
+
+
+def league_generation_path(generation: int) -> str:
+    return f"league/generation_{generation:04d}"
+
+
+def league_member_path(snapshot: str, role: str) -> str:
+    return f"league/members/{snapshot}/{role}"
+
+
+def league_checkpoint_path(generation: int) -> str:
+    return f"checkpoint/slot_{generation % 2}"

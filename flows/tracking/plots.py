@@ -9,13 +9,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def exploitability_curve(iterations, exploitability, nash_conv, title: str):
+def exploitability_curve(iterations, exploitability, nash_conv, title: str, xlabel: str = "PSRO iteration"):
     figure, axis = plt.subplots(figsize=(7, 4.2))
     axis.plot(iterations, exploitability, label="exploitability (NashConv / players)", lw=2)
     axis.plot(iterations, nash_conv, label="NashConv", lw=1, alpha=0.7)
     if min(list(exploitability) + [1]) > 0:
         axis.set_yscale("log")
-    axis.set_xlabel("PSRO iteration")
+    axis.set_xlabel(xlabel)
     axis.set_ylabel("value")
     axis.set_title(title)
     axis.grid(alpha=0.3)
@@ -76,5 +76,37 @@ def episode_return_curve(curves: dict[str, dict[int, float]], title: str):
     axis.set_ylabel("greedy episode return (mean over the policy's agents)")
     axis.set_title(title)
     axis.legend()
+    figure.tight_layout()
+    return figure
+
+
+def ratings_curve(curves: dict[str, tuple[list, list, list]], title: str):
+    """Each player's skill rating (mu) against the generation, with a band of ±sigma:
+    `curves` maps a player to (generations, mu, sigma)."""
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    for player, (generations, mu, sigma) in curves.items():
+        mu, sigma = np.asarray(mu), np.asarray(sigma)
+        (line,) = axis.plot(generations, mu, label=player, lw=1.8, marker="o", ms=3)
+        axis.fill_between(generations, mu - sigma, mu + sigma, color=line.get_color(), alpha=0.15)
+    axis.set_xlabel("generation")
+    axis.set_ylabel("skill rating mu (band: ±sigma)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def win_rate_heatmap(win_rates: np.ndarray, players: list[str], title: str):
+    """Row player's win rate against column player (0.5 where they never met)."""
+    size = max(4.0, 0.45 * len(players) + 2)
+    figure, axis = plt.subplots(figsize=(size + 1, size))
+    image = axis.imshow(win_rates, cmap="RdBu", vmin=0, vmax=1)
+    axis.set_xticks(range(len(players)), players, rotation=90, fontsize=7)
+    axis.set_yticks(range(len(players)), players, fontsize=7)
+    axis.set_xlabel("opponent")
+    axis.set_ylabel("player")
+    axis.set_title(title)
+    figure.colorbar(image, ax=axis, label="win rate")
     figure.tight_layout()
     return figure

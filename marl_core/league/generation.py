@@ -82,8 +82,9 @@ class GenerationRecord:
         metrics = {"generation_seconds": self.seconds, "elapsed_seconds": self.elapsed_seconds, "snapshots_taken": float(len(self.snapshots))}
         metrics.update(self.measured)
         metrics.update(self.training)
-        for row in self.ratings:
-            metrics.update({f"rating/{row['player']}/elo": row["elo"], f"rating/{row['player']}/mu": row["mu"], f"rating/{row['player']}/sigma": row["sigma"]})
+        for row in self.ratings:  # the learning players' (each generation's table has every snapshot's)
+            if row["player"] in self.opponents:
+                metrics.update({f"rating/{row['player']}/elo": row["elo"], f"rating/{row['player']}/mu": row["mu"], f"rating/{row['player']}/sigma": row["sigma"]})
         return metrics
 
 
@@ -355,3 +356,19 @@ def iterate_league_local(config, state: Optional[LeagueState] = None) -> Iterato
             yield record, state
     finally:
         pool.close()
+
+
+def write_main_agent_export(directory, config, state: LeagueState, wall_seconds: float):
+    """The first main agent as it ends, in PSRO's export format (one member per role, played
+    with certainty), which `scripts/verify_export.py` checks with OpenSpiel alone."""
+    from marl_core.games.exploitability import nash_conv
+    from marl_core.games.tabularize import tabular_forms
+    from marl_core.games.tree import build_tree
+    from marl_core.psro.export import write_export
+
+    game = psro_game_of(config)
+    main = state.league.of_kind(MAIN_AGENT)[0].id
+    populations = [Population.of(role, [state.members[main][r]]) for r, role in enumerate(game.roles)]
+    meta = [np.ones(1)] * game.num_roles
+    report = nash_conv(build_tree(config.game), tabular_forms(populations, build_tree(config.game)), meta) if game.has_tree else None
+    return write_export(directory, config.oracle_config(), populations, meta, report, state.generation, wall_seconds)
