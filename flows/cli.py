@@ -224,6 +224,78 @@ def evaluate(
     console.print(f"logged to MLflow run {run_id} (experiment {experiment!r}) at {tracking_uri}", highlight=False, soft_wrap=True)
 
 
+@app.command("ratings", cls=OneLineErrors)
+def ratings_command(
+    run_id: Optional[str] = typer.Option(None, "--run", help="a league run: its players' and snapshots' ratings at its last committed generation"),
+    members: list[str] = typer.Option([], "--member", help="registry member NAME@ALIAS or NAME/VERSION; repeat: every member of one role plays every member of the other"),
+    episodes: int = typer.Option(200, help="greedy games per pairing of members"),
+    seed: int = typer.Option(0, help="seed of the members' games"),
+    elo_k: float = typer.Option(32.0, help="Elo's K: points one game can move a rating"),
+    tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the run or the registry"),
+) -> None:
+    """Ratings (Elo, and a skill mu with its uncertainty sigma) of a league run's snapshots, or of
+    registry members after they play each other."""
+    if (run_id is None) == (not members):
+        fail("give either --run RUN_ID (a league run) or --member (two or more registry members), not both or neither")
+    if episodes < 1:
+        fail(f"episodes={episodes}: needs 1 or more")
+    if elo_k <= 0:
+        fail(f"elo_k={elo_k}: needs to be above 0")
+    if run_id is not None:
+        rows, title = _league_ratings(run_id, tracking_uri)
+    else:
+        rows, title = _member_ratings(members, episodes, seed, elo_k, tracking_uri)
+    view = Table(title=title, title_justify="left")
+    view.add_column("#", justify="right", no_wrap=True, min_width=2)
+    view.add_column("player", overflow="fold")
+    for column in ("skill mu ± sigma", "mu - 3 sigma", "Elo", "games"):
+        view.add_column(column, justify="right", no_wrap=True)
+    for rank, row in enumerate(rows, 1):
+        view.add_row(str(rank), row["player"], f"{row['mu']:.2f} ± {row['sigma']:.2f}", f"{row['ordinal']:.2f}", f"{row['elo']:.0f}", str(int(row["games"])))
+    console.print(view)
+
+
+def _league_ratings(run_id: str, tracking_uri: str) -> tuple[list[dict], str]:
+    import tempfile
+
+    import pandas as pd
+
+    from flows.tracking import layout
+    from flows.tracking.league_tracker import committed_league
+    from flows.tracking.resume import ResumeError
+    from flows.tracking.registry_members import open_store, PopulationError
+
+    try:
+        client = open_store(tracking_uri)
+        checkpoint = committed_league(tracking_uri, run_id)
+    except (ResumeError, PopulationError) as error:
+        fail(str(error))
+    with tempfile.TemporaryDirectory() as directory:
+        folder = client.download_artifacts(run_id, layout.league_generation_path(checkpoint.generation), directory)
+        rows = pd.read_csv(Path(folder) / "ratings.csv").to_dict("records")
+    return rows, f"league run {run_id} on {checkpoint.config['game']}: ratings after generation {checkpoint.generation}"
+
+
+def _member_ratings(members: list[str], episodes: int, seed: int, elo_k: float, tracking_uri: str) -> tuple[list[dict], str]:
+    from flows.tracking import registry_members
+    from marl_core.league.ratings import RatingSettings
+    from marl_core.league.tournament import rate, round_robin
+
+    try:
+        specs = [registry_members.parse_member(text) for text in members]
+        client = registry_members.open_store(tracking_uri)
+        loaded = [registry_members.load_member(client, spec) for spec in specs]
+        game, groups = registry_members.populations_of(loaded)
+        if game.num_roles != 2:
+            raise registry_members.PopulationError(f"ratings need a two-sided game; {game.name} has roles {', '.join(game.roles)}")
+    except registry_members.PopulationError as error:
+        fail(str(error))
+    players = [[(m.label, m.policy) for m in group] for group in groups]
+    games = round_robin(game, players, episodes, seed)
+    ratings = rate(games, RatingSettings(elo_k=elo_k))
+    return ratings.table(), f"{game.name}: {len(games)} greedy games, {episodes} per pairing of {game.roles[0]} and {game.roles[1]} members"
+
+
 def _payoff_table(game: str, groups, table, evaluator: str) -> Table:
     """One row per profile; members by their position in each role's population (#k), listed
     above the table, so long registry names do not crowd out the payoffs."""

@@ -82,3 +82,19 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
         layout.RATINGS_PLOT, layout.WIN_RATE_HEATMAP, layout.EXPLOITABILITY_PLOT
     }
     assert {m.step for m in client.get_metric_history(run.info.run_id, "rating/main_agent_0/mu")} == {1, 2, 3}
+
+    # `psro ratings`: the run's ratings as committed, and registry members rated after playing
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    shown = CliRunner().invoke(app, ["ratings", "--run", run.info.run_id, "--tracking-uri", store], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "ratings after generation 3" in " ".join(shown.output.split())  # the title may wrap
+    for row in expected.ratings.table():
+        assert f"{row['player']} " in shown.output and f"{row['mu']:.2f} ± {row['sigma']:.2f}" in shown.output
+    members = [f"{names[0]}/1", f"{names[0]}/2", f"{names[1]}/1"]
+    played = CliRunner().invoke(app, ["ratings", *[f"--member={m}" for m in members], "--episodes", "20", "--tracking-uri", store], env={"COLUMNS": "200"})
+    assert played.exit_code == 0, played.output
+    flat = " ".join(played.output.split())
+    assert "40 greedy games, 20 per pairing" in flat and all(m in played.output for m in members)

@@ -115,3 +115,27 @@ def test_ratings_survive_their_state_and_refuse_strangers():
     with pytest.raises(ValueError, match="player 'z' is not rated"):
         ratings.record(Game("a", "z", 1, 0))
     assert ratings.table()[0]["player"] == "a"  # the winner ranks first
+
+
+def test_a_round_robin_plays_every_pairing_and_rates_round_by_round():
+    from marl_core.games.tree import build_tree
+    from marl_core.league.tournament import rate, round_robin
+    from marl_core.policies.tabular import TabularPolicy
+    from marl_core.psro.game import psro_game
+
+    tree = build_tree("kuhn_poker")
+    always_bet = tree.players[0].uniform_policy() * 0
+    always_bet[:, 1] = 1.0  # bet at every information state
+    always_pass = tree.players[1].uniform_policy() * 0
+    always_pass[:, 0] = 1.0  # check, or fold to a bet
+    players = [
+        [("bet", TabularPolicy("kuhn_poker", 0, always_bet)), ("uniform", TabularPolicy("kuhn_poker", 0, tree.players[0].uniform_policy()))],
+        [("fold", TabularPolicy("kuhn_poker", 1, always_pass))],
+    ]
+    games = round_robin(psro_game("kuhn_poker"), players, episodes=6, seed=3)
+    assert [g.home for g in games] == ["bet", "uniform"] * 6  # round by round, not pairing by pairing
+    assert all(g.away == "fold" for g in games)
+    assert all((g.home_return, g.away_return) == (1.0, -1.0) for g in games if g.home == "bet")  # a bet is always folded to
+    ratings = rate(games)
+    assert [row["player"] for row in ratings.table()][0] == "bet"
+    assert ratings["bet"].games == ratings["uniform"].games == 6 and ratings["fold"].games == 12

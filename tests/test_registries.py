@@ -14,13 +14,15 @@ import torch
 from marl_core.empirical_game.evaluation import EVALUATORS
 from marl_core.empirical_game.meta_solvers import META_SOLVERS
 from marl_core.envs import ENVIRONMENT_SOURCES
+from marl_core.league.pfsp import WEIGHTINGS
+from marl_core.league.players import MATCHMAKING
 from marl_core.marl import MARL_ALGORITHMS
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.psro.config import GAME_DEFAULTS, ConfigError, build_config
 from marl_core.psro.oracles import ORACLES
 from marl_core.rl import ALGORITHMS
 
-REGISTRIES = [ALGORITHMS, MARL_ALGORITHMS, ORACLES, META_SOLVERS, EVALUATORS, ENVIRONMENT_SOURCES]
+REGISTRIES = [ALGORITHMS, MARL_ALGORITHMS, ORACLES, META_SOLVERS, EVALUATORS, ENVIRONMENT_SOURCES, WEIGHTINGS, MATCHMAKING]
 
 
 @pytest.mark.parametrize("registry", REGISTRIES, ids=lambda registry: registry.kind)
