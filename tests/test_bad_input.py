@@ -256,6 +256,49 @@ def test_a_real_terminal_sees_exactly_that_line(row, store, workdir, not_ray):
     assert _marked_processes(os.environ[MARKER]) == []
 
 
+# --- the other scenarios' commands --------------------------------------------------------------
+
+# (command, args, config, message): `psro league run` and `psro ratings` refuse in the same way.
+OTHER_COMMANDS = [
+    ("league run", ("--algorithm", "sarsa"), None, "algorithm='sarsa': unknown RL algorithm; choose one of: a2c, dqn, ppo"),
+    ("league run", ("--game", "kuhn_poker(players=3)"), None,
+     "game 'kuhn_poker(players=3)' has 3 roles ['player_0', 'player_1', 'player_2']; a league plays two-sided games "
+     "(map agents to two roles with `roles`)"),
+    ("league run", ("--generations", "0"), None, "generations=0: Input should be greater than 0"),
+    ("league run", (), "league: {main_agent: {pfsp: 0.9}}\n", "league.main_agent: pfsp + verification + self_play must sum to 1, got 1.4"),
+    ("league run", (), "league: {league_exploiter: {weighting: cubic}}\n",
+     "league.league_exploiter.weighting='cubic': unknown PFSP weighting; choose one of: squared, variance, linear, linear_capped, uniform"),
+    ("league run", (), "league: {main_agentz: 2}\n",
+     "league.main_agentz=2: Extra inputs are not permitted; league takes: main_agents, main_exploiters, league_exploiters, decay, "
+     "main_agent, main_exploiter, league_exploiter, snapshot"),
+    ("league run", (), "league: {snapshot: {min_steps: 10, max_steps: 5}}\n", "league.snapshot: min_steps 10 is above max_steps 5"),
+    ("league run", ("--tracking-uri", "sqlite:///missing/mlflow.db"), None,
+     f"tracking_uri='sqlite:///missing/mlflow.db': directory 'missing' does not exist; {EXPECTED_STORE}"),
+    ("league resume", ("no-such-run",), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
+    ("ratings", (), None, "give either --run RUN_ID (a league run) or --member (two or more registry members), not both or neither"),
+    ("ratings", ("--member", "x"), None,
+     "member 'x' is not NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest"),
+    ("ratings", ("--run", "no-such-run"), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
+    ("ratings", ("--run", "r", "--episodes", "0"), None, "episodes=0: needs 1 or more"),
+]
+
+
+@pytest.mark.parametrize("command, args, config, message", OTHER_COMMANDS, ids=[f"{c[0]}: {c[3][:40]}" for c in OTHER_COMMANDS])
+def test_the_other_commands_refuse_bad_input_the_same_way(command, args, config, message, store, workdir):
+    if config is not None:
+        (workdir / "run.yaml").write_text(config)
+        args = ("--config", "run.yaml", *args)
+    before = _snapshot(store), _snapshot(workdir)
+
+    result = CliRunner().invoke(app, [*command.split(), *_with_store(list(args), store)], terminal_width=400)
+
+    expected = "error: " + message.replace("{store}", str(store))
+    assert (result.exit_code, result.stdout, result.stderr.strip()) == (2, "", expected), result.output
+    assert (_snapshot(store), _snapshot(workdir)) == before
+    assert not (workdir.parent / "prefect-home").exists()
+    assert _marked_processes(os.environ[MARKER]) == []
+
+
 # --- NaN and infinite rewards ------------------------------------------------------------------
 
 

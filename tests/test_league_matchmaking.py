@@ -185,5 +185,5 @@ def test_a_league_survives_its_state():
 def test_branch_shares_that_do_not_sum_to_one_are_refused():
     with pytest.raises(ValueError, match="pfsp \\+ verification \\+ self_play must sum to 1, got 1.1"):
         MainAgentSettings(pfsp=0.6)
-    with pytest.raises(ValueError, match="league_exploiter.weighting='cubic': unknown PFSP weighting"):
+    with pytest.raises(ValueError, match="unknown PFSP weighting; choose one of"):
         LeagueSettings(league_exploiter={"weighting": "cubic"})

@@ -8,11 +8,20 @@ Kept free of torch and of the rollout engine, so a config is checked before anyt
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from marl_core.league.pfsp import WEIGHTINGS
 
-_weighting = dict(json_schema_extra={"choices": list(WEIGHTINGS)})
+
+def _known_weighting(name: str) -> str:
+    if name not in WEIGHTINGS:
+        raise ValueError(f"unknown PFSP weighting; choose one of: {', '.join(WEIGHTINGS)}")
+    return name
+
+
+Weighting = Annotated[str, AfterValidator(_known_weighting)]  # a name in `WEIGHTINGS`
 
 
 class MainAgentSettings(BaseModel):
@@ -24,23 +33,20 @@ class MainAgentSettings(BaseModel):
     pfsp: float = Field(0.5, ge=0, le=1, description="share of games against every snapshot by PFSP")
     verification: float = Field(0.15, ge=0, le=1, description="share of games that verify (exploiters' snapshots, then its own forgotten ones)")
     self_play: float = Field(0.35, ge=0, le=1, description="share of games against a main agent's current weights")
-    pfsp_weighting: str = Field("squared", description="PFSP weighting over every snapshot", **_weighting)
+    pfsp_weighting: Weighting = Field("squared", description="PFSP weighting over every snapshot")
     self_play_min_win_rate: float = Field(
         0.3, ge=0, le=1, description="self-play only while its win rate against that main agent is above this; else PFSP over its snapshots"
     )
-    self_play_fallback_weighting: str = Field("variance", description="PFSP weighting of that fallback", **_weighting)
+    self_play_fallback_weighting: Weighting = Field("variance", description="PFSP weighting of that fallback")
     exploiter_win_rate: float = Field(0.3, ge=0, le=1, description="verify against exploiters' snapshots when its lowest win rate against them is below this")
     forgetting_win_rate: float = Field(0.7, ge=0, le=1, description="else against its own past snapshots when its lowest win rate against them is below this")
-    verification_weighting: str = Field("squared", description="PFSP weighting of verification games", **_weighting)
+    verification_weighting: Weighting = Field("squared", description="PFSP weighting of verification games")
 
     @model_validator(mode="after")
     def _shares_sum_to_one(self) -> "MainAgentSettings":
         total = self.pfsp + self.verification + self.self_play
         if abs(total - 1.0) > 1e-9:
             raise ValueError(f"pfsp + verification + self_play must sum to 1, got {total:g}")
-        for name in ("pfsp_weighting", "self_play_fallback_weighting", "verification_weighting"):
-            if getattr(self, name) not in WEIGHTINGS:
-                raise ValueError(f"{name}={getattr(self, name)!r}: unknown PFSP weighting; choose one of: {', '.join(WEIGHTINGS)}")
         return self
 
 
@@ -48,14 +54,14 @@ class MainExploiterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     min_win_rate: float = Field(0.1, ge=0, le=1, description="play a main agent while its win rate against it is above this; else PFSP over its snapshots")
-    weighting: str = Field("variance", description="PFSP weighting of that fallback", **_weighting)
+    weighting: Weighting = Field("variance", description="PFSP weighting of that fallback")
     reset_on_snapshot: bool = Field(True, description="return to the initial weights at every snapshot")
 
 
 class LeagueExploiterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    weighting: str = Field("linear_capped", description="PFSP weighting over every snapshot", **_weighting)
+    weighting: Weighting = Field("linear_capped", description="PFSP weighting over every snapshot")
     reset_probability: float = Field(0.25, ge=0, le=1, description="chance of returning to the initial weights at a snapshot")
 
 
@@ -88,11 +94,3 @@ class LeagueSettings(BaseModel):
     main_exploiter: MainExploiterSettings = Field(default_factory=MainExploiterSettings)
     league_exploiter: LeagueExploiterSettings = Field(default_factory=LeagueExploiterSettings)
     snapshot: SnapshotRule = Field(default_factory=SnapshotRule)
-
-    @model_validator(mode="after")
-    def _known_weightings(self) -> "LeagueSettings":
-        for section in ("main_exploiter", "league_exploiter"):
-            weighting = getattr(self, section).weighting
-            if weighting not in WEIGHTINGS:
-                raise ValueError(f"{section}.weighting={weighting!r}: unknown PFSP weighting; choose one of: {', '.join(WEIGHTINGS)}")
-        return self
