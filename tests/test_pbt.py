@@ -1,0 +1,90 @@
+"""PBT's exploit and explore steps against Ray Tune's rules, worked out by hand: the quantiles,
+who copies whom, how a value is perturbed or resampled, and when a point is due."""
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from marl_core.pbt.schedule import due, exploit_and_explore, explore, quantiles
+from marl_core.pbt.settings import PBTSettings
+
+
+def _settings(**values) -> PBTSettings:
+    return PBTSettings(**{"perturbation_interval": 5, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}}, **values})
+
+
+def test_quantiles_are_a_rounded_up_fraction_and_at_most_half():
+    scores = [3.0, 9.0, 1.0, 7.0, 5.0, 8.0, 2.0, 6.0]
+    assert quantiles(scores, 0.25) == ([2, 6], [5, 1])  # ceil(8 x 0.25) = 2: worst first, best last
+    assert quantiles(scores, 0.25, mode="min") == ([1, 5], [6, 2])
+    assert quantiles([1.0, 2.0, 3.0], 0.5) == ([0], [2])  # ceil(1.5) = 2 is above half: floor(1.5) = 1
+    assert quantiles([1.0, 2.0, 3.0, 4.0], 0.1) == ([0], [3])  # ceil(0.4) = 1
+    assert quantiles([1.0], 0.5) == ([], [])
+    assert quantiles([1.0, 2.0], 0.0) == ([], [])
+
+
+def test_a_perturbed_value_is_multiplied_by_a_factor_and_an_integer_stays_one():
+    settings = _settings(resample_probability=0.0, hyperparam_mutations={"lr": {"uniform": [0, 1]}, "epochs": {"randint": [1, 100]}})
+    rng = np.random.default_rng(0)
+    seen_lr, seen_epochs = set(), set()
+    for _ in range(200):
+        explored = explore({"lr": 0.5, "epochs": 10, "other": "kept"}, settings, rng)
+        seen_lr.add(round(explored["lr"], 12))
+        seen_epochs.add(explored["epochs"])
+        assert explored["other"] == "kept" and isinstance(explored["epochs"], int)
+    assert seen_lr == {0.6, 0.4} and seen_epochs == {12, 8}  # 10 x 1.2 and int(10 x 0.8)
+
+
+def test_a_list_value_moves_one_place_and_stays_in_the_list():
+    settings = _settings(resample_probability=0.0, hyperparam_mutations={"batch": [32, 64, 128, 256]})
+    rng = np.random.default_rng(1)
+    assert {explore({"batch": 64}, settings, rng)["batch"] for _ in range(100)} == {32, 128}
+    assert {explore({"batch": 32}, settings, rng)["batch"] for _ in range(100)} == {32, 64}  # clamped at the end
+    assert {explore({"batch": 256}, settings, rng)["batch"] for _ in range(100)} == {128, 256}
+    moved = [explore({"batch": 64}, settings, rng)["batch"] for _ in range(4000)]
+    assert np.mean(np.array(moved) == 32) == pytest.approx(0.5, abs=0.03)
+
+
+def test_resampling_draws_from_the_mutation_and_a_stranger_to_its_list_is_always_resampled():
+    settings = _settings(resample_probability=1.0, hyperparam_mutations={"lr": {"loguniform": [1e-5, 1e-2]}, "batch": [32, 64]})
+    rng = np.random.default_rng(2)
+    draws = [explore({"lr": 1.0, "batch": 32}, settings, rng) for _ in range(2000)]
+    lrs = np.array([d["lr"] for d in draws])
+    assert lrs.min() >= 1e-5 and lrs.max() <= 1e-2
+    assert np.mean(lrs < 10 ** -3.5) == pytest.approx(0.5, abs=0.04)  # log-uniform: half below the log midpoint
+    assert {d["batch"] for d in draws} == {32, 64}
+    never = _settings(resample_probability=0.0, hyperparam_mutations={"batch": [32, 64]})
+    assert {explore({"batch": 48}, never, rng)["batch"] for _ in range(50)} == {32, 64}
+
+
+def test_each_bottom_member_copies_a_top_one_and_the_lineage_says_so():
+    settings = _settings(quantile_fraction=0.5, resample_probability=0.0, perturbation_factors=(2.0, 2.0))
+    scores = [-20.0, -5.0, -21.0, -6.0]  # members 0 and 2 trained at a learning rate that cannot learn
+    hyperparams = [{"lr": 1e-7}, {"lr": 1e-3}, {"lr": 1e-7}, {"lr": 3e-4}]
+    entries = exploit_and_explore(10, scores, hyperparams, settings, np.random.default_rng(3))
+    assert [e.member for e in entries] == [2, 0]  # worst first
+    assert all(e.source in (1, 3) for e in entries)
+    for entry in entries:
+        assert entry.before == {"lr": 1e-7}
+        assert entry.after == {"lr": hyperparams[entry.source]["lr"] * 2.0}
+        assert (entry.step, entry.member_score, entry.source_score) == (10, scores[entry.member], scores[entry.source])
+    sources = [e.source for _ in range(300) for e in exploit_and_explore(10, scores, hyperparams, settings, np.random.default_rng(_))]
+    assert set(sources) == {1, 3}  # uniformly among the top
+
+
+def test_points_are_due_every_interval_after_the_burn_in():
+    assert [s for s in range(1, 21) if due(_settings(), s)] == [5, 10, 15, 20]
+    assert [s for s in range(1, 21) if due(_settings(burn_in_period=7), s)] == [10, 15, 20]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValidationError, match="less than or equal to 0.5"):
+        _settings(quantile_fraction=0.6)
+    with pytest.raises(ValidationError, match="loguniform: low 0.0 must be above 0"):
+        _settings(hyperparam_mutations={"lr": {"loguniform": [0, 1]}})
+    with pytest.raises(ValidationError, match="a distribution is one of"):
+        _settings(hyperparam_mutations={"lr": {"uniform": [0, 1], "randint": [1, 2]}})
+    with pytest.raises(ValidationError, match="lr: a list of values needs at least one value"):
+        _settings(hyperparam_mutations={"lr": []})
+    with pytest.raises(ValueError, match=r"member 1 has no value for the mutated hyperparameter\(s\) \['lr'\]"):
+        exploit_and_explore(5, [1.0, 2.0], [{"lr": 1.0}, {}], _settings(), np.random.default_rng(0))
