@@ -247,12 +247,13 @@ def ratings_command(
         rows, title = _member_ratings(members, episodes, seed, elo_k, tracking_uri)
     view = Table(title=title, title_justify="left")
     view.add_column("#", justify="right", no_wrap=True, min_width=2)
-    view.add_column("player", overflow="fold")
-    for column in ("skill mu ± sigma", "mu - 3 sigma", "Elo", "games"):
-        view.add_column(column, justify="right", no_wrap=True)
+    for column in ("player", "skill mu ± sigma", "mu - 3 sigma", "Elo", "games"):
+        view.add_column(column, justify="left" if column == "player" else "right", no_wrap=True)
     for rank, row in enumerate(rows, 1):
         view.add_row(str(rank), row["player"], f"{row['mu']:.2f} ± {row['sigma']:.2f}", f"{row['ordinal']:.2f}", f"{row['elo']:.0f}", str(int(row["games"])))
-    console.print(view)
+    # Never cut a name short, however narrow the terminal or pipe: it is what a user looks up next.
+    needed = max(len(title), max((len(row["player"]) for row in rows), default=6) + 64)
+    Console(width=max(console.width, needed)).print(view)
 
 
 def _league_ratings(run_id: str, tracking_uri: str) -> tuple[list[dict], str]:

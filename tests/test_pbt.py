@@ -88,3 +88,65 @@ def test_bad_settings_are_refused():
         _settings(hyperparam_mutations={"lr": []})
     with pytest.raises(ValueError, match=r"member 1 has no value for the mutated hyperparameter\(s\) \['lr'\]"):
         exploit_and_explore(5, [1.0, 2.0], [{"lr": 1.0}, {}], _settings(), np.random.default_rng(0))
+
+
+# --- PBT over MARL learners, in this process -----------------------------------------------------
+
+
+def _pbt_config(**values):
+    from marl_core.pbt.marl import PBTConfig
+
+    marl = dict(env="pettingzoo:mpe2.simple_spread_v3", algorithm="mappo", rounds=4, steps_per_round=25, envs_per_worker=2, eval_episodes=4)
+    return PBTConfig(**{
+        "marl": marl, "population": 4, "members": [{"lr": 1e-7}, {"lr": 1e-7}],
+        "pbt": {"perturbation_interval": 2, "quantile_fraction": 0.5, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}}},
+        **values,
+    })
+
+
+def test_a_copied_learner_keeps_its_new_learning_rate():
+    import torch
+
+    from marl_core.marl import training
+    from marl_core.pbt.marl import load_keeping_hyperparameters
+
+    config = _pbt_config()
+    layout, spec = training.layout_and_spec(config.marl)
+    source = training.make_learner(config.member_config(2), layout, spec.state_size)
+    copy = training.make_learner(config.member_config(0, {"lr": 0.00123}), layout, spec.state_size)
+    load_keeping_hyperparameters(copy, source.state_dict())
+    for policy, network in source.policies.items():
+        for a, b in zip(network.parameters(), copy.policies[policy].parameters()):
+            assert torch.equal(a, b)
+    rates = {group["lr"] for o in vars(copy).values() for opt in (o.values() if isinstance(o, dict) else [o])
+             if isinstance(opt, torch.optim.Optimizer) for group in opt.param_groups}
+    assert rates == {0.00123}
+
+
+def test_at_each_point_the_bottom_half_copies_the_top_half_and_the_lineage_says_so():
+    from marl_core.pbt.marl import iterate_pbt_local
+
+    rounds = list(iterate_pbt_local(_pbt_config()))
+    assert [r.round for r in rounds] == [0, 1, 2, 3]
+    assert rounds[0].scores() is None and rounds[0].lineage == [] and rounds[2].lineage == []
+    for point, before in ((rounds[1], rounds[0]), (rounds[3], rounds[2])):
+        scores = point.scores()
+        order = sorted(range(4), key=lambda i: scores[i])
+        assert {e.member for e in point.lineage} == set(order[:2])
+        for entry in point.lineage:
+            assert entry.source in order[2:] and entry.member_score == scores[entry.member] <= entry.source_score
+            assert entry.before == before.hyperparameters[entry.member]
+            assert point.hyperparameters[entry.member] == entry.after
+    assert rounds[0].hyperparameters[:2] == [{"lr": 1e-7}, {"lr": 1e-7}]
+    baseline = list(iterate_pbt_local(_pbt_config(exploit=False)))
+    assert all(r.lineage == [] for r in baseline) and baseline[-1].hyperparameters[0] == {"lr": 1e-7}
+    assert baseline[1].scores() == rounds[1].scores()  # the same seeds: identical up to the first copy
+
+
+def test_pbt_refuses_mutations_the_algorithm_does_not_have():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"pbt.hyperparam_mutations: \['learning_rate'\] are not settings of mappo"):
+        _pbt_config(pbt={"perturbation_interval": 2, "hyperparam_mutations": {"learning_rate": [0.1]}})
+    with pytest.raises(ValidationError, match="members: 5 given for a population of 4"):
+        _pbt_config(members=[{}] * 5)
