@@ -24,9 +24,9 @@ pytestmark = pytest.mark.slow
 
 PSRO = str(Path(sys.executable).with_name("psro"))
 SETTINGS = dict(
-    game="kuhn_poker", generations=3, episodes=200, episodes_per_round=100, eval_episodes=40, num_cpus=2,
+    game="kuhn_poker", generations=3, episodes=100, episodes_per_round=50, eval_episodes=40, num_cpus=2,
     rollout={"workers": 2, "envs_per_worker": 8},
-    league={"main_exploiters": 1, "league_exploiters": 0, "snapshot": {"max_steps": 400}},
+    league={"main_exploiters": 1, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
 )
 
 
