@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows.cli_errors import OneLineErrors, fail
+from flows.cli_errors import OneLineErrors, fail, with_services
 from flows.league_cli import league_app
 from flows.marl_cli import marl_app
 
@@ -90,24 +90,7 @@ def resume_run(
 
 
 def _run(config, resume_run_id: Optional[str] = None) -> None:
-    import os
-
-    from flows.progress import plain_interval
-
-    try:
-        plain_interval()  # the progress lines' setting, checked before anything starts
-    except ValueError as error:
-        fail(str(error))
-
-    # standard library only: the server and Ray start before the slow imports
-    from flows.runtime import services_starting, stop_on_sigterm
-
-    # Prefect's console shows warnings only (three INFO lines per iteration would bury the
-    # progress lines); its API handler keeps every level, so the UI still has all logs.
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    with stop_on_sigterm(), services_starting(config.ray_address, config.num_cpus, config.game) as services:
-        console.print(services.ui_line, highlight=False, soft_wrap=True)
-        _run_with(config, services, resume_run_id)
+    with_services(config, config.game, console, lambda services: _run_with(config, services, resume_run_id))
 
 
 def _run_with(config, services, resume_run_id: Optional[str] = None) -> None:

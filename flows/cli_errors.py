@@ -1,5 +1,5 @@
-"""Bad input on any `psro` command (`flows.cli`, `flows.marl_cli`): one `error:` line naming the
-value, exit code 2."""
+"""Bad input on any `psro` command (`flows.cli`, `flows.marl_cli`, `flows.league_cli`): one
+`error:` line naming the value, exit code 2; and the start-up every scenario's run command shares."""
 
 from __future__ import annotations
 
@@ -31,3 +31,25 @@ class OneLineErrors(typer.core.TyperCommand):
             fail(error.format_message())
         except UsageError as error:
             fail(error.format_message())
+
+
+def with_services(config, environment: str, console: Console, body) -> None:
+    """What every scenario's run command does once its settings are checked: check the progress
+    lines' setting, start the Prefect server and Ray (before the slow imports, so they overlap),
+    print where the Prefect UI is, and call `body(services)`; SIGTERM stops it as Ctrl-C does."""
+    import os
+
+    from flows.progress import plain_interval
+
+    try:
+        plain_interval()  # the progress lines' setting, checked before anything starts
+    except ValueError as error:
+        fail(str(error))
+    from flows.runtime import services_starting, stop_on_sigterm  # standard library only
+
+    # Prefect's console shows warnings only: its INFO lines would bury the progress lines; its
+    # API handler keeps every level, so the UI still has all logs.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    with stop_on_sigterm(), services_starting(config.ray_address, config.num_cpus, environment) as services:
+        console.print(services.ui_line, highlight=False, soft_wrap=True)
+        body(services)

@@ -9,7 +9,6 @@ As with `psro run`, every setting is checked before anything starts.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -17,7 +16,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flows.cli_errors import OneLineErrors, fail
+from flows.cli_errors import OneLineErrors, fail, with_services
 
 marl_app = typer.Typer(add_completion=False, no_args_is_help=True, help="MARL training: MAPPO, QMIX, MADDPG, IPPO, ... on one environment.")
 console = Console()
@@ -91,19 +90,7 @@ def resume(
 
 
 def _train(config, resume_run_id: Optional[str] = None) -> None:
-    from flows.progress import plain_interval
-
-    try:
-        plain_interval()  # the progress lines' setting, checked before anything starts
-    except ValueError as error:
-        fail(str(error))
-    # standard library only: the server and Ray start before the slow imports, as for `psro run`
-    from flows.runtime import services_starting, stop_on_sigterm
-
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    with stop_on_sigterm(), services_starting(config.ray_address, config.num_cpus, config.env) as services:
-        console.print(services.ui_line, highlight=False, soft_wrap=True)
-        _train_with(config, services, resume_run_id)
+    with_services(config, config.env, console, lambda services: _train_with(config, services, resume_run_id))
 
 
 def _train_with(config, services, resume_run_id: Optional[str]) -> None:

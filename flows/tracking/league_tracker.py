@@ -26,7 +26,7 @@ from typing import Optional
 from flows.tracking import layout
 from flows.tracking.background import BackgroundTracker
 from flows.tracking.resume import ResumeError
-from flows.tracking.run_tracker import flat_params
+from flows.tracking.run_tracker import create_run, ensure_registered_model
 
 # Fault injection for tests: SIGKILL the process once generation N's snapshots are registered
 # and its checkpoint written, before N is committed.
@@ -112,7 +112,6 @@ class LeagueTracker(BackgroundTracker):
 
     def _start(self) -> None:
         import mlflow
-        from mlflow.entities import Param
 
         config = self.config
         self.client = mlflow.MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
@@ -121,16 +120,10 @@ class LeagueTracker(BackgroundTracker):
             self.client.update_run(self.run_id, status="RUNNING")
             self._forget_uncommitted(self.resume.generation)
             return
-        experiment = self.client.get_experiment_by_name(config.experiment)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(config.experiment)
-        run = self.client.create_run(
-            experiment_id, run_name=f"league-{config.game}-{config.algorithm}",
-            tags={"game": config.game, "algorithm": config.algorithm, "scenario": "league"},
+        self.run_id = create_run(
+            self.client, config, f"league-{config.game}-{config.algorithm}",
+            {"game": config.game, "algorithm": config.algorithm, "scenario": "league"},
         )
-        self.run_id = run.info.run_id
-        params = [Param(key, str(value)) for key, value in flat_params(config.model_dump()).items()]
-        self.client.log_batch(self.run_id, params=params)
-        self.client.log_dict(self.run_id, config.model_dump(mode="json"), layout.CONFIG_ARTIFACT)
 
     def _forget_uncommitted(self, committed: int) -> None:
         """Registry versions of a generation that never committed would be registered again."""
@@ -184,8 +177,6 @@ class LeagueTracker(BackgroundTracker):
                 save_policy(root / id / role, state.members[id][r], self.config.game, r)
 
     def _store_snapshot(self, root: Path, state, snapshot_id: str) -> None:
-        from mlflow.exceptions import MlflowException
-
         folder = root / "members"
         self._save_members(folder, state, [snapshot_id])
         snapshot = next(s for s in state.league.snapshots if s.id == snapshot_id)
@@ -197,10 +188,7 @@ class LeagueTracker(BackgroundTracker):
             if not self.config.register_models:
                 continue
             name = layout.registered_model_name(self.config.experiment, self.config.game, role)
-            try:
-                self.client.get_registered_model(name)
-            except MlflowException:
-                self.client.create_registered_model(name, description=f"league snapshots of {self.config.game}, role {role}")
+            ensure_registered_model(self.client, name, f"league snapshots of {self.config.game}, role {role}")
             tags = layout.VersionTags(self.run_id, self.config.game, role, index, snapshot.generation, float("nan")).as_tags()
             tags.update(snapshot=snapshot.id, parent=snapshot.parent, kind=snapshot.kind)
             version = self.client.create_model_version(name, f"{artifact_uri}/{path}", run_id=self.run_id, tags=tags)

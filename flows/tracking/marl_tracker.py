@@ -22,7 +22,7 @@ from typing import Optional
 from flows.tracking.background import BackgroundTracker
 from flows.tracking import layout
 from flows.tracking.resume import ResumeError
-from flows.tracking.run_tracker import flat_params
+from flows.tracking.run_tracker import create_run, ensure_registered_model
 
 # Fault injection for tests: SIGKILL the process once round N's policies are registered and
 # before N is committed, the window whose leftovers resume must clean up.
@@ -82,7 +82,6 @@ class MARLTracker(BackgroundTracker):
 
     def _start(self) -> None:
         import mlflow
-        from mlflow.entities import Param
 
         config = self.config
         self.client = mlflow.MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
@@ -92,16 +91,10 @@ class MARLTracker(BackgroundTracker):
             self._forget_uncommitted(self.resume.round)
             self._reload_curve(self.resume.round)
             return
-        experiment = self.client.get_experiment_by_name(config.experiment)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(config.experiment)
-        run = self.client.create_run(
-            experiment_id, run_name=f"marl-{config.env}-{config.algorithm}",
-            tags={"env": config.env, "algorithm": config.algorithm, "scenario": "marl"},
+        self.run_id = create_run(
+            self.client, config, f"marl-{config.env}-{config.algorithm}",
+            {"env": config.env, "algorithm": config.algorithm, "scenario": "marl"},
         )
-        self.run_id = run.info.run_id
-        params = [Param(key, str(value)) for key, value in flat_params(config.model_dump()).items()]
-        self.client.log_batch(self.run_id, params=params)
-        self.client.log_dict(self.run_id, config.model_dump(mode="json"), layout.CONFIG_ARTIFACT)
 
     def _forget_uncommitted(self, committed: int) -> None:
         """Registry versions of a checkpoint that never committed (the run died between
@@ -139,7 +132,6 @@ class MARLTracker(BackgroundTracker):
 
     def _commit(self, round: int, env_steps: int, state: dict, weights: dict) -> None:
         import torch
-        from mlflow.exceptions import MlflowException
 
         with tempfile.TemporaryDirectory() as directory:
             root = Path(directory)
@@ -155,10 +147,7 @@ class MARLTracker(BackgroundTracker):
                 path = layout.policy_checkpoint_path(policy, round)
                 self.client.log_artifacts(self.run_id, str(folder), path)
                 name = layout.registered_model_name(self.config.experiment, self.config.env, policy)
-                try:
-                    self.client.get_registered_model(name)
-                except MlflowException:
-                    self.client.create_registered_model(name, description=f"MARL policy {policy} of {self.config.env}")
+                ensure_registered_model(self.client, name, f"MARL policy {policy} of {self.config.env}")
                 tags = {"run_id": self.run_id, "policy": policy, "round": str(round), "env_steps": str(env_steps)}
                 version = self.client.create_model_version(name, f"{artifact_uri}/{path}", run_id=self.run_id, tags=tags)
                 self.client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)

@@ -43,6 +43,29 @@ def flat_params(values: dict, prefix: str = "") -> dict:
     return flat
 
 
+def create_run(client, config, run_name: str, tags: dict[str, str]) -> str:
+    """A new MLflow run in the config's experiment (made if missing), with the settings as
+    flat params and as `config.json` (what resume reads back); returns its id."""
+    from mlflow.entities import Param
+
+    experiment = client.get_experiment_by_name(config.experiment)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(config.experiment)
+    run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+    params = [Param(key, str(value)) for key, value in flat_params(config.model_dump()).items()]
+    client.log_batch(run_id, params=params)
+    client.log_dict(run_id, config.model_dump(mode="json"), layout.CONFIG_ARTIFACT)
+    return run_id
+
+
+def ensure_registered_model(client, name: str, description: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=description)
+
+
 def prepare_store(tracking_uri: str) -> None:
     """Create the store's schema ahead of the run (a new SQLite store takes seconds)."""
     import mlflow
