@@ -2,7 +2,7 @@
 
 None of it is public API, so pyproject.toml pins those packages and `tests/test_patch_canaries.py`
 fails, naming the patch, when an upgrade moves what a patch relies on (a patch that stops
-applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Five
+applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Six
 calls apply them, each in the processes that need its part, so that none pays for another's
 imports (the server's database layer alone is some 270 modules a Ray worker never uses):
 
@@ -16,6 +16,7 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
   (`flows.runtime.start_ray`).
 - `ray_without_cluster_services()`: around the `ray.init` that starts a run's own local Ray
   (`flows.runtime.start_ray`).
+- `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.runtime.start_ray`).
 
 What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6.0):
 
@@ -52,6 +53,12 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   (started even with `include_dashboard=False`, and polled until it answers). Ray treats a
   dashboard that failed to start as optional. Without them the run's Ray starts on less CPU
   and stops sooner (figures in docs/performance.md). A `psro server`'s shared Ray keeps them.
+- `ray._private.auto_init_hook.enable_auto_connect` (`no_ray_auto_init`): Ray's public calls
+  (`ray.get`, `ray.put`, `ray.remote(...).remote`) start a default local Ray when none is
+  running, with every cluster service and none of the run's settings. In a driver that has
+  stopped its Ray, a thread still finishing a failed run's work would start one that outlives
+  the run (found left behind by a failed run in CI). Off, those calls raise instead. Ray reads
+  `RAY_ENABLE_AUTO_CONNECT` once, at import, so the module's flag is turned off.
 - Ray's loggers (`quiet_ray_notices`): the notice that token authentication is on, and the one
   that Ray set no SIGTERM handler when it starts off the main thread (`psro run` starts it on a
   thread; its main thread handles signals, `flows.runtime.stop_on_sigterm`).
@@ -100,6 +107,14 @@ def quiet_ray_notices() -> None:
     worker_logger = logging.getLogger(RAY_WORKER_LOGGER)
     if not any(isinstance(existing, _NoSigtermNotice) for existing in worker_logger.filters):
         worker_logger.addFilter(_NoSigtermNotice())
+
+
+def no_ray_auto_init() -> None:
+    """A run starts and stops its Ray explicitly; a Ray call after the stop raises rather than
+    starting another (see the module docstring)."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
 
 
 @contextlib.contextmanager

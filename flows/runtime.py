@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
 
-from flows.patches import quiet_ray_notices, ray_on_loopback, ray_without_cluster_services
+from flows.patches import no_ray_auto_init, quiet_ray_notices, ray_on_loopback, ray_without_cluster_services
 from flows.reaper import MARKER, alive
 
 SERVER_START_TIMEOUT = 120.0
@@ -247,6 +247,7 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
     import ray
 
     quiet_ray_notices()
+    no_ray_auto_init()
     if address:
         running = find_running_server()
         if running and running.ray_address == address:

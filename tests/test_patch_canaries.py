@@ -521,6 +521,11 @@ ray.get(ray.remote(lambda: None).remote())  # a worker process too
 print("up", flush=True)
 sys.stdin.read()
 ray.shutdown()
+try:
+    ray.put(1)  # a late call of a stopped run: no_ray_auto_init makes it raise, not start a Ray
+except ray.exceptions.RaySystemError as error:
+    print("late call:", error, flush=True)
+print("initialized after the late call:", ray.is_initialized(), flush=True)
 """
 
 
@@ -533,7 +538,9 @@ def test_a_runs_local_ray_listens_on_loopback_only_and_starts_no_cluster_service
     listen on, the driver's included, is on 127.0.0.1. Without the patch Ray hands its GCS,
     raylet and workers the machine's address and they listen on every interface.
     `ray_without_cluster_services`: a run's own Ray starts no autoscaler monitor, log monitor or
-    dashboard API server, and still runs tasks; without the patch all three are there."""
+    dashboard API server, and still runs tasks; without the patch all three are there.
+    `no_ray_auto_init`: a Ray call after the run stopped its Ray raises rather than starting a
+    default Ray that would outlive the run."""
     marker = f"LOOPBACK_TEST={tmp_path}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
     driver = subprocess.Popen([sys.executable, "-c", LOCAL_RAY], env={**env, "LOOPBACK_TEST": str(tmp_path)},
@@ -544,8 +551,10 @@ def test_a_runs_local_ray_listens_on_loopback_only_and_starts_no_cluster_service
         listening = _listening_addresses(pids)
         commands = [command for pid in pids if (command := command_line(pid)) is not None]
     finally:
-        driver.communicate("", timeout=120)
+        late, _ = driver.communicate("", timeout=120)
     assert_all_exited(marker)
+    assert "late call: System error: Ray has not been started yet" in late, late
+    assert "initialized after the late call: False" in late, late
     assert len(listening) >= 4, listening  # the GCS, the raylet, the driver's and the worker's gRPC at least
     assert {host for host, _ in listening} <= {"127.0.0.1"}, sorted(listening)
     assert any("gcs_server" in c for c in commands) and any("raylet" in c for c in commands), commands
