@@ -17,6 +17,7 @@ from rich.table import Table
 from flows.cli_errors import OneLineErrors, fail, with_services
 from flows.league_cli import league_app
 from flows.marl_cli import marl_app
+from flows.pbt_cli import pbt_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow.")
 console = Console()
@@ -380,6 +381,7 @@ def server_command(
 
 app.add_typer(marl_app, name="marl")
 app.add_typer(league_app, name="league")
+app.add_typer(pbt_app, name="pbt")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,15 @@ class _Learner:
         if state is not None:
             self.learner.load_state_dict(state)
 
+    def adopt(self, config: MARLConfig, state: dict) -> None:
+        """Become a learner built from `config` that goes on from another's training `state`,
+        its optimizers keeping `config`'s hyperparameters (PBT's exploit, in place)."""
+        from marl_core.pbt.marl import load_keeping_hyperparameters
+
+        layout, spec = training.layout_and_spec(config)
+        self.learner = training.make_learner(config, layout, spec.state_size)
+        load_keeping_hyperparameters(self.learner, state)
+
     def specs(self):
         return training.learner_specs(self.learner)
 
@@ -54,6 +63,9 @@ class _Learner:
 
     def learn(self, batch) -> dict[str, float]:
         return self.learner.learn(batch)
+
+    def state(self) -> dict:
+        return self.learner.state_dict()
 
     def checkpoint(self) -> tuple[dict, dict]:
         """(training state, policy id -> acting weights)."""

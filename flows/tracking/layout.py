@@ -149,3 +149,32 @@ def league_member_path(snapshot: str, role: str) -> str:
 
 def league_checkpoint_path(generation: int) -> str:
     return f"checkpoint/slot_{generation % 2}"
+
+
+# --- PBT runs (`psro pbt run`) ----------------------------------------------------------------
+#
+# One MLflow run per PBT run: ``config.json`` (as above); per-round metrics (`PBTRound.metrics`,
+# step = round: each member's under ``member_<i>/``, its hyperparameters under
+# ``member_<i>/hp/``, ``best_score``); at each checkpoint ``checkpoint/slot_K/`` (K alternates,
+# `pbt_checkpoint_path`) every member's training state (``member_<i>.pt``) and the PBT state
+# (``pbt_state.json``: settings, hyperparameters, the generator, the lineage), each member's
+# policies under ``policies/member_<i>/<policy>/round_NNNN/``, one registry version each under
+# ``{experiment}-{env}-{policy}`` tagged with its member, round, score and hyperparameters, then
+# ``pbt/lineage.json`` and ``pbt/lineage.csv`` (who copied whom, when, with what values); the
+# tag ``pbt.committed_round`` = N is the commit of round N. Plot: ``plots/pbt.png``.
+
+PBT_COMMITTED_TAG = "pbt.committed_round"
+PBT_STATE_FILE = "pbt_state.json"
+PBT_LINEAGE = "pbt/lineage"
+PBT_PLOT = "plots/pbt.png"
+
+
+def pbt_checkpoint_path(round: int, checkpoint_every: int) -> str:
+    """Consecutive commits alternate between two slots, so a commit being written never
+    overwrites the committed one (a run's last round may commit off the interval, but always
+    in the next slot)."""
+    return f"checkpoint/slot_{(round // checkpoint_every) % 2}"
+
+
+def pbt_policy_path(member: int, policy: str, round: int) -> str:
+    return f"policies/member_{member}/{policy}/round_{round:04d}"

@@ -58,6 +58,25 @@ def load_marl_checkpoint(tracking_uri: str, run_id: str) -> MARLCheckpoint:
     )
 
 
+def store_policy(client, run_id: str, config, policy: str, weights: dict, path: str, tags: dict[str, str]) -> None:
+    """A policy's acting network in the run at `path` (weights-only, with its description), and
+    as the newest version of `{experiment}-{env}-{policy}`, tagged with `tags` (which must hold
+    its "round": resume deletes the versions of rounds it did not commit)."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory)
+        torch.save(weights, folder / layout.POLICY_WEIGHTS)
+        description = {"algorithm": config.algorithm, "env": config.env, "policy": policy, **tags}
+        (folder / layout.POLICY_DESCRIPTION).write_text(json.dumps(description))
+        client.log_artifacts(run_id, str(folder), path)
+    name = layout.registered_model_name(config.experiment, config.env, policy)
+    ensure_registered_model(client, name, f"MARL policy {policy} of {config.env}")
+    source = f"{client.get_run(run_id).info.artifact_uri}/{path}"
+    version = client.create_model_version(name, source, run_id=run_id, tags={"run_id": run_id, "policy": policy, **tags})
+    client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
+
+
 class MARLTracker(BackgroundTracker):
     def __init__(self, config, resume: Optional[MARLCheckpoint] = None):
         super().__init__()
@@ -134,23 +153,11 @@ class MARLTracker(BackgroundTracker):
         import torch
 
         with tempfile.TemporaryDirectory() as directory:
-            root = Path(directory)
-            torch.save(state, root / "learner.pt")
-            self.client.log_artifact(self.run_id, str(root / "learner.pt"), layout.MARL_CHECKPOINT.rsplit("/", 1)[0])
-            artifact_uri = self.client.get_run(self.run_id).info.artifact_uri
-            for policy, policy_weights in weights.items():
-                folder = root / policy
-                folder.mkdir()
-                torch.save(policy_weights, folder / layout.POLICY_WEIGHTS)
-                description = {"algorithm": self.config.algorithm, "env": self.config.env, "policy": policy, "round": round}
-                (folder / layout.POLICY_DESCRIPTION).write_text(json.dumps(description))
-                path = layout.policy_checkpoint_path(policy, round)
-                self.client.log_artifacts(self.run_id, str(folder), path)
-                name = layout.registered_model_name(self.config.experiment, self.config.env, policy)
-                ensure_registered_model(self.client, name, f"MARL policy {policy} of {self.config.env}")
-                tags = {"run_id": self.run_id, "policy": policy, "round": str(round), "env_steps": str(env_steps)}
-                version = self.client.create_model_version(name, f"{artifact_uri}/{path}", run_id=self.run_id, tags=tags)
-                self.client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
+            torch.save(state, Path(directory) / "learner.pt")
+            self.client.log_artifact(self.run_id, str(Path(directory) / "learner.pt"), layout.MARL_CHECKPOINT.rsplit("/", 1)[0])
+        tags = {"round": str(round), "env_steps": str(env_steps)}
+        for policy, policy_weights in weights.items():
+            store_policy(self.client, self.run_id, self.config, policy, policy_weights, layout.policy_checkpoint_path(policy, round), tags)
         if os.environ.get(KILL_BEFORE_COMMIT) == str(round):
             os.kill(os.getpid(), signal.SIGKILL)
         self.client.set_tag(self.run_id, layout.MARL_ENV_STEPS_TAG, str(env_steps))

@@ -43,13 +43,14 @@ def flat_params(values: dict, prefix: str = "") -> dict:
     return flat
 
 
-def create_run(client, config, run_name: str, tags: dict[str, str]) -> str:
-    """A new MLflow run in the config's experiment (made if missing), with the settings as
-    flat params and as `config.json` (what resume reads back); returns its id."""
+def create_run(client, config, run_name: str, tags: dict[str, str], experiment_name: str | None = None) -> str:
+    """A new MLflow run in `experiment_name` (default the config's experiment; made if missing),
+    with the settings as flat params and as `config.json` (what resume reads back); returns its id."""
     from mlflow.entities import Param
 
-    experiment = client.get_experiment_by_name(config.experiment)
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(config.experiment)
+    experiment_name = experiment_name or config.experiment
+    experiment = client.get_experiment_by_name(experiment_name)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(experiment_name)
     run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
     params = [Param(key, str(value)) for key, value in flat_params(config.model_dump()).items()]
     client.log_batch(run_id, params=params)

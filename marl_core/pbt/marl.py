@@ -37,6 +37,14 @@ class PBTConfig(BaseModel):
     pbt: PBTSettings
     exploit: bool = Field(True, description="false: train the population without exploit/explore (the baseline)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_experiment(cls, values):
+        """A PBT run is tracked under the experiment "pbt" unless its MARL settings name one."""
+        if isinstance(values, dict) and isinstance(values.get("marl"), dict) and "experiment" not in values["marl"]:
+            values = {**values, "marl": {**values["marl"], "experiment": "pbt"}}
+        return values
+
     @model_validator(mode="after")
     def _members_fit(self) -> "PBTConfig":
         if len(self.members) > self.population:
@@ -82,6 +90,62 @@ def _optimizers(learner) -> list:
     return found
 
 
+@dataclasses.dataclass
+class PBTState:
+    """Where a PBT run stands: everything but the learners that the next round starts from, and
+    what a checkpoint stores beside them (plain values, so it is JSON)."""
+
+    round: int  # rounds completed
+    settings: list[dict[str, Any]]  # per member, its algorithm settings now
+    hyperparameters: list[dict[str, Any]]  # per member, the mutated hyperparameters' values now
+    env_steps: list[int]  # per member, joint steps since the run started
+    rng: dict  # the exploit/explore generator's state
+    lineage: list[LineageEntry]  # every copy so far
+
+    @classmethod
+    def initial(cls, config: PBTConfig) -> "PBTState":
+        members = range(config.population)
+        return cls(
+            0, [config.member_config(i).settings for i in members], [config.hyperparameters(i) for i in members],
+            [0] * config.population, np.random.default_rng([config.marl.seed, 8]).bit_generator.state, [],
+        )
+
+    def member_config(self, config: PBTConfig, member: int) -> MARLConfig:
+        return config.member_config(member, self.settings[member])
+
+    def advance(self, records: list) -> None:
+        """Every member finished round `self.round` (`records`, per member)."""
+        self.env_steps = [r.env_steps for r in records]
+        self.round += 1
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "lineage": [dataclasses.asdict(e) for e in self.lineage]}
+
+    @classmethod
+    def from_json(cls, values: dict) -> "PBTState":
+        return cls(**{**values, "lineage": [LineageEntry(**e) for e in values["lineage"]]})
+
+
+def perturb(config: PBTConfig, state: PBTState, records: list) -> list[LineageEntry]:
+    """Once `state` has advanced past a round (`records`): at a perturbation point, who copies
+    whom, the copies' settings and hyperparameters taken into `state`; the caller copies the
+    learners."""
+    step = state.round
+    if not (config.exploit and due(config.pbt, step) and all(r.eval_returns is not None for r in records)):
+        return []
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state.rng
+    lineage = exploit_and_explore(step, [score_of(r) for r in records], state.hyperparameters, config.pbt, rng)
+    state.rng = rng.bit_generator.state
+    sources = {e.source: (dict(state.settings[e.source]), dict(state.hyperparameters[e.source])) for e in lineage}
+    for entry in lineage:
+        settings, _ = sources[entry.source]
+        state.settings[entry.member] = {**settings, **entry.after}
+        state.hyperparameters[entry.member] = dict(entry.after)
+    state.lineage.extend(lineage)
+    return lineage
+
+
 @dataclasses.dataclass(frozen=True)
 class PBTRound:
     round: int
@@ -95,10 +159,45 @@ class PBTRound:
             return None
         return [score_of(r) for r in self.records]
 
+    def metrics(self) -> dict[str, float]:
+        """Every member's round metrics under ``member_<i>/``, its mutated hyperparameters under
+        ``member_<i>/hp/``, and the population's best greedy return where this round evaluated."""
+        out = {}
+        for i, (record, values) in enumerate(zip(self.records, self.hyperparameters)):
+            out.update({f"member_{i}/{k}": v for k, v in record.metrics.items()})
+            out.update({f"member_{i}/hp/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))})
+        if (scores := self.scores()) is not None:
+            out.update({f"member_{i}/score": s for i, s in enumerate(scores)}, best_score=max(scores), copies=float(len(self.lineage)))
+        return out
+
+    def summary(self) -> str:
+        scores = self.scores()
+        if scores is None:
+            return "train return " + " ".join(f"{score_of_train(r):.2f}" for r in self.records)
+        shown = " ".join(f"{s:.2f}" for s in scores)
+        copies = "  ".join(f"{e.member}<-{e.source}" for e in self.lineage)
+        return f"eval return {shown}  best {max(scores):.2f}" + (f"  copies {copies}" if copies else "")
+
 
 def score_of(record) -> float:
     returns = [v for k, v in record.eval_returns.items() if k.startswith("policy/")]
     return float(np.mean(returns))
+
+
+def score_of_train(record) -> float:
+    returns = [v for k, v in record.train_returns.items() if k.startswith("policy/")]
+    return float(np.mean(returns)) if returns else float("nan")
+
+
+def run_pbt_round(config: PBTConfig, state: PBTState, runner, pools: list, learners: list, layout, concurrently=None) -> list:
+    """Round `state.round` of every member (its own rollout workers and learner), their records;
+    `concurrently` maps a function over the members at once (default: one after another)."""
+    def member_round(i: int):
+        from marl_core.marl import training
+
+        return training.run_round(state.member_config(config, i), state.round, state.env_steps[i], runner, pools[i], learners[i], layout)
+
+    return list((concurrently or map)(member_round, range(config.population)))
 
 
 def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
@@ -110,35 +209,21 @@ def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
 
     torch.set_num_threads(1)
     layout, spec = training.layout_and_spec(config.marl)
-    configs = [config.member_config(i) for i in range(config.population)]
-    learners = [training.make_learner(c, layout, spec.state_size) for c in configs]
-    handles = [training.LocalLearner(learner) for learner in learners]
-    hyperparameters = [config.hyperparameters(i) for i in range(config.population)]
-    env_steps = [0] * config.population
-    rng = np.random.default_rng([config.marl.seed, 8])
+    state = PBTState.initial(config)
+    learners = [training.make_learner(state.member_config(config, i), layout, spec.state_size) for i in range(config.population)]
     with contextlib.ExitStack() as stack:
         pools = []
-        for c in configs:
-            pool = WorkerPool(training.pool_config(c))
+        for i in range(config.population):
+            pool = WorkerPool(training.pool_config(state.member_config(config, i)))
             stack.callback(pool.close)
             pools.append(pool)
-        for round in range(config.marl.rounds):
-            records = []
-            for i in range(config.population):
-                record = training.run_round(configs[i], round, env_steps[i], training.LocalRunner(), pools[i], handles[i], layout)
-                env_steps[i] = record.env_steps
-                records.append(record)
-            lineage = []
-            step = round + 1
-            if config.exploit and due(config.pbt, step) and all(r.eval_returns is not None for r in records):
-                scores = [score_of(r) for r in records]
-                lineage = exploit_and_explore(step, scores, hyperparameters, config.pbt, rng)
-                states = {e.source: learners[e.source].state_dict() for e in lineage}
-                for entry in lineage:
-                    settings = {**configs[entry.member].settings, **entry.after}
-                    configs[entry.member] = config.member_config(entry.member, settings)
-                    learner = training.make_learner(configs[entry.member], layout, spec.state_size)
-                    load_keeping_hyperparameters(learner, states[entry.source])
-                    learners[entry.member], handles[entry.member] = learner, training.LocalLearner(learner)
-                    hyperparameters[entry.member] = dict(entry.after)
-            yield PBTRound(round, records, [dict(h) for h in hyperparameters], lineage)
+        while state.round < config.marl.rounds:
+            handles = [training.LocalLearner(learner) for learner in learners]
+            records = run_pbt_round(config, state, training.LocalRunner(), pools, handles, layout)
+            state.advance(records)
+            lineage = perturb(config, state, records)
+            sources = {e.source: learners[e.source].state_dict() for e in lineage}
+            for entry in lineage:
+                learners[entry.member] = training.make_learner(state.member_config(config, entry.member), layout, spec.state_size)
+                load_keeping_hyperparameters(learners[entry.member], sources[entry.source])
+            yield PBTRound(state.round - 1, records, [dict(h) for h in state.hyperparameters], lineage)
