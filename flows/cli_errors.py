@@ -10,7 +10,9 @@ err = Console(stderr=True)
 
 
 def fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 

@@ -32,7 +32,11 @@ def _config(values: dict):
     except ValidationError as error:
         first = error.errors()[0]
         message = first["msg"].removeprefix("Value error, ")
-        fail(f"{'.'.join(map(str, first['loc']))}={first['input']!r}: {message}" if first["loc"] else message)
+        where = ".".join(map(str, first["loc"]))
+        if not first["loc"]:
+            fail(message)
+        named = isinstance(first["input"], dict) and any(message.startswith(f"{key}=") for key in first["input"])
+        fail(f"{where}.{message}" if named else f"{where}={first['input']!r}: {message}")  # a message may name the entry at fault
 
 
 @pbt_app.command("run", cls=OneLineErrors)

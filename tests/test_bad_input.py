@@ -258,7 +258,11 @@ def test_a_real_terminal_sees_exactly_that_line(row, store, workdir, not_ray):
 
 # --- the other scenarios' commands --------------------------------------------------------------
 
-# (command, args, config, message): `psro league run` and `psro ratings` refuse in the same way.
+# (command, args, config, message): `psro league run`, `psro pbt run` and `psro ratings` refuse in the same way.
+PBT_CONFIG = """\
+marl: {env: "pettingzoo:mpe2.simple_spread_v3", algorithm: mappo}
+pbt: {perturbation_interval: 2, hyperparam_mutations: {lr: [1.0e-4, 1.0e-3]}}
+"""
 OTHER_COMMANDS = [
     ("league run", ("--algorithm", "sarsa"), None, "algorithm='sarsa': unknown RL algorithm; choose one of: a2c, dqn, ppo"),
     ("league run", ("--game", "kuhn_poker(players=3)"), None,
@@ -280,6 +284,17 @@ OTHER_COMMANDS = [
      "member 'x' is not NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest"),
     ("ratings", ("--run", "no-such-run"), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
     ("ratings", ("--run", "r", "--episodes", "0"), None, "episodes=0: needs 1 or more"),
+    ("pbt run", (), "population: 2\n", "--config run.yaml: no marl section (the learners' settings: env, algorithm, rounds, ...)"),
+    ("pbt run", ("--population", "1"), PBT_CONFIG, "population=1: Input should be greater than or equal to 2"),
+    ("pbt run", (), PBT_CONFIG.replace("lr: [", "learning_rate: ["),
+     "pbt.hyperparam_mutations: ['learning_rate'] are not settings of mappo; it has ['clip', 'critic_hidden', 'critic_lr', "
+     "'entropy_coef', 'epochs', 'gae_lambda', 'gamma', 'hidden', 'lr', 'max_grad_norm', 'minibatch_size', 'normalize_advantages', "
+     "'seed', 'value_coef', 'value_norm']"),
+    ("pbt run", (), PBT_CONFIG.replace("[1.0e-4, 1.0e-3]", "{loguniform: [0.1, 0.01]}"),
+     "pbt.hyperparam_mutations.lr={'loguniform': [0.1, 0.01]}: loguniform: low 0.1 must be below high 0.01"),
+    ("pbt run", (), PBT_CONFIG.replace("interval: 2", "interval: 2, quantile_fraction: 0.7"),
+     "pbt.quantile_fraction=0.7: Input should be less than or equal to 0.5"),
+    ("pbt resume", ("no-such-run",), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
 ]
 
 

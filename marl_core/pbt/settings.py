@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class Distribution(BaseModel):
@@ -60,10 +60,25 @@ class PBTSettings(BaseModel):
     metric: str = Field("return", description="what members are ranked by")
     mode: Literal["max", "min"] = Field("max", description="whether a higher or a lower metric is better")
 
-    @field_validator("hyperparam_mutations")
+    @field_validator("hyperparam_mutations", mode="before")
     @classmethod
-    def _lists_not_empty(cls, mutations: dict) -> dict:
+    def _mutations(cls, mutations):
+        """Each mutation read here, so a bad one is named with its own error rather than with
+        the first of a union's."""
+        if not isinstance(mutations, dict):
+            return mutations
+        checked = {}
         for name, mutation in mutations.items():
-            if isinstance(mutation, list) and not mutation:
-                raise ValueError(f"{name}: a list of values needs at least one value")
-        return mutations
+            if isinstance(mutation, list):
+                if not mutation:
+                    raise ValueError(f"{name}: a list of values needs at least one value")
+                checked[name] = mutation
+            elif isinstance(mutation, dict) and len(mutation) == 1 and set(mutation) <= {"uniform", "loguniform", "randint"}:
+                try:
+                    checked[name] = Distribution(**mutation)
+                except ValidationError as error:
+                    first = error.errors()[0]
+                    raise ValueError(f"{name}={mutation!r}: {first['msg'].removeprefix('Value error, ')}") from None
+            else:
+                raise ValueError(f"{name}={mutation!r}: give a list of values or one of uniform: [low, high], loguniform: [low, high], randint: [low, high]")
+        return checked
