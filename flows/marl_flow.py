@@ -49,7 +49,7 @@ class _Learner:
     def adopt(self, config: MARLConfig, state: dict) -> None:
         """Become a learner built from `config` that goes on from another's training `state`,
         its optimizers keeping `config`'s hyperparameters (PBT's exploit, in place)."""
-        from marl_core.pbt.marl import load_keeping_hyperparameters
+        from marl_core.rl.optimizers import load_keeping_hyperparameters
 
         layout, spec = training.layout_and_spec(config)
         self.learner = training.make_learner(config, layout, spec.state_size)

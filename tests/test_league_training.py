@@ -73,3 +73,36 @@ def test_the_seeded_league_rates_its_seed_like_its_main_agent():
     assert [s.id for s in state.league.snapshots] == ["main_agent_0@0"]
     assert state.members["main_agent_0@0"] is state.members["league_exploiter_1"]
     assert state.ratings["main_agent_0@0"].mu == 25.0
+
+
+def test_pbt_inside_a_league_copies_a_lower_rated_player_and_its_learner_trains_with_its_new_values():
+    """Two main agents, one at a learning rate that cannot learn: after generation 1 the
+    lower-rated one takes the other's networks, trainer state and settings, its learning rate
+    explored, and is rated as it is; in generation 2 its learner trains with that learning rate."""
+    config = build_league_config({
+        **CONFIG, "algorithm": "ppo", "league": {"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 600}},
+        "player_settings": {"main_agent_1": {"lr": 1e-7}},
+        "pbt": {"perturbation_interval": 1, "quantile_fraction": 0.5, "resample_probability": 0.0, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}}},
+    })
+    first, second = _run(config)
+    (record, state), (record2, state2) = first, second
+    ratings = {p: state.ratings[p] for p in ("main_agent_0", "main_agent_1")}
+    (entry,) = record.lineage
+    member, source = entry.member, entry.source
+    assert {member, source} == {"main_agent_0", "main_agent_1"}
+    # the lower rated before the copy: the generation's games rated it below its source
+    assert entry.member_score < entry.source_score
+    assert state.members[member] is state.members[source] and state.trainers[member] is state.trainers[source]
+    assert ratings[member].mu == ratings[source].mu and ratings[member].sigma == ratings[source].sigma
+    before = 1e-7 if source == "main_agent_1" else config.ppo.lr
+    assert entry.before == {"lr": 1e-7 if member == "main_agent_1" else config.ppo.lr}
+    assert entry.after["lr"] == pytest.approx(before * 1.2) or entry.after["lr"] == pytest.approx(before * 0.8)
+    assert state.settings[member] == {"lr": entry.after["lr"]} and state.lineage == [entry]
+    assert record.metrics()[f"hp/{member}/lr"] == entry.after["lr"]
+    # generation 2: each learner's optimizer ran at its player's learning rate (a player copied
+    # at generation 2's end holds its source's trainer)
+    copied = {e.member: e.source for e in record2.lineage}
+    for player in ("main_agent_0", "main_agent_1"):
+        lr = state.settings.get(copied.get(player, player), {}).get("lr", config.ppo.lr)
+        for trainer in state2.trainers[player]:
+            assert trainer["optimizer"]["param_groups"][0]["lr"] == pytest.approx(lr)

@@ -108,7 +108,7 @@ def test_a_copied_learner_keeps_its_new_learning_rate():
     import torch
 
     from marl_core.marl import training
-    from marl_core.pbt.marl import load_keeping_hyperparameters
+    from marl_core.rl.optimizers import load_keeping_hyperparameters
 
     config = _pbt_config()
     layout, spec = training.layout_and_spec(config.marl)

@@ -124,7 +124,8 @@ def policy_checkpoint_path(policy: str, round: int) -> str:
 # One MLflow run per league run: ``config.json`` (as above); per-generation metrics
 # (`GenerationRecord.metrics`, step = generation: exploitability and record against uniform play
 # of each main agent, every player's ratings, its learners' training figures);
-# ``league/generation_NNNN/{match_table,ratings}.csv``; ``league/members/<snapshot>/<role>/``
+# ``league/generation_NNNN/{match_table,ratings}.csv`` (and, with PBT, ``lineage.json``: every
+# copy so far); ``league/members/<snapshot>/<role>/``
 # each snapshot's policy per role (`marl_core.policies.storage`), one registry version each under
 # ``{experiment}-{game}-{role}`` tagged as a PSRO member is (so `psro evaluate` and `psro
 # ratings` take it) plus its snapshot, parent and kind; ``checkpoint/slot_K/`` (K = generation

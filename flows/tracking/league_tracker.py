@@ -65,6 +65,7 @@ def load_league_state(config, checkpoint: LeagueCheckpoint):
     from marl_core.league.generation import LeagueState
     from marl_core.league.players import League
     from marl_core.league.ratings import Ratings
+    from marl_core.pbt.schedule import LineageEntry
     from marl_core.policies.storage import load_policy
     from marl_core.psro.game import psro_game_of
 
@@ -84,7 +85,8 @@ def load_league_state(config, checkpoint: LeagueCheckpoint):
         members = {s.id: load(members_root, s.id) for s in league.snapshots}
         members.update({p.id: load(slot / "members", p.id) for p in league.players})
     trainers = {player: tuple(states) for player, states in saved["trainers"].items()}
-    return LeagueState(league, Ratings.from_state(saved["ratings"]), members, trainers, checkpoint.generation)
+    lineage = [LineageEntry(**e) for e in json.loads(saved["lineage"])]
+    return LeagueState(league, Ratings.from_state(saved["ratings"]), members, trainers, checkpoint.generation, json.loads(saved["settings"]), lineage)
 
 
 class LeagueTracker(BackgroundTracker):
@@ -154,6 +156,9 @@ class LeagueTracker(BackgroundTracker):
             tables.mkdir()
             pd.DataFrame(state.league.table.rows()).to_csv(tables / "match_table.csv", index=False)
             pd.DataFrame(state.ratings.table()).to_csv(tables / "ratings.csv", index=False)
+            if self.config.pbt is not None:  # who copied whom, when, with what values: the whole lineage so far
+                lineage = [dataclasses.asdict(e) for e in state.lineage]
+                (tables / "lineage.json").write_text(json.dumps(lineage, indent=1))
             self.client.log_artifacts(self.run_id, str(tables), layout.league_generation_path(generation))
             for snapshot in snapshots:
                 self._store_snapshot(root, state, snapshot)
@@ -161,6 +166,7 @@ class LeagueTracker(BackgroundTracker):
             saved = {
                 "generation": generation, "league": state.league.state(), "ratings": state.ratings.state(),
                 "trainers": {player: list(states) for player, states in state.trainers.items()},
+                "settings": json.dumps(state.settings), "lineage": json.dumps([dataclasses.asdict(e) for e in state.lineage]),
             }
             self._save_members(slot / "members", state, [p.id for p in state.league.players])
             torch.save(saved, slot / layout.LEAGUE_CHECKPOINT_FILE)

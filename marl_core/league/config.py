@@ -11,12 +11,13 @@ config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from marl_core.league.ratings import RatingSettings
 from marl_core.league.settings import LeagueSettings
+from marl_core.pbt.settings import PBTSettings
 from marl_core.psro.config import WithAlgorithmSections, build_config, with_algorithm_sections
 from marl_core.psro.game import psro_game_of
 from marl_core.psro.settings import BestResponseTraining, RolloutSettings
@@ -34,6 +35,10 @@ class _LeagueConfigWithoutAlgorithms(WithAlgorithmSections):
     episodes_per_round: int = Field(1_000, gt=0, description="episodes between weight updates of the workers")
     opponent_epsilon: float = Field(0.0, ge=0, le=1, description="chance that an opponent's move, while a player trains, is uniformly random")
     league: LeagueSettings = Field(default_factory=LeagueSettings)
+    player_settings: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="learning player id (main_agent_0, ...) -> its own algorithm settings over the section's"
+    )
+    pbt: Optional[PBTSettings] = Field(None, description="PBT among the learning players of each kind, ranked by rating, at generations")
     ratings: RatingSettings = Field(default_factory=RatingSettings)
     eval_episodes: int = Field(1_000, ge=0, description="greedy episodes per main agent and seat against uniform play, each generation (0: none)")
     seed: int = 0
@@ -59,20 +64,49 @@ class _LeagueConfigWithoutAlgorithms(WithAlgorithmSections):
         if game.num_roles != 2:
             raise ValueError(f"game {self.game!r} has {game.num_roles} roles {list(game.roles)}; a league plays two-sided games (map agents to two roles with `roles`)")
         self.oracle_config()  # what its learners are built from must be a valid learned-oracle setup
+        self._check_players()
         return self
+
+    def _check_players(self) -> None:
+        from marl_core.league.players import League
+
+        players = [p.id for p in League.seeded(self.league).players]
+        unknown = sorted(set(self.player_settings) - set(players))
+        if unknown:
+            raise ValueError(f"player_settings: {unknown} are not learning players of this league; they are {players}")
+        for player, settings in self.player_settings.items():
+            try:
+                self.settings_of(settings)
+            except ValidationError as error:
+                first = error.errors()[0]
+                raise ValueError(f"player_settings.{player}.{'.'.join(map(str, first['loc']))}={first['input']!r}: {first['msg']}") from None
+        if self.pbt is None:
+            return
+        unknown = sorted(set(self.pbt.hyperparam_mutations) - set(self.learner_settings.model_dump()))
+        if unknown:
+            raise ValueError(f"pbt.hyperparam_mutations: {unknown} are not settings of {self.algorithm}; it has {sorted(self.learner_settings.model_dump())}")
+        if self.pbt.metric not in (None, "mu", "elo"):
+            raise ValueError(f"pbt.metric={self.pbt.metric!r}: a league's players are ranked by mu (skill rating) or elo")
 
     @property
     def learner_settings(self):
         return getattr(self, self.algorithm)
 
-    def oracle_config(self):
-        """The learned-oracle setup its learners train with (`marl_core.psro.learned_oracle`)."""
+    def settings_of(self, overrides: Optional[dict] = None):
+        """The algorithm's settings with a player's own `overrides` over the section's."""
+        if not overrides:
+            return self.learner_settings
+        return type(self.learner_settings)(**{**self.learner_settings.model_dump(), **overrides})
+
+    def oracle_config(self, overrides: Optional[dict] = None):
+        """The learned-oracle setup its learners train with (`marl_core.psro.learned_oracle`),
+        a player's own settings (`overrides`) over the section's."""
         from marl_core.psro.config import PSROConfig
 
         return PSROConfig(
             game=self.game, roles=self.roles, oracle=self.algorithm, eval="sampled", seed=self.seed,
             best_response=BestResponseTraining(episodes=self.episodes, episodes_per_round=self.episodes_per_round, opponent_epsilon=self.opponent_epsilon),
-            rollout=self.rollout, tabularize=self.tabularize, **{self.algorithm: self.learner_settings},
+            rollout=self.rollout, tabularize=self.tabularize, **{self.algorithm: self.settings_of(overrides)},
         )
 
 

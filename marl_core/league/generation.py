@@ -8,7 +8,8 @@
 2. the league is updated in this process (it is bookkeeping, not work): every training game
    goes into the match table and the ratings, in a fixed order, and every player its snapshot
    rule calls ready adds a frozen copy of itself, main exploiters (always) and league exploiters
-   (by chance) going back to the initial weights;
+   (by chance) going back to the initial weights; with `pbt` set, at each perturbation point
+   the lower-rated players of each kind copy higher-rated ones (`exploit_players`);
 3. ``measure-players``: each main agent's exact exploitability where the game tree fits, and its
    record against uniform play in greedy games on the workers.
 
@@ -28,8 +29,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from marl_core.league.match_table import Game
-from marl_core.league.players import MAIN_AGENT, League, LearningPlayer
+from marl_core.league.players import KINDS, MAIN_AGENT, League, LearningPlayer
 from marl_core.league.ratings import Ratings
+from marl_core.pbt.schedule import LineageEntry, due, exploit_and_explore
 from marl_core.policies.base import Policy, UniformPolicy
 from marl_core.policies.population import Population
 from marl_core.psro.game import PSROGame, psro_game_of
@@ -43,13 +45,15 @@ class LeagueState:
     members: dict[str, tuple[Policy, ...]]  # learning player or snapshot id -> its policy per role
     trainers: dict[str, tuple[dict, ...]]  # learning player id -> its trainer's state per role
     generation: int = 0  # the last generation completed (0: the seeded league)
+    settings: dict[str, dict] = dataclasses.field(default_factory=dict)  # learning player -> its own algorithm settings
+    lineage: list[LineageEntry] = dataclasses.field(default_factory=list)  # PBT's copies so far
 
     def copy(self) -> "LeagueState":
         """A state the next generation may change; members and trainer states are never changed
         in place, only replaced, so they are shared."""
         return LeagueState(
             League.from_state(self.league.settings, self.league.state()), Ratings.from_state(self.ratings.state()),
-            dict(self.members), dict(self.trainers), self.generation,
+            dict(self.members), dict(self.trainers), self.generation, {p: dict(v) for p, v in self.settings.items()}, list(self.lineage),
         )
 
 
@@ -64,6 +68,8 @@ class GenerationRecord:
     ratings: list[dict]  # one row per rated player, best first
     seconds: float
     elapsed_seconds: float
+    lineage: list[LineageEntry] = dataclasses.field(default_factory=list)  # PBT's copies at the generation's end
+    hyperparameters: dict[str, dict] = dataclasses.field(default_factory=dict)  # learning player -> PBT's values after them
 
     def summary(self) -> str:
         parts = []
@@ -76,6 +82,7 @@ class GenerationRecord:
         if best:
             parts.append(f"top {best['player']} (mu {best['mu']:.1f} ± {best['sigma']:.1f})")
         parts.append(f"{len(self.snapshots)} snapshot(s)")
+        parts.extend(f"{e.member} copies {e.source}" for e in self.lineage)
         return "  ".join(parts)
 
     def metrics(self) -> dict[str, float]:
@@ -85,6 +92,10 @@ class GenerationRecord:
         for row in self.ratings:  # the learning players' (each generation's table has every snapshot's)
             if row["player"] in self.opponents:
                 metrics.update({f"rating/{row['player']}/elo": row["elo"], f"rating/{row['player']}/mu": row["mu"], f"rating/{row['player']}/sigma": row["sigma"]})
+        for player, values in self.hyperparameters.items():
+            metrics.update({f"hp/{player}/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))})
+        if self.hyperparameters:
+            metrics["pbt_copies"] = float(len(self.lineage))
         return metrics
 
 
@@ -138,7 +149,8 @@ def initial_state(config) -> LeagueState:
     for snapshot in league.snapshots:
         ratings.add(snapshot.id, like=snapshot.parent)
     everyone = [p.id for p in league.players] + [s.id for s in league.snapshots]
-    return LeagueState(league, ratings, {id: members for id in everyone}, {p.id: trainers for p in league.players})
+    settings = {p.id: dict(config.player_settings.get(p.id, {})) for p in league.players}
+    return LeagueState(league, ratings, {id: members for id in everyone}, {p.id: trainers for p in league.players}, settings=settings)
 
 
 # --- the steps -------------------------------------------------------------------------------
@@ -154,17 +166,19 @@ class Matchup:
     opponents: tuple[str, ...]
     probabilities: np.ndarray
     populations: list[Population]
+    settings: dict  # the player's own algorithm settings over the config's
 
     @classmethod
     def of(cls, state: LeagueState, game: PSROGame, player: LearningPlayer) -> "Matchup":
         distribution = state.league.opponents(player)
         opponents = tuple(distribution)
         populations = [Population.of(role, [state.members[o][r] for o in opponents]) for r, role in enumerate(game.roles)]
-        return cls(player.id, state.league.players.index(player), opponents, np.array([distribution[o] for o in opponents]), populations)
+        probabilities = np.array([distribution[o] for o in opponents])
+        return cls(player.id, state.league.players.index(player), opponents, probabilities, populations, dict(state.settings.get(player.id, {})))
 
     def call(self, config, role: int, generation: int, pool, trainer_state: Optional[dict] = None, collector_step: bool = False) -> OracleCall:
         return OracleCall(
-            config.oracle_config(), role, self.populations, [self.probabilities] * len(self.populations), generation, pool,
+            config.oracle_config(self.settings), role, self.populations, [self.probabilities] * len(self.populations), generation, pool,
             seed_key=(self.index,), collector_step=collector_step, opponent_epsilon=config.opponent_epsilon,
             purpose=self.player, stage="generation", trainer_state=trainer_state, report_training=True,
         )
@@ -300,6 +314,37 @@ def update_league(config, state: LeagueState, matchups: list[Matchup], responses
     return taken, reset
 
 
+def exploit_players(config, state: LeagueState, generation: int) -> list[LineageEntry]:
+    """PBT among the learning players of each kind, at a perturbation point: ranked by rating,
+    each bottom player takes a top one's networks and trainer state (so it goes on from them)
+    and its settings with the mutated ones explored, and is rated as that player is now. Per
+    policy, inside one league: what a Tune trial cannot do (ray#8452). Changes `state`."""
+    if config.pbt is None or not due(config.pbt, generation):
+        return []
+    metric = config.pbt.metric or "mu"
+    entries = []
+    for k, kind in enumerate(KINDS):
+        players = [p.id for p in state.league.of_kind(kind)]
+        if len(players) < 2:
+            continue
+        scores = [getattr(state.ratings[p], metric) for p in players]
+        values = [_hyperparameters(config, state, p) for p in players]
+        rng = np.random.default_rng([config.seed, generation, 9, k])
+        for entry in exploit_and_explore(generation, scores, values, config.pbt, rng):
+            member, source = players[entry.member], players[entry.source]
+            state.members[member], state.trainers[member] = state.members[source], state.trainers[source]
+            state.settings[member] = {**state.settings.get(source, {}), **entry.after}
+            state.ratings.reset(member, like=source)
+            entries.append(dataclasses.replace(entry, member=member, source=source))
+    state.lineage.extend(entries)
+    return entries
+
+
+def _hyperparameters(config, state: LeagueState, player: str) -> dict:
+    values = config.settings_of(state.settings.get(player)).model_dump()
+    return {name: values[name] for name in config.pbt.hyperparam_mutations}
+
+
 # --- one generation, wired once --------------------------------------------------------------
 
 
@@ -323,6 +368,7 @@ def run_generation(config, previous: LeagueState, generation: int, runner, pool=
     for collector in collectors:
         runner.result(collector)
     snapshots, resets = update_league(config, state, matchups, responses, generation)
+    lineage = exploit_players(config, state, generation)
     mains = {p.id: state.members[p.id] for p in state.league.of_kind(MAIN_AGENT)}
     measured = runner.result(runner.submit("measure-players", config, mains, generation, pool))
     state.generation = generation
@@ -336,7 +382,8 @@ def run_generation(config, previous: LeagueState, generation: int, runner, pool=
         generation=generation,
         opponents={m.player: dict(zip(m.opponents, m.probabilities.tolist())) for m in matchups},
         snapshots=snapshots, resets=resets, measured=measured, training=training,
-        ratings=state.ratings.table(), seconds=now - began, elapsed_seconds=now - run_started,
+        ratings=state.ratings.table(), seconds=now - began, elapsed_seconds=now - run_started, lineage=lineage,
+        hyperparameters={p.id: _hyperparameters(config, state, p.id) for p in state.league.players} if config.pbt else {},
     )
     return record, state
 

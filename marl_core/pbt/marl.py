@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from marl_core.marl.training import MARLConfig
+from marl_core.rl.optimizers import load_keeping_hyperparameters
 from marl_core.pbt.schedule import LineageEntry, due, exploit_and_explore
 from marl_core.pbt.settings import PBTSettings
 
@@ -55,6 +56,8 @@ class PBTConfig(BaseModel):
         unknown = sorted(set(self.pbt.hyperparam_mutations) - set(settings))
         if unknown:
             raise ValueError(f"pbt.hyperparam_mutations: {unknown} are not settings of {self.marl.algorithm}; it has {sorted(settings)}")
+        if self.pbt.metric not in (None, "return"):
+            raise ValueError(f"pbt.metric={self.pbt.metric!r}: a MARL population is ranked by return (its greedy return)")
         return self
 
     def member_config(self, member: int, settings: Optional[dict] = None) -> MARLConfig:
@@ -67,27 +70,6 @@ class PBTConfig(BaseModel):
         """Member `member`'s starting values of the mutated hyperparameters."""
         values = self.member_config(member).algorithm_settings.model_dump()
         return {name: values[name] for name in self.pbt.hyperparam_mutations}
-
-
-def load_keeping_hyperparameters(learner, state: dict) -> None:
-    """`learner.load_state_dict(state)`, but every optimizer keeps the hyperparameters (learning
-    rate, ...) it was built with: loading an optimizer's state also loads its param groups'."""
-    optimizers = _optimizers(learner)
-    kept = [[{k: v for k, v in group.items() if k != "params"} for group in o.param_groups] for o in optimizers]
-    learner.load_state_dict(state)
-    for optimizer, groups in zip(optimizers, kept):
-        for group, values in zip(optimizer.param_groups, groups):
-            group.update(values)
-
-
-def _optimizers(learner) -> list:
-    import torch
-
-    found = []
-    for value in vars(learner).values():
-        candidates = value.values() if isinstance(value, dict) else [value]
-        found.extend(o for o in candidates if isinstance(o, torch.optim.Optimizer))
-    return found
 
 
 @dataclasses.dataclass

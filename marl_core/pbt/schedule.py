@@ -30,8 +30,8 @@ class LineageEntry:
     hyperparameters (`before` -> `after`, the source's values explored)."""
 
     step: int
-    member: int
-    source: int
+    member: int | str  # a member's index in its population (a league names its players)
+    source: int | str
     before: dict[str, Any]
     after: dict[str, Any]
     member_score: float

@@ -14,7 +14,7 @@ Kept free of torch, so a config is checked before anything loads.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -57,7 +57,9 @@ class PBTSettings(BaseModel):
     resample_probability: float = Field(0.25, ge=0, le=1, description="chance that explore resamples a value instead of perturbing it (Tune: 0.25)")
     perturbation_factors: tuple[float, float] = Field((1.2, 0.8), description="a perturbed value is multiplied by one of these (Tune: 1.2, 0.8)")
     hyperparam_mutations: dict[str, Mutation] = Field(..., min_length=1, description="hyperparameter -> list of values or distribution")
-    metric: str = Field("return", description="what members are ranked by")
+    metric: Optional[str] = Field(
+        None, description="what members are ranked by: a MARL population by return (greedy return, its default), a league's players by mu (skill rating, its default) or elo"
+    )
     mode: Literal["max", "min"] = Field("max", description="whether a higher or a lower metric is better")
 
     @field_validator("hyperparam_mutations", mode="before")

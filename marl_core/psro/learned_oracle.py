@@ -38,6 +38,7 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.psro.game import PSROGame, psro_game_of
 from marl_core.psro.oracle_call import BestResponse, OracleCall, TrainingGames
 from marl_core.rl import ALGORITHMS, Experience
+from marl_core.rl.optimizers import load_keeping_hyperparameters
 from marl_core.rollout.progress import Work
 from marl_core.rollout.store import COLLECTOR, ExperienceStream, LEARNER, StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
@@ -175,8 +176,8 @@ def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeo
     seed = int(np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0])
     algorithm_config = config.oracle_settings.model_copy(update={"seed": seed})
     trainer = algorithm.trainer(game.obs_size[rounds.role], game.num_actions[rounds.role], algorithm_config)
-    if call.trainer_state is not None:
-        trainer.load_state_dict(call.trainer_state)
+    if call.trainer_state is not None:  # a league player goes on, under its settings now (PBT may change them)
+        load_keeping_hyperparameters(trainer, call.trainer_state)
     # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
     # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.
     learner = LearnerSpec(key=f"{rounds.stream}/{uuid.uuid4().hex[:8]}", build=AlgorithmPolicy(config.oracle, algorithm_config))
