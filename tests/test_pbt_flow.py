@@ -75,7 +75,7 @@ def test_a_killed_pbt_run_resumes_from_its_commit_without_duplicate_versions(tmp
 
     # what was committed before the kill is kept: the same as the same population's in this
     # process up to round 1 (after it, the resumed workers' episodes start afresh)
-    local = list(iterate_pbt_local(PBTConfig(**CONFIG)))
+    local = list(iterate_pbt_local(PBTConfig(**{**CONFIG, "marl": {**CONFIG["marl"], "rounds": 2}})))
     first = local[1].lineage[0]
     assert [e["step"] for e in lineage] == [2, 4]  # one copy at each point: the bottom member of two
     assert (lineage[0]["member"], lineage[0]["source"]) == (first.member, first.source)
