@@ -1,11 +1,13 @@
 """`psro league run` end to end: generations as Prefect flow runs on Ray, the match table,
 ratings and snapshots in MLflow, snapshots registered as weights; and a run killed by SIGKILL
 while its next generation trains (its tracker between registering generation 2's snapshots and
-committing them) resumes to exactly the league an uninterrupted run computes, with no registry
-version twice."""
+committing them) resumes to exactly the league an uninterrupted run computes (PBT's lineage
+between its main exploiters included), with no registry version twice."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +28,9 @@ PSRO = str(Path(sys.executable).with_name("psro"))
 SETTINGS = dict(
     game="kuhn_poker", generations=3, episodes=100, episodes_per_round=50, eval_episodes=40, num_cpus=2,
     rollout={"workers": 2, "envs_per_worker": 8},
-    league={"main_exploiters": 1, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
+    league={"main_exploiters": 2, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
+    # PBT between the two main exploiters at every generation: its settings and lineage resume too
+    pbt={"perturbation_interval": 1, "hyperparam_mutations": {"lr": {"loguniform": [1e-4, 1e-2]}}},
 )
 
 
@@ -72,6 +76,9 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
     assert list(ratings["player"]) == [row["player"] for row in expected.ratings.table()]
     assert list(ratings["mu"]) == pytest.approx([row["mu"] for row in expected.ratings.table()])
     assert run.data.metrics["main_agent_0/exploitability"] == pytest.approx(last.measured["main_agent_0/exploitability"])
+    lineage = json.loads((folder / "lineage.json").read_text())
+    assert len(lineage) == 3 and lineage == [dataclasses.asdict(e) for e in expected.lineage]  # one copy per generation
+    assert run.data.metrics[f"hp/{lineage[-1]['member']}/lr"] == pytest.approx(lineage[-1]["after"]["lr"])
 
     # every snapshot registered once per role, as weights
     snapshots = [s.id for s in expected.league.snapshots]

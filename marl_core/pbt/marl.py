@@ -9,6 +9,11 @@ training state (networks, optimizers, buffers); its optimizers keep the new lear
 which loading an optimizer's state would otherwise put back (`load_keeping_hyperparameters`).
 With `exploit: false` the same population trains untouched: the baseline PBT is measured
 against, from the same seeds.
+
+A round is wired once, for this module's in-process loop (`iterate_pbt_local`) and the `pbt`
+flow (`flows/pbt_flow.py`): `run_pbt_round` plays every member's MARL round, `PBTState.advance`
+takes their records, and `perturb` decides the copies at a perturbation point and takes the
+copies' settings into the state; the caller copies the learners, in process or inside Ray.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from marl_core.marl.training import MARLConfig
-from marl_core.rl.optimizers import load_keeping_hyperparameters
 from marl_core.pbt.schedule import LineageEntry, due, exploit_and_explore
 from marl_core.pbt.settings import PBTSettings
+from marl_core.rl.optimizers import load_keeping_hyperparameters
 
 
 class PBTConfig(BaseModel):
@@ -119,10 +124,9 @@ def perturb(config: PBTConfig, state: PBTState, records: list) -> list[LineageEn
     rng.bit_generator.state = state.rng
     lineage = exploit_and_explore(step, [score_of(r) for r in records], state.hyperparameters, config.pbt, rng)
     state.rng = rng.bit_generator.state
-    sources = {e.source: (dict(state.settings[e.source]), dict(state.hyperparameters[e.source])) for e in lineage}
+    sources = {e.source: dict(state.settings[e.source]) for e in lineage}  # a top member is never a bottom one
     for entry in lineage:
-        settings, _ = sources[entry.source]
-        state.settings[entry.member] = {**settings, **entry.after}
+        state.settings[entry.member] = {**sources[entry.source], **entry.after}
         state.hyperparameters[entry.member] = dict(entry.after)
     state.lineage.extend(lineage)
     return lineage
