@@ -213,6 +213,7 @@ def ratings_command(
     run_id: Optional[str] = typer.Option(None, "--run", help="a league run: its players' and snapshots' ratings at its last committed generation"),
     members: list[str] = typer.Option([], "--member", help="registry member NAME@ALIAS or NAME/VERSION; repeat: every member of one role plays every member of the other"),
     episodes: int = typer.Option(200, help="greedy games per pairing of members"),
+    games_per_match: int = typer.Option(1, help="consecutive games of a pairing rated as one match, won on summed returns (poker: 50 or more)"),
     seed: int = typer.Option(0, help="seed of the members' games"),
     elo_k: float = typer.Option(32.0, help="Elo's K: points one game can move a rating"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the run or the registry"),
@@ -225,10 +226,12 @@ def ratings_command(
         fail(f"episodes={episodes}: needs 1 or more")
     if elo_k <= 0:
         fail(f"elo_k={elo_k}: needs to be above 0")
+    if not 1 <= games_per_match <= episodes:
+        fail(f"games_per_match={games_per_match}: needs 1 to episodes ({episodes}), so that a pairing plays at least one match")
     if run_id is not None:
         rows, title = _league_ratings(run_id, tracking_uri)
     else:
-        rows, title = _member_ratings(members, episodes, seed, elo_k, tracking_uri)
+        rows, title = _member_ratings(members, episodes, games_per_match, seed, elo_k, tracking_uri)
     view = Table(title=title, title_justify="left")
     view.add_column("#", justify="right", no_wrap=True, min_width=2)
     for column in ("player", "skill mu ± sigma", "mu - 3 sigma", "Elo", "games"):
@@ -261,7 +264,7 @@ def _league_ratings(run_id: str, tracking_uri: str) -> tuple[list[dict], str]:
     return rows, f"league run {run_id} on {checkpoint.config['game']}: ratings after generation {checkpoint.generation}"
 
 
-def _member_ratings(members: list[str], episodes: int, seed: int, elo_k: float, tracking_uri: str) -> tuple[list[dict], str]:
+def _member_ratings(members: list[str], episodes: int, games_per_match: int, seed: int, elo_k: float, tracking_uri: str) -> tuple[list[dict], str]:
     from flows.tracking import registry_members
     from marl_core.league.ratings import RatingSettings
     from marl_core.league.tournament import rate, round_robin
@@ -277,8 +280,9 @@ def _member_ratings(members: list[str], episodes: int, seed: int, elo_k: float, 
         fail(str(error))
     players = [[(m.label, m.policy) for m in group] for group in groups]
     games = round_robin(game, players, episodes, seed)
-    ratings = rate(games, RatingSettings(elo_k=elo_k))
-    return ratings.table(), f"{game.name}: {len(games)} greedy games, {episodes} per pairing of {game.roles[0]} and {game.roles[1]} members"
+    ratings = rate(games, RatingSettings(elo_k=elo_k, games_per_match=games_per_match))
+    matches = f", rated as matches of {games_per_match}" if games_per_match > 1 else ""
+    return ratings.table(), f"{game.name}: {len(games)} greedy games, {episodes} per pairing of {game.roles[0]} and {game.roles[1]} members{matches}"
 
 
 def _payoff_table(game: str, groups, table, evaluator: str) -> Table:

@@ -284,6 +284,8 @@ OTHER_COMMANDS = [
      "member 'x' is not NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest"),
     ("ratings", ("--run", "no-such-run"), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
     ("ratings", ("--run", "r", "--episodes", "0"), None, "episodes=0: needs 1 or more"),
+    ("ratings", ("--run", "r", "--episodes", "40", "--games-per-match", "50"), None,
+     "games_per_match=50: needs 1 to episodes (40), so that a pairing plays at least one match"),
     ("pbt run", (), "population: 2\n", "--config run.yaml: no marl section (the learners' settings: env, algorithm, rounds, ...)"),
     ("pbt run", ("--population", "1"), PBT_CONFIG, "population=1: Input should be greater than or equal to 2"),
     ("pbt run", (), PBT_CONFIG.replace("lr: [", "learning_rate: ["),

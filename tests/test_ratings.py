@@ -139,3 +139,27 @@ def test_a_round_robin_plays_every_pairing_and_rates_round_by_round():
     ratings = rate(games)
     assert [row["player"] for row in ratings.table()][0] == "bet"
     assert ratings["bet"].games == ratings["uniform"].games == 6 and ratings["fold"].games == 12
+
+
+def test_games_of_a_pairing_rated_as_matches_on_their_summed_returns():
+    """Matches of three games: a wins two small pots and loses one big one, so b wins the match,
+    rated once as one game b won; either side may be home; a match in play is part of the state."""
+    matches = Ratings(RatingSettings(games_per_match=3))
+    single = Ratings()
+    for ratings in (matches, single):
+        ratings.add("a")
+        ratings.add("b")
+    matches.record(Game("a", "b", 1.0, -1.0))
+    matches.record(Game("b", "a", -1.0, 1.0))
+    assert matches["a"] == single["a"] and matches["a"].games == 0  # nothing rated mid-match
+    resumed = Ratings.from_state(matches.state())
+    resumed.record(Game("b", "a", 4.0, -4.0))  # a: 1 + 1 - 4 = -2
+    single.record(Game("b", "a", 1.0, -1.0))
+    assert resumed["a"] == single["a"] and resumed["b"] == single["b"] and resumed["b"].games == 1
+    assert resumed.state()["matches"] == []
+    drawn = Ratings(RatingSettings(games_per_match=2))
+    drawn.add("a")
+    drawn.add("b")
+    drawn.record(Game("a", "b", 2.0, -2.0))
+    drawn.record(Game("a", "b", -2.0, 2.0))
+    assert drawn["a"].elo == drawn["b"].elo == 1000.0 and drawn["a"].games == 1  # a drawn match

@@ -14,6 +14,13 @@ rating natively (teams are lists of players), Elo by rating a side at its member
 moving every member by the side's change.
 
 A snapshot starts with its parent's rating at the moment it is taken: it is the same policy.
+
+Where one game says little, several are rated as one match (`games_per_match`): a pairing's
+consecutive games are summed, and the side with the larger total wins the match. A poker hand
+is won or lost mostly by who folds, not by who plays better; a session of hands is not (on Leduc,
+matches of 50 hands rank a league's main agents in the order of their exploitability, single
+hands do not: docs/leagues.md). A match in progress is part of the ratings' state. `games`
+counts rated results: games, or matches.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ class RatingSettings(BaseModel):
     sigma: float = Field(25.0 / 3, gt=0, description="a new player's skill uncertainty (openskill's default)")
     beta: float = Field(25.0 / 6, gt=0, description="the skill difference that gives about 76% odds (openskill's default)")
     tau: float = Field(25.0 / 300, ge=0, description="uncertainty added before each game, so ratings keep moving (openskill's default)")
+    games_per_match: int = Field(
+        1, ge=1, description="consecutive games of one pairing rated as one match, won by the larger summed return (a poker session); 1: every game"
+    )
 
 
 def elo_expected(home: float, away: float) -> float:
@@ -64,6 +74,7 @@ class Ratings:
         self.settings = settings
         self._model = PlackettLuce(mu=settings.mu, sigma=settings.sigma, beta=settings.beta, tau=settings.tau)
         self._ratings: dict[str, Rating] = {}
+        self._matches: dict[tuple[str, str], list[float]] = {}  # (home, away) in play -> [games, home total, away total]
 
     def __contains__(self, player: str) -> bool:
         return player in self._ratings
@@ -87,8 +98,18 @@ class Ratings:
         self._ratings[player] = dataclasses.replace(self._ratings[like], games=self._ratings[player].games)
 
     def record(self, game: Game) -> None:
-        """A two-sided game between single players."""
-        self.record_teams([[game.home], [game.away]], game.outcome)
+        """A two-sided game between single players: rated at once, or as part of its pairing's
+        match (`games_per_match`), rated when the match is complete."""
+        if self.settings.games_per_match == 1 or game.home == game.away:
+            self.record_teams([[game.home], [game.away]], game.outcome)
+            return
+        pairing = tuple(sorted((game.home, game.away)))
+        own, theirs = (game.home_return, game.away_return) if pairing[0] == game.home else (game.away_return, game.home_return)
+        match = self._matches.setdefault(pairing, [0, 0.0, 0.0])
+        match[0], match[1], match[2] = match[0] + 1, match[1] + own, match[2] + theirs
+        if match[0] == self.settings.games_per_match:
+            del self._matches[pairing]
+            self.record_teams([[pairing[0]], [pairing[1]]], Game(pairing[0], pairing[1], match[1], match[2]).outcome)
 
     def record_teams(self, teams: Sequence[Sequence[str]], outcome: Outcome) -> None:
         """A game between two teams (lists of players); `outcome` is the first team's."""
@@ -130,10 +151,12 @@ class Ratings:
         return sorted(rows, key=lambda row: -row["ordinal"])
 
     def state(self) -> dict:
-        return {"settings": self.settings.model_dump(), "ratings": {p: dataclasses.asdict(r) for p, r in self._ratings.items()}}
+        matches = [[home, away, *match] for (home, away), match in self._matches.items()]
+        return {"settings": self.settings.model_dump(), "ratings": {p: dataclasses.asdict(r) for p, r in self._ratings.items()}, "matches": matches}
 
     @classmethod
     def from_state(cls, state: dict) -> "Ratings":
         ratings = cls(RatingSettings(**state["settings"]))
         ratings._ratings = {p: Rating(**r) for p, r in state["ratings"].items()}
+        ratings._matches = {(home, away): [int(games), float(a), float(b)] for home, away, games, a, b in state.get("matches", [])}
         return ratings
