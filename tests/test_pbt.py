@@ -150,3 +150,10 @@ def test_pbt_refuses_mutations_the_algorithm_does_not_have():
         _pbt_config(pbt={"perturbation_interval": 2, "hyperparam_mutations": {"learning_rate": [0.1]}})
     with pytest.raises(ValidationError, match="members: 5 given for a population of 4"):
         _pbt_config(members=[{}] * 5)
+
+
+def test_settings_read_back_from_their_own_dump():
+    """A run's config is logged as JSON and read back on resume: a distribution's dump names the
+    kinds it is not as None."""
+    settings = _settings(hyperparam_mutations={"lr": {"loguniform": [1e-5, 1e-2]}, "epochs": [2, 4]})
+    assert PBTSettings(**settings.model_dump(mode="json")) == settings

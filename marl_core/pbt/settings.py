@@ -69,18 +69,21 @@ class PBTSettings(BaseModel):
         the first of a union's."""
         if not isinstance(mutations, dict):
             return mutations
+        kinds = ("uniform", "loguniform", "randint")
+        unreadable = "give a list of values or one of uniform: [low, high], loguniform: [low, high], randint: [low, high]"
         checked = {}
         for name, mutation in mutations.items():
             if isinstance(mutation, list):
                 if not mutation:
                     raise ValueError(f"{name}: a list of values needs at least one value")
                 checked[name] = mutation
-            elif isinstance(mutation, dict) and len(mutation) == 1 and set(mutation) <= {"uniform", "loguniform", "randint"}:
-                try:
-                    checked[name] = Distribution(**mutation)
-                except ValidationError as error:
-                    first = error.errors()[0]
-                    raise ValueError(f"{name}={mutation!r}: {first['msg'].removeprefix('Value error, ')}") from None
-            else:
-                raise ValueError(f"{name}={mutation!r}: give a list of values or one of uniform: [low, high], loguniform: [low, high], randint: [low, high]")
+                continue
+            # a logged config (model_dump) also names the kinds a distribution is not, as None
+            given = {k: v for k, v in mutation.items() if v is not None} if isinstance(mutation, dict) else {}
+            if len(given) != 1 or not set(given) <= set(kinds):
+                raise ValueError(f"{name}={mutation!r}: {unreadable}")
+            try:
+                checked[name] = Distribution(**given)
+            except ValidationError as error:
+                raise ValueError(f"{name}={mutation!r}: {error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
         return checked
