@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,7 +102,9 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
     for row in expected.ratings.table():
         assert f"{row['player']} " in shown.output and f"{row['mu']:.2f} ± {row['sigma']:.2f}" in shown.output
     members = [f"{names[0]}/1", f"{names[0]}/2", f"{names[1]}/1"]
-    played = CliRunner().invoke(app, ["ratings", *[f"--member={m}" for m in members], "--episodes", "20", "--tracking-uri", store], env={"COLUMNS": "200"})
+    played = CliRunner().invoke(app, ["ratings", *[f"--member={m}" for m in members], "--episodes", "20", "--games-per-match", "5",
+                                      "--tracking-uri", store], env={"COLUMNS": "200"})
     assert played.exit_code == 0, played.output
     flat = " ".join(played.output.split())
-    assert "40 greedy games, 20 per pairing" in flat and all(m in played.output for m in members)
+    assert "40 greedy games, 20 per pairing" in flat and "rated as matches of 5" in flat and all(m in played.output for m in members)
+    assert re.search(rf"{re.escape(names[1])}/1 │ [^│]+ │ [^│]+ │ [^│]+ │ 8 │", flat), flat  # rated: two pairings of 4 matches
