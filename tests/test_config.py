@@ -211,3 +211,25 @@ def test_every_shipped_marl_config_is_valid(path):
 
     config = MARLConfig(**yaml.safe_load(path.read_text()))
     assert config.algorithm_settings is not None and path.stem.endswith(config.algorithm)
+
+
+LEAGUE_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "league").glob("*.yaml"))
+PBT_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "pbt").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", LEAGUE_CONFIGS, ids=[path.stem for path in LEAGUE_CONFIGS])
+def test_every_shipped_league_config_is_valid(path):
+    """`psro league run --config` examples, PBT among a league's players included."""
+    from marl_core.league.config import build_league_config
+
+    config = build_league_config(load_config_file(path))
+    assert path.stem.split("_")[-1] in (config.algorithm, "pbt") and (config.pbt is not None) == path.stem.endswith("pbt")
+
+
+@pytest.mark.parametrize("path", PBT_CONFIGS, ids=[path.stem for path in PBT_CONFIGS])
+def test_every_shipped_pbt_config_is_valid(path):
+    """`psro pbt run --config` examples."""
+    from marl_core.pbt.marl import PBTConfig
+
+    config = PBTConfig(**load_config_file(path))
+    assert path.stem.endswith(config.marl.algorithm) and config.marl.experiment == "pbt"
