@@ -2,7 +2,7 @@
 ratings and snapshots in MLflow, snapshots registered as weights; and a run killed by SIGKILL
 while its next generation trains (its tracker between registering generation 2's snapshots and
 committing them) resumes to exactly the league an uninterrupted run computes (PBT's lineage
-between its main exploiters included), with no registry version twice."""
+between its main agents included), with no registry version twice."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ PSRO = str(Path(sys.executable).with_name("psro"))
 SETTINGS = dict(
     game="kuhn_poker", generations=3, episodes=100, episodes_per_round=50, eval_episodes=40, num_cpus=2,
     rollout={"workers": 2, "envs_per_worker": 8},
-    league={"main_exploiters": 2, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
-    # PBT between the two main exploiters at every generation: its settings and lineage resume too
+    league={"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
+    # PBT between the two main agents at every generation: its settings and lineage resume too
     pbt={"perturbation_interval": 1, "hyperparam_mutations": {"lr": {"loguniform": [1e-4, 1e-2]}}},
 )
 
