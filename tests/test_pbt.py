@@ -157,3 +157,21 @@ def test_settings_read_back_from_their_own_dump():
     kinds it is not as None."""
     settings = _settings(hyperparam_mutations={"lr": {"loguniform": [1e-5, 1e-2]}, "epochs": [2, 4]})
     assert PBTSettings(**settings.model_dump(mode="json")) == settings
+
+
+def test_settings_in_a_section_are_mutated_by_their_dotted_name():
+    """IPPO keeps its PPO settings in a section: `ppo.lr` names the learning rate; a member's
+    override of one setting of the section keeps the others, and a copy's explored value lands
+    in the section."""
+    from marl_core.pbt.marl import PBTConfig, PBTState, merged
+
+    marl = dict(env="pettingzoo:mpe2.simple_spread_v3", algorithm="ippo", rounds=4, settings={"ppo": {"lr": 3e-4, "epochs": 2}})
+    config = PBTConfig(marl=marl, population=2, members=[{"ppo": {"lr": 1e-7}}],
+                       pbt={"perturbation_interval": 2, "hyperparam_mutations": {"ppo.lr": {"loguniform": [1e-5, 1e-2]}}})
+    assert config.hyperparameters(0) == {"ppo.lr": 1e-7} and config.hyperparameters(1) == {"ppo.lr": 3e-4}
+    assert config.member_config(0).algorithm_settings.ppo.epochs == 2
+    assert merged({"ppo": {"lr": 3e-4, "epochs": 2}}, {"ppo.lr": 2e-4}) == {"ppo": {"lr": 2e-4, "epochs": 2}}
+    state = PBTState.initial(config)
+    assert state.member_config(config, 0).algorithm_settings.ppo.lr == 1e-7
+    with pytest.raises(ValidationError, match=r"\['ppo.learning_rate'\] are not settings of ippo"):
+        PBTConfig(marl=marl, pbt={"perturbation_interval": 2, "hyperparam_mutations": {"ppo.learning_rate": [0.1]}})

@@ -57,7 +57,7 @@ class PBTConfig(BaseModel):
             raise ValueError(f"members: {len(self.members)} given for a population of {self.population}")
         for i in range(self.population):
             self.member_config(i)  # each member's settings must be valid for the algorithm
-        settings = self.marl.algorithm_settings.model_dump()
+        settings = dotted(self.marl.algorithm_settings.model_dump())
         unknown = sorted(set(self.pbt.hyperparam_mutations) - set(settings))
         if unknown:
             raise ValueError(f"pbt.hyperparam_mutations: {unknown} are not settings of {self.marl.algorithm}; it has {sorted(settings)}")
@@ -68,13 +68,39 @@ class PBTConfig(BaseModel):
     def member_config(self, member: int, settings: Optional[dict] = None) -> MARLConfig:
         """Member `member`'s MARL config: its own seed, its settings (`settings`, else the
         configured ones), and greedy evaluations at every perturbation point."""
-        own = settings if settings is not None else {**self.marl.settings, **(self.members[member] if member < len(self.members) else {})}
+        own = settings if settings is not None else merged(self.marl.settings, self.members[member] if member < len(self.members) else {})
         return self.marl.model_copy(update={"settings": own, "seed": self.marl.seed + member, "eval_every": self.pbt.perturbation_interval})
 
     def hyperparameters(self, member: int) -> dict[str, Any]:
         """Member `member`'s starting values of the mutated hyperparameters."""
-        values = self.member_config(member).algorithm_settings.model_dump()
+        values = dotted(self.member_config(member).algorithm_settings.model_dump())
         return {name: values[name] for name in self.pbt.hyperparam_mutations}
+
+
+def dotted(settings: dict, prefix: str = "") -> dict[str, Any]:
+    """Settings by dotted name: a section's settings (IPPO's `ppo: {lr: ...}`) as `ppo.lr`."""
+    flat = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def merged(settings: dict, overrides: dict) -> dict:
+    """`settings` with `overrides` over them, section by section (a member's `ppo: {lr: ...}`
+    keeps the section's other settings), or by dotted name (`ppo.lr`)."""
+    out = {key: merged(value, {}) if isinstance(value, dict) else value for key, value in settings.items()}
+    for key, value in overrides.items():
+        section, _, rest = key.partition(".")
+        if rest:
+            out[section] = merged(out.get(section, {}), {rest: value})
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 @dataclasses.dataclass
@@ -124,9 +150,9 @@ def perturb(config: PBTConfig, state: PBTState, records: list) -> list[LineageEn
     rng.bit_generator.state = state.rng
     lineage = exploit_and_explore(step, [score_of(r) for r in records], state.hyperparameters, config.pbt, rng)
     state.rng = rng.bit_generator.state
-    sources = {e.source: dict(state.settings[e.source]) for e in lineage}  # a top member is never a bottom one
+    sources = {e.source: state.settings[e.source] for e in lineage}  # a top member is never a bottom one
     for entry in lineage:
-        state.settings[entry.member] = {**sources[entry.source], **entry.after}
+        state.settings[entry.member] = merged(sources[entry.source], entry.after)
         state.hyperparameters[entry.member] = dict(entry.after)
     state.lineage.extend(lineage)
     return lineage
