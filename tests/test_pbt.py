@@ -163,7 +163,8 @@ def test_settings_in_a_section_are_mutated_by_their_dotted_name():
     """IPPO keeps its PPO settings in a section: `ppo.lr` names the learning rate; a member's
     override of one setting of the section keeps the others, and a copy's explored value lands
     in the section."""
-    from marl_core.pbt.marl import PBTConfig, PBTState, merged
+    from marl_core.pbt.marl import PBTConfig, PBTState
+    from marl_core.pbt.settings import merged
 
     marl = dict(env="pettingzoo:mpe2.simple_spread_v3", algorithm="ippo", rounds=4, settings={"ppo": {"lr": 3e-4, "epochs": 2}})
     config = PBTConfig(marl=marl, population=2, members=[{"ppo": {"lr": 1e-7}}],

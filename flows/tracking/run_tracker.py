@@ -22,6 +22,7 @@ import numpy as np
 from flows.tracking.background import BackgroundTracker
 from flows.tracking import layout, plots
 from flows.tracking.resume import table_key
+from marl_core.pbt.settings import dotted
 from marl_core.psro.game import psro_game_of
 
 # Fault injection for tests: SIGKILL the process that tracks the run once iteration N's members
@@ -30,17 +31,6 @@ KILL_BEFORE_COMMIT = "PSRO_KILL_BEFORE_COMMIT"
 
 # The per-iteration metrics (`IterationRecord.metrics`) the end of a run plots against the iteration.
 CURVES = ("exploitability", "nash_conv", "approx_exploitability", "approx_exploitability_stderr")
-
-
-def flat_params(values: dict, prefix: str = "") -> dict:
-    """Nested settings as MLflow params with dotted names: {"dqn": {"lr": 1e-3}} -> {"dqn.lr": 1e-3}."""
-    flat = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(flat_params(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def create_run(client, config, run_name: str, tags: dict[str, str], experiment_name: str | None = None) -> str:
@@ -52,7 +42,7 @@ def create_run(client, config, run_name: str, tags: dict[str, str], experiment_n
     experiment = client.get_experiment_by_name(experiment_name)
     experiment_id = experiment.experiment_id if experiment else client.create_experiment(experiment_name)
     run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
-    params = [Param(key, str(value)) for key, value in flat_params(config.model_dump()).items()]
+    params = [Param(key, str(value)) for key, value in dotted(config.model_dump()).items()]
     client.log_batch(run_id, params=params)
     client.log_dict(run_id, config.model_dump(mode="json"), layout.CONFIG_ARTIFACT)
     return run_id
@@ -138,7 +128,7 @@ class RunTracker(BackgroundTracker):
             tags={"game": self.config.game, "oracle": self.config.oracle, "meta_solver": self.config.meta_solver, **self.tags},
         )
         self.artifact_uri = run.info.artifact_uri
-        params = [Param(key, str(value)) for key, value in flat_params(self.config.model_dump()).items()]
+        params = [Param(key, str(value)) for key, value in dotted(self.config.model_dump()).items()]
         self.client.log_batch(run.info.run_id, params=params)
         self.client.log_dict(run.info.run_id, self.config.model_dump(mode="json"), layout.CONFIG_ARTIFACT)
         if self.config.register_models:

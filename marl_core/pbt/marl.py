@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from marl_core.marl.training import MARLConfig
 from marl_core.pbt.schedule import LineageEntry, due, exploit_and_explore
-from marl_core.pbt.settings import PBTSettings
+from marl_core.pbt.settings import PBTSettings, dotted, merged
 from marl_core.rl.optimizers import load_keeping_hyperparameters
 
 
@@ -75,32 +75,6 @@ class PBTConfig(BaseModel):
         """Member `member`'s starting values of the mutated hyperparameters."""
         values = dotted(self.member_config(member).algorithm_settings.model_dump())
         return {name: values[name] for name in self.pbt.hyperparam_mutations}
-
-
-def dotted(settings: dict, prefix: str = "") -> dict[str, Any]:
-    """Settings by dotted name: a section's settings (IPPO's `ppo: {lr: ...}`) as `ppo.lr`."""
-    flat = {}
-    for key, value in settings.items():
-        if isinstance(value, dict):
-            flat.update(dotted(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def merged(settings: dict, overrides: dict) -> dict:
-    """`settings` with `overrides` over them, section by section (a member's `ppo: {lr: ...}`
-    keeps the section's other settings), or by dotted name (`ppo.lr`)."""
-    out = {key: merged(value, {}) if isinstance(value, dict) else value for key, value in settings.items()}
-    for key, value in overrides.items():
-        section, _, rest = key.partition(".")
-        if rest:
-            out[section] = merged(out.get(section, {}), {rest: value})
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 @dataclasses.dataclass

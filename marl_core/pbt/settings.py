@@ -14,7 +14,7 @@ Kept free of torch, so a config is checked before anything loads.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -87,3 +87,30 @@ class PBTSettings(BaseModel):
             except ValidationError as error:
                 raise ValueError(f"{name}={mutation!r}: {error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
         return checked
+
+
+def dotted(settings: dict, prefix: str = "") -> dict[str, Any]:
+    """Settings by dotted name: a section's settings (IPPO's `ppo: {lr: ...}`) as `ppo.lr`, the
+    names mutations take and MLflow's params carry."""
+    flat = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def merged(settings: dict, overrides: dict) -> dict:
+    """`settings` with `overrides` over them, section by section (a member's `ppo: {lr: ...}`
+    keeps the section's other settings), or by dotted name (`ppo.lr`)."""
+    out = {key: merged(value, {}) if isinstance(value, dict) else value for key, value in settings.items()}
+    for key, value in overrides.items():
+        section, _, rest = key.partition(".")
+        if rest:
+            out[section] = merged(out.get(section, {}), {rest: value})
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
