@@ -25,7 +25,7 @@ from typing import Optional
 
 from flows.tracking import layout
 from flows.tracking.background import BackgroundTracker
-from flows.tracking.resume import ResumeError
+from flows.tracking.resume import ResumeError, committed_run
 from flows.tracking.run_tracker import create_run, ensure_registered_model
 
 # Fault injection for tests: SIGKILL the process once generation N's snapshots are registered
@@ -43,15 +43,10 @@ class LeagueCheckpoint:
 def committed_league(tracking_uri: str, run_id: str) -> LeagueCheckpoint:
     """Which league run `run_id` is and how far it got; a ResumeError in one line if it is none."""
     import mlflow
-    from mlflow.exceptions import MlflowException
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise ResumeError(f"no MLflow run {run_id!r} in {tracking_uri}") from None
-    if layout.LEAGUE_COMMITTED_TAG not in run.data.tags:
-        raise ResumeError(f"run {run_id} has no committed generation to resume from (was it a `psro league run`?)")
+    what = f"run {run_id} has no committed generation to resume from (was it a `psro league run`?)"
+    run = committed_run(client, run_id, layout.LEAGUE_COMMITTED_TAG, what)
     with tempfile.TemporaryDirectory() as directory:
         config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
     return LeagueCheckpoint(run_id, config, int(run.data.tags[layout.LEAGUE_COMMITTED_TAG]))

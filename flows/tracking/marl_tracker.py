@@ -21,7 +21,7 @@ from typing import Optional
 
 from flows.tracking.background import BackgroundTracker
 from flows.tracking import layout
-from flows.tracking.resume import ResumeError
+from flows.tracking.resume import committed_run
 from flows.tracking.run_tracker import create_run, ensure_registered_model
 
 # Fault injection for tests: SIGKILL the process once round N's policies are registered and
@@ -41,15 +41,9 @@ class MARLCheckpoint:
 def load_marl_checkpoint(tracking_uri: str, run_id: str) -> MARLCheckpoint:
     import mlflow
     import torch
-    from mlflow.exceptions import MlflowException
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise ResumeError(f"no MLflow run {run_id!r} in {tracking_uri}") from None
-    if layout.MARL_COMMITTED_TAG not in run.data.tags:
-        raise ResumeError(f"run {run_id} has no committed round to resume from (was it a `psro marl run`?)")
+    run = committed_run(client, run_id, layout.MARL_COMMITTED_TAG, f"run {run_id} has no committed round to resume from (was it a `psro marl run`?)")
     with tempfile.TemporaryDirectory() as directory:
         config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
         state = torch.load(client.download_artifacts(run_id, layout.MARL_CHECKPOINT, directory), weights_only=True)

@@ -24,7 +24,7 @@ from typing import Optional
 from flows.tracking import layout
 from flows.tracking.background import BackgroundTracker
 from flows.tracking.marl_tracker import store_policy
-from flows.tracking.resume import ResumeError
+from flows.tracking.resume import ResumeError, committed_run
 from flows.tracking.run_tracker import create_run
 
 # Fault injection for tests: SIGKILL the process once round N's checkpoint is written and its
@@ -44,17 +44,11 @@ def load_pbt_checkpoint(tracking_uri: str, run_id: str) -> PBTCheckpoint:
     """What run `run_id` committed last; a ResumeError in one line if it is no PBT run."""
     import mlflow
     import torch
-    from mlflow.exceptions import MlflowException
 
     from marl_core.pbt.marl import PBTState
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise ResumeError(f"no MLflow run {run_id!r} in {tracking_uri}") from None
-    if layout.PBT_COMMITTED_TAG not in run.data.tags:
-        raise ResumeError(f"run {run_id} has no committed round to resume from (was it a `psro pbt run`?)")
+    run = committed_run(client, run_id, layout.PBT_COMMITTED_TAG, f"run {run_id} has no committed round to resume from (was it a `psro pbt run`?)")
     committed = int(run.data.tags[layout.PBT_COMMITTED_TAG])
     with tempfile.TemporaryDirectory() as directory:
         config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())

@@ -102,16 +102,22 @@ def find_tagged(config, key: str, value: str) -> str | None:
     return next((run.info.run_id for run in runs if committed_iteration(run) is not None), None)
 
 
-def _committed_run(client, run_id: str):
+def committed_run(client, run_id: str, tag: str, nothing_committed: str):
+    """Run `run_id`, which some scenario's commit `tag` must mark; a one-line ResumeError if
+    there is no such run, or `nothing_committed` if it never committed."""
     from mlflow.exceptions import MlflowException
 
     try:
         run = client.get_run(run_id)
     except MlflowException:
         raise ResumeError(f"no MLflow run {run_id!r} in {client.tracking_uri}") from None
-    if committed_iteration(run) is None:
-        raise ResumeError(f"run {run_id} committed no iteration; start it again with `psro run`")
+    if tag not in run.data.tags:
+        raise ResumeError(nothing_committed)
     return run
+
+
+def _committed_run(client, run_id: str):
+    return committed_run(client, run_id, layout.COMMITTED_TAG, f"run {run_id} committed no iteration; start it again with `psro run`")
 
 
 def committed_iteration(run) -> int | None:
