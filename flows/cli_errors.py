@@ -16,6 +16,23 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def build_or_fail(model, values: dict):
+    """`model(**values)`, or its first validation error as one `error:` line naming the setting
+    and its value (a message that names an entry of a mapping itself is put under the mapping)."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        message = first["msg"].removeprefix("Value error, ")
+        where = ".".join(map(str, first["loc"]))
+        if not first["loc"]:
+            fail(message)
+        named = isinstance(first["input"], dict) and any(message.startswith(f"{key}=") for key in first["input"])
+        fail(f"{where}.{message}" if named else f"{where}={first['input']!r}: {message}")
+
+
 class OneLineErrors(typer.core.TyperCommand):
     """A flag of the wrong type or an unknown flag is bad input like any other: one `error:`
     line naming the value, exit code 2 (typer would print a usage box)."""

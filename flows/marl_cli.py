@@ -16,23 +16,16 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flows.cli_errors import OneLineErrors, fail, with_services
+from flows.cli_errors import OneLineErrors, build_or_fail, fail, with_services
 
 marl_app = typer.Typer(add_completion=False, no_args_is_help=True, help="MARL training: MAPPO, QMIX, MADDPG, IPPO, ... on one environment.")
 console = Console()
 
 
 def _config(values: dict):
-    from pydantic import ValidationError
-
     from marl_core.marl.training import MARLConfig
 
-    try:
-        return MARLConfig(**values)
-    except ValidationError as error:
-        first = error.errors()[0]
-        message = first["msg"].removeprefix("Value error, ")
-        fail(f"{'.'.join(map(str, first['loc']))}={first['input']!r}: {message}" if first["loc"] else message)
+    return build_or_fail(MARLConfig, values)
 
 
 @marl_app.command("run", cls=OneLineErrors)

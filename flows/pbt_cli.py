@@ -16,27 +16,16 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from flows.cli_errors import OneLineErrors, fail, with_services
+from flows.cli_errors import OneLineErrors, build_or_fail, fail, with_services
 
 pbt_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Population-based training: exploit and explore over a population of learners.")
 console = Console()
 
 
 def _config(values: dict):
-    from pydantic import ValidationError
-
     from marl_core.pbt.marl import PBTConfig
 
-    try:
-        return PBTConfig(**values)
-    except ValidationError as error:
-        first = error.errors()[0]
-        message = first["msg"].removeprefix("Value error, ")
-        where = ".".join(map(str, first["loc"]))
-        if not first["loc"]:
-            fail(message)
-        named = isinstance(first["input"], dict) and any(message.startswith(f"{key}=") for key in first["input"])
-        fail(f"{where}.{message}" if named else f"{where}={first['input']!r}: {message}")  # a message may name the entry at fault
+    return build_or_fail(PBTConfig, values)
 
 
 @pbt_app.command("run", cls=OneLineErrors)
