@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -160,6 +161,8 @@ def main(argv=None) -> int:
         "iterations": args.iterations, "game": args.game, "wall_seconds": wall, "error": error,
         "driver_peak_kib": rss_kib(field="VmHWM"), "samples": samples,
         "left_running": marked_processes(marker),
+        # threads the interpreter would wait for at exit (a subflow left calling a stopped server)
+        "threads_left": [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()],
     }
     (work / "memory_report.json").write_text(json.dumps(report, indent=1))
     _summarize(report)
@@ -184,7 +187,7 @@ def _summarize(report: dict) -> None:
                   f"({(b / a - 1) * 100 if a else float('nan'):+.1f}%)")
     if report["error"]:
         print(f"run failed: {report['error']}")
-    print(f"processes left running: {len(report['left_running'])}")
+    print(f"processes left running: {len(report['left_running'])}; threads left running: {len(report['threads_left'])}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
 from flows.patches import fresh_every_call
 from flows.tracking.layout import FLOW_RUN_TAG
-from flows.runtime import StartingServices, ray_session, ray_to_use, reap_on_crash, run_services
+from flows.runtime import StartingServices, finish_before_prefect_stops, ray_session, ray_to_use, reap_on_crash, run_services
 from marl_core.psro import steps as psro
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import IterationRecord, PSROState
@@ -227,14 +227,12 @@ def _run_iterations(config, state, first, run_started, pool, tracker, on_iterati
                 break
             current, iteration = upcoming, iteration + 1
     except BaseException:
-        # Ctrl-C or a failed iteration. Subflows with no work left (the one started ahead, the
-        # one whose work is done) finish their Prefect bookkeeping now, while the server still
-        # answers: a thread left calling a stopped server would hold up the interpreter's exit.
-        # A subflow still working is not waited for; stopping Ray (the caller's next step) ends it.
+        # Ctrl-C or a failed iteration. A subflow still working is not waited for here: stopping
+        # Ray (the caller's next step) ends its work, and the run's exit waits for it to record
+        # that while the Prefect server still answers (see `finish_before_prefect_stops`).
         if upcoming and not upcoming[0].inbox.done():
             upcoming[0].inbox.set_result(None)
-        idle = [subflow for handoff, subflow in (current, upcoming or current) if handoff.outbox.done() or handoff.inbox.result() is None]
-        wait(idle, timeout=60)
+        finish_before_prefect_stops(current[1], *(upcoming[1:] if upcoming else ()))
         threads.shutdown(wait=False, cancel_futures=True)
         raise
     threads.shutdown()

@@ -329,6 +329,33 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
             ray.shutdown(wait_for_processes=True)
 
 
+_stragglers: list = []  # futures of flow threads that must end before the Prefect API stops
+STRAGGLER_TIMEOUT = 60.0
+
+
+def finish_before_prefect_stops(*futures) -> None:
+    """Have the run's exit wait for these threads (a subflow that was still working when the run
+    failed) after Ray stops, which ends their work, and before the Prefect API stops.
+
+    A subflow records its end through the API. Left for after the server stopped, its thread
+    retries each request for a minute, several requests in a row: the interpreter, which joins
+    such threads at exit, then hung for minutes after the run had failed.
+    """
+    _stragglers.extend(futures)
+
+
+@contextlib.contextmanager
+def stragglers_finished() -> Iterator[None]:
+    from concurrent.futures import wait
+
+    try:
+        yield
+    finally:
+        pending = list(_stragglers)
+        _stragglers.clear()
+        wait(pending, timeout=STRAGGLER_TIMEOUT)
+
+
 @dataclasses.dataclass(frozen=True)
 class StartingServices:
     """The Prefect API and Ray of a run, both still starting; ``joined_ray`` is the address of a
@@ -350,7 +377,7 @@ def services_starting(ray_address: str | None, num_cpus: int | None, environment
     """Start a run's Prefect API and Ray in the background (Ray's workers warming up on
     ``environment``), for every scenario's command: it goes on with its slow imports meanwhile,
     and everything stops on exit, a crash included."""
-    with reap_on_crash(), prefect_api() as (api_url, wait_for_prefect):
+    with reap_on_crash(), prefect_api() as (api_url, wait_for_prefect), stragglers_finished():
         address, worker_env = ray_to_use(ray_address, api_url)
         with ray_in_background(address, num_cpus, worker_env, environment) as wait_for_ray:
             yield StartingServices(api_url, wait_for_prefect, wait_for_ray, None if worker_env else address)
