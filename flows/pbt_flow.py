@@ -31,7 +31,7 @@ from flows.marl_flow import RayLearner, _Learner, _TaskRunner
 from flows.patches import fresh_every_call
 from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
-from flows.runtime import StartingServices, run_services
+from flows.runtime import StartingServices, finish_before_prefect_stops, run_services
 from marl_core.marl import training
 from marl_core.pbt.marl import PBTConfig, PBTRound, PBTState, perturb, run_pbt_round
 from marl_core.rollout.pool import WorkerPool
@@ -41,11 +41,21 @@ RoundCallback = Callable[[PBTRound], None]
 
 def _at_once(function, members):
     """`map` over the members on threads, each in a copy of this context (the subflow's run
-    context, so every thread's tasks belong to it)."""
+    context, so every thread's tasks belong to it).
+
+    When one member fails or the run is interrupted, the others are not waited for (a round can
+    take minutes): stopping Ray ends their work, and the run's exit waits for their threads to
+    record that (`finish_before_prefect_stops`)."""
     members = list(members)
-    with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="pbt-member") as threads:
-        futures = [threads.submit(contextvars.copy_context().run, function, m) for m in members]
+    threads = ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="pbt-member")
+    futures = [threads.submit(contextvars.copy_context().run, function, m) for m in members]
+    try:
         return [f.result() for f in futures]
+    except BaseException:
+        finish_before_prefect_stops(*futures)
+        raise
+    finally:
+        threads.shutdown(wait=False)
 
 
 @fresh_every_call
