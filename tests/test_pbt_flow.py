@@ -82,6 +82,11 @@ def test_a_killed_pbt_run_resumes_from_its_commit_without_duplicate_versions(tmp
     assert lineage[0]["after"] == pytest.approx(first.after) and lineage[0]["member_score"] == pytest.approx(first.member_score)
     best = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "best_score")}
     assert sorted(best) == [1, 3] and best[1] == pytest.approx(max(local[1].scores()))
+    # round 1's versions: the member that copied holds its source's networks, and says so
+    at_round_1 = {v.tags["member"]: v.tags for v in versions() if v.tags["round"] == "1"}
+    copy, source = at_round_1[str(first.member)], at_round_1[str(first.source)]
+    assert copy["copied_from"] == str(first.source) and "copied_from" not in source
+    assert float(copy["score"]) == float(source["score"]) == pytest.approx(first.source_score)
     committed = json.loads(Path(client.download_artifacts(
         run.info.run_id, f"{layout.pbt_checkpoint_path(3, 2)}/{layout.PBT_STATE_FILE}", str(tmp_path / "slot"))).read_text())
     assert committed["round"] == 4 and committed["hyperparameters"][lineage[1]["member"]] == lineage[1]["after"]

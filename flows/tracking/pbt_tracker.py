@@ -152,10 +152,16 @@ class PBTTracker(BackgroundTracker):
                 torch.save(training_state, slot / f"member_{i}.pt")
             (slot / layout.PBT_STATE_FILE).write_text(json.dumps(state))
             self.client.log_artifacts(self.run_id, str(slot), layout.pbt_checkpoint_path(round, marl.checkpoint_every))
+            # a member that copied another at this round holds that member's networks: its
+            # version carries the score those networks earned, and says whose they are
+            copied = {e["member"]: e["source"] for e in state["lineage"] if e["step"] == state["round"]}
             for i, (_, weights) in enumerate(learners):
+                networks = copied.get(i, i)
                 tags = {"round": str(round), "member": str(i), "env_steps": str(state["env_steps"][i]),
-                        "score": str(self._scores.get(i, {}).get(round, float("nan"))),
+                        "score": str(self._scores.get(networks, {}).get(round, float("nan"))),
                         "hyperparameters": json.dumps(state["hyperparameters"][i])}
+                if i in copied:
+                    tags["copied_from"] = str(networks)
                 for policy, policy_weights in weights.items():
                     store_policy(self.client, self.run_id, marl, policy, policy_weights, layout.pbt_policy_path(i, policy, round), tags)
             lineage = Path(directory) / "lineage"

@@ -1,0 +1,85 @@
+"""A PBT run's best member against its `--no-exploit` baseline's, each re-evaluated on fresh episodes.
+
+A run's best score is the maximum over its members of a greedy return measured on
+`eval_episodes` episodes. The maximum of noisy estimates is biased upward, and more so over more
+members: a PBT run ends with every member trained, its baseline with the members that could not
+learn still untrained, so comparing the two runs' best scores favours PBT even where it found
+nothing. Here each run's best member (by the run's own final score) is taken from its last
+committed checkpoint and evaluated again, greedily, on `--episodes` episodes whose seeds no
+training or evaluation round used; the two re-evaluations are independent of the selection.
+
+Usage: python benchmarks/pbt_versus_baseline.py --tracking-uri sqlite:///mlflow.db \
+           --pbt RUN_ID --baseline RUN_ID [--episodes 1000]
+Prints, per run: the members' final scores, the best member, and its re-evaluated return with
+its standard error; then the difference with its standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+EVAL_SEED = 7_777_777  # no run's member seed: runs use seed + member index
+
+
+def reevaluate(tracking_uri: str, run_id: str, episodes: int) -> tuple[list[float], int, float, float]:
+    """(final scores per member, the best member, its re-evaluated mean return, standard error)."""
+    import mlflow
+    import numpy as np
+    import torch
+
+    from flows.tracking.pbt_tracker import load_pbt_checkpoint
+    from marl_core.marl import training
+    from marl_core.pbt.marl import PBTConfig
+    from marl_core.rollout.pool import WorkerPool
+
+    checkpoint = load_pbt_checkpoint(tracking_uri, run_id)
+    config = PBTConfig(**checkpoint.config)
+    last = checkpoint.state.round - 1
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    scores = []
+    for i in range(config.population):
+        history = client.get_metric_history(run_id, f"member_{i}/score")
+        scores.append(max(history, key=lambda m: m.step).value)
+    best = int(np.argmax(scores))
+    # a member copied at the last round holds its source's network, not the one its score measured
+    copied = {e.member for e in checkpoint.state.lineage if e.step == last + 1}
+    if best in copied:
+        raise SystemExit(f"run {run_id}: member {best} was overwritten after its last score")
+    member = checkpoint.state.member_config(config, best).model_copy(update={"eval_episodes": episodes, "seed": EVAL_SEED})
+    torch.set_num_threads(1)
+    layout, spec = training.layout_and_spec(member)
+    learner = training.make_learner(member, layout, spec.state_size)
+    learner.load_state_dict(checkpoint.learners[best])
+    pool = WorkerPool(training.pool_config(member))
+    try:
+        returns = training.evaluate_policies(member, pool, training.LocalLearner(learner), last)
+    finally:
+        pool.close()
+    per_episode = returns.mean(axis=1)  # the mean over agents, as a member's score
+    return scores, best, float(per_episode.mean()), float(per_episode.std(ddof=1) / math.sqrt(len(per_episode)))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tracking-uri", required=True)
+    parser.add_argument("--pbt", required=True, help="run id of the `psro pbt run`")
+    parser.add_argument("--baseline", required=True, help="run id of the same config with --no-exploit")
+    parser.add_argument("--episodes", type=int, default=1000)
+    args = parser.parse_args(argv)
+    results = {}
+    for name, run_id in (("PBT", args.pbt), ("baseline", args.baseline)):
+        scores, best, mean, stderr = reevaluate(args.tracking_uri, run_id, args.episodes)
+        results[name] = (mean, stderr)
+        print(f"{name:9s} final scores {' '.join(f'{s:.2f}' for s in scores)}; best member {best} "
+              f"({scores[best]:.2f}), over {args.episodes} fresh episodes {mean:.2f} ± {stderr:.2f}")
+    (a, sa), (b, sb) = results["PBT"], results["baseline"]
+    print(f"PBT - baseline: {a - b:+.2f} ± {math.hypot(sa, sb):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.exit(main())
