@@ -10,6 +10,7 @@ training or evaluation round used; the two re-evaluations are independent of the
 
 Usage: python benchmarks/pbt_versus_baseline.py --tracking-uri sqlite:///mlflow.db \
            --pbt RUN_ID --baseline RUN_ID [--episodes 1000]
+For runs whose agents share one policy (a member's score is then that policy's return).
 Prints, per run: the members' final scores, the best member, and its re-evaluated return with
 its standard error; then the difference with its standard error.
 """
@@ -43,11 +44,7 @@ def reevaluate(tracking_uri: str, run_id: str, episodes: int) -> tuple[list[floa
     for i in range(config.population):
         history = client.get_metric_history(run_id, f"member_{i}/score")
         scores.append(max(history, key=lambda m: m.step).value)
-    best = int(np.argmax(scores))
-    # a member copied at the last round holds its source's network, not the one its score measured
-    copied = {e.member for e in checkpoint.state.lineage if e.step == last + 1}
-    if best in copied:
-        raise SystemExit(f"run {run_id}: member {best} was overwritten after its last score")
+    best = int(np.argmax(scores))  # a top member: exploit never overwrites it, so the checkpoint holds what it scored
     member = checkpoint.state.member_config(config, best).model_copy(update={"eval_episodes": episodes, "seed": EVAL_SEED})
     torch.set_num_threads(1)
     layout, spec = training.layout_and_spec(member)
@@ -58,8 +55,9 @@ def reevaluate(tracking_uri: str, run_id: str, episodes: int) -> tuple[list[floa
         returns = training.evaluate_policies(member, pool, training.LocalLearner(learner), last)
     finally:
         pool.close()
-    per_episode = returns.mean(axis=1)  # the mean over agents, as a member's score
-    return scores, best, float(per_episode.mean()), float(per_episode.std(ddof=1) / math.sqrt(len(per_episode)))
+    mean, stderr = training.summarize(returns, list(layout.agents), layout.groups)
+    (policy,) = [key for key in mean if key.startswith("policy/")]  # a member's score is its policy's return
+    return scores, best, mean[policy], stderr[policy]
 
 
 def main(argv=None) -> int:
