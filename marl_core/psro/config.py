@@ -14,7 +14,7 @@ from marl_core.empirical_game.meta_solvers import check_meta_solver
 from marl_core.psro.game import is_openspiel_name, psro_game_of
 from marl_core.psro.oracles import ORACLES, get_oracle
 from marl_core.rl import ALGORITHMS
-from marl_core.rl.settings import A2CConfig, DQNConfig, PPOConfig
+from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig
 
 
 class ConfigError(ValueError):
@@ -34,7 +34,9 @@ GAME_DQN = DQNConfig(
 # optimisation per batch (Kuhn, 20,000 episodes: gap to the exact response 0.018 -> 0.012).
 GAME_PPO = PPOConfig(gamma=1.0, lr=1e-3, epochs=8, entropy_coef=0.001)
 GAME_A2C = A2CConfig(gamma=1.0)  # the rest: A2C's own defaults
-GAME_DEFAULTS = {"dqn": GAME_DQN, "ppo": GAME_PPO, "a2c": GAME_A2C}  # RL algorithm name -> its game defaults
+GAME_IMPALA = IMPALAConfig(gamma=1.0)
+GAME_APPO = APPOConfig(gamma=1.0)
+GAME_DEFAULTS = {"dqn": GAME_DQN, "ppo": GAME_PPO, "a2c": GAME_A2C, "impala": GAME_IMPALA, "appo": GAME_APPO}  # RL algorithm name -> its game defaults
 
 
 class WithAlgorithmSections(BaseModel):

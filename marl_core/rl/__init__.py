@@ -23,7 +23,7 @@ import importlib
 from typing import NamedTuple
 
 from marl_core.registry import Registry
-from marl_core.rl.settings import A2CConfig, DQNConfig, PPOConfig
+from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig
 
 
 class Algorithm(NamedTuple):
@@ -36,6 +36,8 @@ ALGORITHMS: Registry[Algorithm] = Registry("RL algorithm")
 ALGORITHMS.add("dqn", "marl_core.rl.dqn:ALGORITHM", "double DQN with a target network and replay", DQNConfig)
 ALGORITHMS.add("ppo", "marl_core.rl.ppo:ALGORITHM", "PPO with GAE, clipping and an entropy bonus", PPOConfig)
 ALGORITHMS.add("a2c", "marl_core.rl.a2c:ALGORITHM", "A2C: one policy-gradient step per batch on n-step returns", A2CConfig)
+ALGORITHMS.add("impala", "marl_core.rl.impala:IMPALA", "IMPALA: an actor-critic on V-trace targets, for experience an older policy played", IMPALAConfig)
+ALGORITHMS.add("appo", "marl_core.rl.impala:APPO", "APPO: PPO's clipped surrogate on V-trace advantages", APPOConfig)
 
 _LAZY = {
     "Experience": "marl_core.rl.batch",
@@ -44,6 +46,8 @@ _LAZY = {
     "ReplayBuffer": "marl_core.rl.dqn",
     "PPOTrainer": "marl_core.rl.ppo",
     "A2CTrainer": "marl_core.rl.a2c",
+    "IMPALATrainer": "marl_core.rl.impala",
+    "APPOTrainer": "marl_core.rl.impala",
     "ActorCriticPolicy": "marl_core.rl.ppo",
     "compute_gae": "marl_core.rl.ppo",
     "NetworkPolicy": "marl_core.rl.policy",
@@ -57,4 +61,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "A2CConfig", "DQNConfig", "PPOConfig", *_LAZY]
+__all__ = ["ALGORITHMS", "Algorithm", "A2CConfig", "APPOConfig", "DQNConfig", "IMPALAConfig", "PPOConfig", *_LAZY]

@@ -10,11 +10,14 @@ advantages are the classic n-step returns minus the value.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
+from marl_core.rl.gradient_steps import LossStep, apply_locally
 from marl_core.rl.ppo import ActorCriticPolicy, compute_gae
 from marl_core.rl.settings import A2CConfig
 
@@ -34,6 +37,12 @@ class A2CTrainer:
         return self.update(experience)
 
     def update(self, experience: Experience) -> dict[str, float]:
+        metrics = apply_locally(self.policy, self.optimizer, self.loss_steps(experience), self.config.max_grad_norm)
+        self.updates += 1
+        return metrics
+
+    def loss_steps(self, experience: Experience) -> Iterator[LossStep]:
+        """One loss on the whole batch (`marl_core.rl.gradient_steps`)."""
         c = self.config
         experience.validate()
         if "value" not in experience.extras:
@@ -60,12 +69,8 @@ class A2CTrainer:
         value_loss = 0.5 * (self.policy.value(obs) - returns).pow(2).mean()
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()  # illegal actions add exactly 0
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
-        self.optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
-        self.optimizer.step()
-        self.updates += 1
-        return {"loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item()}
+        metrics = {"loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item()}
+        yield LossStep(loss, len(experience), metrics)
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}

@@ -14,11 +14,14 @@ PPO is on-policy: pass each batch once, collected by the current (or a very rece
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from torch import nn
 
 from marl_core.rl.batch import Experience
+from marl_core.rl.gradient_steps import LossStep, apply_locally
 from marl_core.policies.base import sample_rows
 from marl_core.rl import Algorithm
 from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp
@@ -129,6 +132,13 @@ class PPOTrainer:
 
     def update(self, experience: Experience) -> dict[str, float]:
         """Advantages for the batch, then `epochs` passes of minibatch gradient steps; mean metrics."""
+        metrics = apply_locally(self.policy, self.optimizer, self.loss_steps(experience), self.config.max_grad_norm)
+        self.updates += 1
+        return metrics
+
+    def loss_steps(self, experience: Experience) -> Iterator[LossStep]:
+        """The update as losses (`marl_core.rl.gradient_steps`): advantages once, with the critic
+        as the batch arrives, then one loss per minibatch of each epoch."""
         c = self.config
         experience.validate()
         if "logp" not in experience.extras or "value" not in experience.extras:
@@ -141,19 +151,11 @@ class PPOTrainer:
         old_logp = torch.from_numpy(experience.extras["logp"].astype(np.float32))
         advantages = torch.from_numpy(advantages.astype(np.float32))
         returns = torch.from_numpy(returns.astype(np.float32))
-
-        totals: dict[str, list[float]] = {}
         for _ in range(c.epochs):
             order = self.generator.permutation(len(experience))
             for start in range(0, len(order), c.minibatch_size):
                 index = torch.from_numpy(order[start : start + c.minibatch_size])
-                metrics = self._gradient_step(
-                    obs[index], mask[index], action[index], old_logp[index], advantages[index], returns[index]
-                )
-                for name, number in metrics.items():
-                    totals.setdefault(name, []).append(number)
-        self.updates += 1
-        return {name: float(np.mean(numbers)) for name, numbers in totals.items()}
+                yield self._loss(obs[index], mask[index], action[index], old_logp[index], advantages[index], returns[index])
 
     def _advantages(self, experience: Experience) -> tuple[np.ndarray, np.ndarray]:
         """GAE with values from acting time and the current critic's values of bootstrap states."""
@@ -168,26 +170,11 @@ class PPOTrainer:
             experience.done, experience.last, c.gamma, c.gae_lambda,
         )
 
-    def _gradient_step(self, obs, mask, action, old_logp, advantages, returns) -> dict[str, float]:
+    def _loss(self, obs, mask, action, old_logp, advantages, returns) -> LossStep:
         c = self.config
-        log_probs = torch.log_softmax(self.policy.logits(obs, mask), dim=-1)
-        logp = log_probs.gather(1, action[:, None]).squeeze(1)
-        log_ratio = logp - old_logp
-        ratio = log_ratio.exp()
         if c.normalize_advantages and len(advantages) > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
-        policy_loss = -torch.min(ratio * advantages, ratio.clamp(1 - c.clip, 1 + c.clip) * advantages).mean()
-        value_loss = 0.5 * (self.policy.value(obs) - returns).pow(2).mean()
-        # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
-        entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()
-        loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
-
-        self.optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
-        self.optimizer.step()
-        return step_metrics(loss, policy_loss, value_loss, entropy, ratio, log_ratio, c.clip)
+        return clipped_surrogate_loss(self.policy, obs, mask, action, old_logp, advantages, returns, c)
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly: networks, optimizer, RNG, counter."""
@@ -206,6 +193,21 @@ class PPOTrainer:
 
 
 ALGORITHM = Algorithm(PPOConfig, PPOTrainer, ActorCriticPolicy)
+
+
+def clipped_surrogate_loss(policy: ActorCriticPolicy, obs, mask, action, old_logp, advantages, returns, c) -> LossStep:
+    """PPO's clipped surrogate, a squared-error value loss and an entropy bonus on one minibatch;
+    `c` carries `clip`, `value_coef` and `entropy_coef` (PPO's and APPO's settings both do)."""
+    log_probs = torch.log_softmax(policy.logits(obs, mask), dim=-1)
+    logp = log_probs.gather(1, action[:, None]).squeeze(1)
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    policy_loss = -torch.min(ratio * advantages, ratio.clamp(1 - c.clip, 1 + c.clip) * advantages).mean()
+    value_loss = 0.5 * (policy.value(obs) - returns).pow(2).mean()
+    # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
+    entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()
+    loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
+    return LossStep(loss, len(action), step_metrics(loss, policy_loss, value_loss, entropy, ratio, log_ratio, c.clip))
 
 
 def step_metrics(loss, policy_loss, value_loss, entropy, ratio, log_ratio, clip: float) -> dict[str, float]:

@@ -77,3 +77,37 @@ class A2CConfig(BaseModel):
     max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip")
     normalize_advantages: bool = Field(False, description="standardise advantages per batch")
     seed: int = Field(0, description="seeds network initialisation")
+
+
+class IMPALAConfig(BaseModel):
+    """IMPALA's learner (Espeholt et al. 2018): an actor-critic trained on V-trace targets, so
+    it learns from fragments a slightly older policy played. The clipping thresholds are
+    DeepMind's `scalable_agent`'s and RLlib's (1.0); loss weights and gradient clip RLlib's;
+    Adam instead of the paper's RMSprop, as RLlib's new stack does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="hidden layer widths of actor and critic")
+    shared_trunk: bool = Field(False, description="actor and critic share the hidden layers")
+    lr: float = Field(5e-4, gt=0, description="Adam learning rate")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
+    rho_bar: float = Field(1.0, gt=0, description="V-trace: truncation of the value targets' importance weights")
+    c_bar: float = Field(1.0, gt=0, description="V-trace: truncation of the traces")
+    pg_rho_bar: float = Field(1.0, gt=0, description="V-trace: truncation of the policy gradient's importance weights")
+    trace_lambda: float = Field(1.0, ge=0, le=1, description="V-trace: lambda scaling every trace")
+    entropy_coef: float = Field(0.01, ge=0, description="weight of the entropy bonus")
+    value_coef: float = Field(0.5, ge=0, description="weight of the value loss")
+    max_grad_norm: float = Field(40.0, gt=0, description="gradient-norm clip")
+    seed: int = Field(0, description="seeds network initialisation")
+
+
+class APPOConfig(IMPALAConfig):
+    """APPO: PPO's clipped surrogate on V-trace advantages, the ratio taken against the policy
+    that played (RLlib's APPO, whose clip 0.4 this keeps). V-trace targets are computed once per
+    batch, as PPO computes GAE once, then `epochs` passes of minibatches."""
+
+    clip: float = Field(0.4, gt=0, description="probability-ratio clip of the surrogate objective")
+    epochs: int = Field(2, gt=0, description="passes over each batch")
+    minibatch_size: int = Field(256, gt=0, description="transitions per gradient step")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip")
+    normalize_advantages: bool = Field(True, description="standardise advantages per minibatch")
