@@ -7,11 +7,15 @@ parameter sharing needs nothing more. The acting networks are the trainers' own 
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import IA2CConfig, IPPOConfig, IQLConfig
 from marl_core.rl import ALGORITHMS
+from marl_core.rl.gradient_steps import LossStep, OptimizedGroup
 
 
 class IndependentLearner:
@@ -37,6 +41,26 @@ class IndependentLearner:
             for name, value in trainer.learn(experience).items():
                 metrics[f"{policy}/{name}"] = value
         return metrics
+
+    def optimized_groups(self) -> list[OptimizedGroup]:
+        """Every policy id's optimizer and parameters (`marl_core.rl.gradient_steps`)."""
+        return [group for trainer in self.trainers.values() for group in trainer.optimized_groups()]
+
+    def loss_steps(self, batch: JointExperience) -> Iterator[LossStep]:
+        """The policy ids' updates side by side: step k adds up each one's k-th loss. Their
+        parameters are disjoint, so each still gets the gradient of its own loss; metrics are
+        named `<policy>/<metric>` as `learn` names them."""
+        steps = {
+            policy: trainer.loss_steps(batch.agent_experience(list(self.layout.groups[policy])))
+            for policy, trainer in self.trainers.items()
+        }
+        for side_by_side in itertools.zip_longest(*steps.values()):
+            present = [(policy, step) for policy, step in zip(steps, side_by_side) if step is not None]
+            yield LossStep(
+                loss=sum(step.loss for _, step in present),
+                samples=sum(step.samples for _, step in present),
+                metrics={f"{policy}/{name}": value for policy, step in present for name, value in step.metrics.items()},
+            )
 
     def state_dict(self) -> dict:
         return {policy: trainer.state_dict() for policy, trainer in self.trainers.items()}

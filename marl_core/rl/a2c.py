@@ -17,7 +17,7 @@ import torch
 
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
-from marl_core.rl.gradient_steps import LossStep, apply_locally
+from marl_core.rl.gradient_steps import LossStep, OptimizedGroup, apply_locally, single_group
 from marl_core.rl.ppo import ActorCriticPolicy, compute_gae
 from marl_core.rl.settings import A2CConfig
 
@@ -37,9 +37,12 @@ class A2CTrainer:
         return self.update(experience)
 
     def update(self, experience: Experience) -> dict[str, float]:
-        metrics = apply_locally(self.policy, self.optimizer, self.loss_steps(experience), self.config.max_grad_norm)
+        metrics = apply_locally(self.optimized_groups(), self.loss_steps(experience))
         self.updates += 1
         return metrics
+
+    def optimized_groups(self) -> list[OptimizedGroup]:
+        return single_group(self)
 
     def loss_steps(self, experience: Experience) -> Iterator[LossStep]:
         """One loss on the whole batch (`marl_core.rl.gradient_steps`)."""

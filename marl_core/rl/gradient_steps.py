@@ -8,9 +8,9 @@ policy instead send each step's gradients to a parameter server, which aggregate
 distributed strategy and applies them with *its* optimizer (`marl_core.distributed`); the learner
 pulls the new weights before the generator goes on. One description of the algorithm serves both.
 
-A step's loss is a mean over its `samples` transitions with no statistic of the batch as a
-whole in it, so the sample-weighted mean of several learners' gradients is the gradient of the
-loss on the union of their batches (BSP's exactness rests on it).
+Where a step's loss is a mean over its `samples` transitions with no statistic of the batch as a
+whole in it (advantage normalisation is one), the sample-weighted mean of several learners'
+gradients is the gradient of the loss on the union of their batches: BSP's exactness rests on it.
 """
 
 from __future__ import annotations
@@ -24,44 +24,65 @@ import torch
 
 @dataclasses.dataclass
 class LossStep:
-    loss: torch.Tensor  # a scalar with a graph back to the policy's parameters
+    loss: torch.Tensor  # a scalar with a graph back to the trainer's parameters
     samples: int  # transitions it is the mean over
     metrics: dict[str, float]
 
 
-def gradients(parameters: Sequence[torch.nn.Parameter], step: LossStep) -> list[torch.Tensor]:
+@dataclasses.dataclass
+class OptimizedGroup:
+    """Parameters stepped by one optimizer, their gradient clipped as a whole (a trainer has one
+    group; a multi-agent learner one per policy id, each with its own optimizer)."""
+
+    parameters: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    max_grad_norm: float
+
+
+Gradients = list[list[torch.Tensor]]  # per group, per parameter
+
+
+def single_group(trainer) -> list[OptimizedGroup]:
+    """A trainer's one group: its policy's parameters and its optimizer."""
+    return [OptimizedGroup(list(trainer.policy.parameters()), trainer.optimizer, trainer.config.max_grad_norm)]
+
+
+def gradients(groups: Sequence[OptimizedGroup], step: LossStep) -> Gradients:
     """The step's gradient of every parameter (zeros where the loss does not reach one)."""
-    grads = torch.autograd.grad(step.loss, list(parameters), allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(parameters, grads)]
+    flat = [p for group in groups for p in group.parameters]
+    grads = iter(torch.autograd.grad(step.loss, flat, allow_unused=True))
+    return [[_or_zeros(next(grads), p) for p in group.parameters] for group in groups]
 
 
-def apply_gradients(
-    parameters: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, grads: Sequence[torch.Tensor], max_grad_norm: float
-) -> float:
-    """One optimizer step along `grads`, clipped to `max_grad_norm` as a whole; the norm before clipping."""
-    for parameter, grad in zip(parameters, grads):
-        parameter.grad = grad.clone()
-    norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+def _or_zeros(grad: torch.Tensor | None, parameter: torch.nn.Parameter) -> torch.Tensor:
+    return torch.zeros_like(parameter) if grad is None else grad.detach()
 
 
-def mean_gradient(pushed: Sequence[tuple[Sequence[torch.Tensor], int]]) -> list[torch.Tensor]:
+def apply_gradients(groups: Sequence[OptimizedGroup], grads: Gradients) -> None:
+    """One step of every group's optimizer along `grads`, each group's gradient clipped as a whole."""
+    for group, group_grads in zip(groups, grads, strict=True):
+        for parameter, grad in zip(group.parameters, group_grads, strict=True):
+            parameter.grad = grad.clone()
+        torch.nn.utils.clip_grad_norm_(group.parameters, group.max_grad_norm)
+        group.optimizer.step()
+        group.optimizer.zero_grad(set_to_none=True)
+
+
+def mean_gradient(pushed: Sequence[tuple[Gradients, int]]) -> Gradients:
     """The sample-weighted mean of several (gradients, samples): the gradient on their union."""
     total = sum(samples for _, samples in pushed)
-    return [sum(grads[i] * (samples / total) for grads, samples in pushed) for i in range(len(pushed[0][0]))]
+    first, _ = pushed[0]
+    return [
+        [sum(grads[g][i] * (samples / total) for grads, samples in pushed) for i in range(len(first[g]))]
+        for g in range(len(first))
+    ]
 
 
-def apply_locally(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: Iterable[LossStep], max_grad_norm: float) -> dict[str, float]:
-    """Take every step with this trainer's own optimizer; the mean of each metric over the steps."""
-    parameters = list(policy.parameters())
+def apply_locally(groups: Sequence[OptimizedGroup], steps: Iterable[LossStep]) -> dict[str, float]:
+    """Take every step with the trainer's own optimizers; the mean of each metric over the steps."""
     totals: dict[str, list[float]] = {}
     for step in steps:
-        optimizer.zero_grad()
-        step.loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-        optimizer.step()
+        apply_gradients(groups, gradients(groups, step))
         for name, number in step.metrics.items():
             totals.setdefault(name, []).append(number)
     return {name: float(np.mean(numbers)) for name, numbers in totals.items()}

@@ -22,7 +22,7 @@ import torch
 
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
-from marl_core.rl.gradient_steps import LossStep, apply_locally
+from marl_core.rl.gradient_steps import LossStep, OptimizedGroup, apply_locally, single_group
 from marl_core.rl.ppo import ActorCriticPolicy, clipped_surrogate_loss
 from marl_core.rl.settings import APPOConfig, IMPALAConfig
 from marl_core.rl.vtrace import VTrace, VTraceClipping, vtrace
@@ -47,9 +47,12 @@ class IMPALATrainer:
         return self.update(experience)
 
     def update(self, experience: Experience) -> dict[str, float]:
-        metrics = apply_locally(self.policy, self.optimizer, self.loss_steps(experience), self.config.max_grad_norm)
+        metrics = apply_locally(self.optimized_groups(), self.loss_steps(experience))
         self.updates += 1
         return metrics
+
+    def optimized_groups(self) -> list[OptimizedGroup]:
+        return single_group(self)
 
     def loss_steps(self, experience: Experience) -> Iterator[LossStep]:
         """One loss on the whole batch, V-trace from the same forward pass (detached)."""

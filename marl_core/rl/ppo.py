@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from marl_core.rl.batch import Experience
-from marl_core.rl.gradient_steps import LossStep, apply_locally
+from marl_core.rl.gradient_steps import LossStep, OptimizedGroup, apply_locally, single_group
 from marl_core.policies.base import sample_rows
 from marl_core.rl import Algorithm
 from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp
@@ -132,9 +132,12 @@ class PPOTrainer:
 
     def update(self, experience: Experience) -> dict[str, float]:
         """Advantages for the batch, then `epochs` passes of minibatch gradient steps; mean metrics."""
-        metrics = apply_locally(self.policy, self.optimizer, self.loss_steps(experience), self.config.max_grad_norm)
+        metrics = apply_locally(self.optimized_groups(), self.loss_steps(experience))
         self.updates += 1
         return metrics
+
+    def optimized_groups(self) -> list[OptimizedGroup]:
+        return single_group(self)
 
     def loss_steps(self, experience: Experience) -> Iterator[LossStep]:
         """The update as losses (`marl_core.rl.gradient_steps`): advantages once, with the critic

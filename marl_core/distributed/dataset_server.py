@@ -1,0 +1,135 @@
+"""The dataset server: a bounded buffer between rollout workers that keep playing and learners
+that keep learning (MALib's offline dataset server).
+
+Workers `put` fragments, each tagged with the version of the weights that played it; learners
+`take` them. Every fragment taken is counted by its staleness, the learner's version minus the
+fragment's, so a run can show how far behind its data was (V-trace corrects for exactly that
+gap).
+
+- `fifo` (on-policy): each fragment is taken once, oldest first (RLlib's learner queue does the
+  same: stale batches destabilised learning, ray#48702). A full buffer makes `put` wait: the
+  workers slow to the learners' pace, and the buffer never grows past its capacity.
+- `uniform` / `prioritized` (replay): fragments stay and are sampled with replacement; at
+  capacity the oldest is replaced, so the buffer stays bounded while workers never wait.
+  Prioritized sampling is proportional to priority ** alpha, new fragments getting the highest
+  priority seen so far (Schaul et al. 2016); learners send back new priorities by key.
+
+Every wait has a timeout, and `close` wakes every waiter: a worker or learner that stops never
+leaves another blocked. On Ray the server is one threaded actor, so a waiting `put` holds only
+one of its threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from marl_core.distributed.settings import DatasetConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Fragment:
+    key: int  # insertion number, for priority updates
+    item: Any
+    version: int  # weights version that played it
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetStats:
+    inserted: int
+    taken: int  # fragments handed to learners (a replayed one counts each time)
+    size: int
+    capacity: int
+    put_wait_seconds: float  # producers' total wait on a full buffer
+    take_wait_seconds: float  # learners' total wait on an empty one
+    staleness: dict[int, int]  # learner version - fragment version -> fragments taken
+
+
+class DatasetServer:
+    def __init__(self, config: DatasetConfig = DatasetConfig(), seed: int = 0, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self._fragments: collections.deque[Fragment] = collections.deque()
+        self._priorities: dict[int, float] = {}
+        self._max_priority = 1.0
+        self._changed = threading.Condition()
+        self._closed = False
+        self._rng = np.random.default_rng(seed)
+        self._clock = clock
+        self._inserted = self._taken = 0
+        self._put_wait = self._take_wait = 0.0
+        self._staleness: collections.Counter[int] = collections.Counter()
+
+    def put(self, item: Any, version: int, timeout: float) -> bool:
+        """Store `item`, played by weights `version`; False if the server closed, or (FIFO) it
+        stayed full for `timeout` seconds: the caller tries again or stops."""
+        with self._changed:
+            if self.config.kind == "fifo":
+                started = self._clock()
+                self._changed.wait_for(lambda: self._closed or len(self._fragments) < self.config.capacity, timeout)
+                self._put_wait += self._clock() - started
+                if len(self._fragments) >= self.config.capacity:
+                    return False
+            if self._closed:
+                return False
+            if len(self._fragments) >= self.config.capacity:  # replay: the oldest makes room
+                self._priorities.pop(self._fragments.popleft().key, None)
+            fragment = Fragment(self._inserted, item, version)
+            self._fragments.append(fragment)
+            if self.config.kind == "prioritized":
+                self._priorities[fragment.key] = self._max_priority
+            self._inserted += 1
+            self._changed.notify_all()
+            return True
+
+    def take(self, count: int, learner_version: int, timeout: float) -> Optional[list[Fragment]]:
+        """`count` fragments for a learner whose weights are `learner_version`: the oldest (FIFO,
+        removed) or a sample (replay, kept); None if fewer were there within `timeout` seconds
+        or the server closed."""
+        if count > self.config.capacity:
+            raise ValueError(f"take({count}) can never be served: the buffer holds {self.config.capacity} at most")
+        with self._changed:
+            started = self._clock()
+            self._changed.wait_for(lambda: self._closed or len(self._fragments) >= count, timeout)
+            self._take_wait += self._clock() - started
+            if self._closed or len(self._fragments) < count:
+                return None
+            if self.config.kind == "fifo":
+                taken = [self._fragments.popleft() for _ in range(count)]
+                self._changed.notify_all()
+            else:
+                taken = [self._fragments[i] for i in self._sample(count)]
+            self._taken += count
+            self._staleness.update(learner_version - fragment.version for fragment in taken)
+            return taken
+
+    def _sample(self, count: int) -> np.ndarray:
+        if self.config.kind == "uniform":
+            return self._rng.integers(len(self._fragments), size=count)
+        weights = np.array([self._priorities[f.key] for f in self._fragments]) ** self.config.priority_exponent
+        return self._rng.choice(len(self._fragments), size=count, p=weights / weights.sum())
+
+    def update_priorities(self, keys: list[int], priorities: list[float]) -> None:
+        """Prioritized replay: new priorities (e.g. absolute TD errors) of fragments still held."""
+        with self._changed:
+            for key, priority in zip(keys, priorities, strict=True):
+                if key in self._priorities:
+                    self._priorities[key] = float(priority)
+                    self._max_priority = max(self._max_priority, float(priority))
+
+    def close(self) -> None:
+        """Wake every waiter; from now on `put` and `take` return at once with nothing."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def stats(self) -> DatasetStats:
+        with self._changed:
+            return DatasetStats(
+                self._inserted, self._taken, len(self._fragments), self.config.capacity,
+                self._put_wait, self._take_wait, dict(self._staleness),
+            )
