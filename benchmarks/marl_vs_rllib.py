@@ -112,7 +112,8 @@ def run_peer(python: Path, scenario: str, env_steps: int, seed: int, workers: in
 def run_ours(algorithm: str, scenario: str, env_steps: int, seed: int, workers: int) -> list[dict]:
     """The in-process training loop; with more than one worker its workers are Ray actors
     (the rollout engine's `WorkerPool`) that play at the same time, the learner staying here."""
-    from marl_core.marl.training import MARLConfig, iterate_marl_local
+    from marl_core.marl.rounds import iterate_marl_local
+    from marl_core.marl.training import MARLConfig
 
     config = MARLConfig(
         env=f"pettingzoo:mpe2.{scenario}", algorithm=algorithm, settings=OUR_SETTINGS[algorithm],

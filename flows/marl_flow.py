@@ -1,12 +1,14 @@
 """MARL training as Prefect flows: a `marl` flow that runs one `marl-round` subflow per round.
 
-A round is `marl_core.marl.training.run_round`, the same function the in-process loop runs: its
+A round is `marl_core.marl.rounds.run_round`, the same function the in-process loop runs: its
 steps (`collect-rollouts`, `update-learner`, `evaluate-policies`) are Prefect tasks on Ray
 through prefect-ray's task runner, and drive actors that live for the whole run: the rollout
 workers (the one rollout engine's `WorkerPool`, the PSRO oracles' pool too) and the learner.
 So the learner's state never travels between rounds: only a round's batch moves, and the
 learner publishes its weights to the pool's parameter store, from which each worker pulls them
-once per request.
+once per request. An asynchronous algorithm's round (`marl_core.marl.async_rounds`) has the
+tasks `stream-rollouts` and one `train-learner` per learner running at once instead: the workers
+stream into a dataset server actor while the learner actors train.
 
 Every `checkpoint_every` rounds the learner's training state and each policy's weights go to
 MLflow, the policies are registered, and then the run is tagged with the round: the commit. A
@@ -26,7 +28,8 @@ from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
 from flows.patches import fresh_every_call
 from flows.runtime import StartingServices, run_services
-from marl_core.marl import training
+from marl_core.marl import rounds, training
+from marl_core.marl.async_rounds import RayAsyncLearners, asynchronous
 from marl_core.marl.training import MARLConfig, RoundRecord
 from marl_core.rollout.pool import WorkerPool
 
@@ -91,7 +94,7 @@ class RayLearner:
 
 
 class _TaskRunner:
-    """`training.Runner` as Prefect tasks on Ray: each step a task of the round's subflow. The
+    """`rounds.Runner` as Prefect tasks on Ray: each step a task of the round's subflow. The
     tasks only drive actors, so they hold no CPU slot (on a small machine a waiting task that
     held one would starve the actors)."""
 
@@ -110,7 +113,7 @@ class _TaskRunner:
 @fresh_every_call
 @flow(name="marl-round", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
 def marl_round(config: MARLConfig, round: int, env_steps: int, pool, learner: RayLearner, layout) -> RoundRecord:
-    return training.run_round(config, round, env_steps, _TaskRunner(), pool, learner, layout)
+    return rounds.run_round(config, round, env_steps, _TaskRunner(), pool, learner, layout)
 
 
 @flow(name="marl", validate_parameters=False, persist_result=False)
@@ -132,8 +135,15 @@ def marl_flow(
         stack.callback(pool.close)
         stack.enter_context(pool.tracking(training.training_work(config, first)))
         stack.enter_context(watching(pool.progress, progress or PlainLines(get_run_logger().info, plain_interval())))
-        actor = ray.remote(num_cpus=0)(_Learner).remote(config, checkpoint.state if checkpoint else None)
-        learner = RayLearner(actor)
+        state = checkpoint.state if checkpoint else None
+        if asynchronous(config) is not None:
+            learner = RayAsyncLearners(config, state, pool)
+            stack.callback(learner.close)
+            take_checkpoint = learner.checkpoint
+        else:
+            actor = ray.remote(num_cpus=0)(_Learner).remote(config, state)
+            learner = RayLearner(actor)
+            take_checkpoint = lambda: ray.get(actor.checkpoint.remote())  # noqa: E731
         layout, _ = training.layout_and_spec(config)
         tracker = stack.enter_context(MARLTracker(config, checkpoint))
         for round in range(first, config.rounds):
@@ -141,7 +151,7 @@ def marl_flow(
             env_steps = record.env_steps
             tracker.log_round(record)
             if training.checkpoint_due(config, round):
-                state, weights = ray.get(actor.checkpoint.remote())
+                state, weights = take_checkpoint()
                 tracker.commit(round, env_steps, state, weights)
             if on_round:
                 on_round(record)

@@ -1,7 +1,7 @@
 """Population-based training as Prefect flows: a `pbt` flow that runs one `pbt-round` subflow
 per round.
 
-A round is every member's `marl_core.marl.training.run_round` at once, each on its own rollout
+A round is every member's `marl_core.marl.rounds.run_round` at once, each on its own rollout
 workers and learner actor, its steps Prefect tasks on Ray as in a `marl` run
 (`flows/marl_flow.py`). Between rounds the driver takes PBT's step (`marl_core.pbt.marl.perturb`):
 at a perturbation point each bottom member's learner actor rebuilds its learner with its new

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from marl_core.distributed.dataset_server import DatasetServer
+from marl_core.distributed.dataset_server import CLOSED, FULL, STORED, DatasetServer
 from marl_core.distributed.parameter_server import ParameterServer
-from marl_core.distributed.settings import DatasetConfig, StrategyConfig
+from marl_core.distributed.settings import DatasetConfig, StrategyConfig  # noqa: F401
 from marl_core.rl.batch import Experience
 from marl_core.rl.gradient_steps import gradients
 from marl_core.rl.impala import IMPALATrainer
@@ -28,7 +28,7 @@ def test_a_fast_producer_waits_on_a_full_fifo_buffer_that_never_outgrows_its_bou
 
     def produce():
         for i in range(40):
-            assert server.put(i, version=i // 4, timeout=10.0)
+            assert server.put(i, version=i // 4, timeout=10.0) == STORED
 
     producer = threading.Thread(target=produce)
     producer.start()
@@ -47,7 +47,8 @@ def test_a_fast_producer_waits_on_a_full_fifo_buffer_that_never_outgrows_its_bou
 
 def test_a_closed_server_releases_a_waiting_producer_and_consumer():
     full = DatasetServer(DatasetConfig(capacity=1))
-    assert full.put("a", 0, timeout=1.0)
+    assert full.put("a", 0, timeout=1.0) == STORED
+    assert full.put("b", 0, timeout=0.01) == FULL
     empty = DatasetServer(DatasetConfig(capacity=1))
     outcomes = {}
     waiters = [
@@ -60,13 +61,13 @@ def test_a_closed_server_releases_a_waiting_producer_and_consumer():
     empty.close()
     for waiter in waiters:
         waiter.join(timeout=5.0)
-    assert outcomes == {"put": False, "take": None}
+    assert outcomes == {"put": CLOSED, "take": None}
 
 
 def test_replay_keeps_the_newest_fragments_up_to_capacity_without_waiting():
     server = DatasetServer(DatasetConfig(kind="uniform", capacity=4))
     for i in range(10):
-        assert server.put(i, version=i, timeout=0.0)
+        assert server.put(i, version=i, timeout=0.0) == STORED
     sampled = server.take(4, learner_version=10, timeout=0.0)
     assert server.stats().size == 4 and {f.item for f in sampled} <= {6, 7, 8, 9}
 
@@ -108,18 +109,23 @@ def _trainer() -> IMPALATrainer:
     return IMPALATrainer(4, 3, IMPALAConfig(lr=1e-2, max_grad_norm=0.5))  # a clip that bites, so it is checked too
 
 
+def _server(strategy: str, **settings) -> ParameterServer:
+    master = _trainer()
+    return ParameterServer(master, {"policy": master.policy}, StrategyConfig(strategy=strategy, **settings))
+
+
 def _learn(server: ParameterServer, learner: int, trainer: IMPALATrainer, batch: Experience, version: int):
     """One learner iteration: pull, gradient of the batch's one loss step, push."""
     pulled = server.pull(learner, version)
     if pulled is not None:
         version, weights = pulled
-        trainer.policy.set_weights(weights)
+        trainer.policy.set_weights(weights["policy"])
     (step,) = trainer.loss_steps(batch)
     return server.push(learner, version, gradients(trainer.optimized_groups(), step), step.samples)
 
 
 def test_bsp_with_two_learners_steps_exactly_as_one_learner_on_the_union_of_their_batches():
-    server = ParameterServer(_trainer(), StrategyConfig(strategy="bsp", learners=2))
+    server = _server("bsp", learners=2)
     alone = _trainer()
     learners, versions = [_trainer(), _trainer()], [-1, -1]
     for round in range(3):  # Adam's moments carry over, so later steps check them too
@@ -137,23 +143,23 @@ def test_bsp_with_two_learners_steps_exactly_as_one_learner_on_the_union_of_thei
         versions = [round, round]  # the weights each learner computed with
         alone.update(Experience.concat(batches))
         for name, weight in alone.policy.state_dict().items():
-            torch.testing.assert_close(server.trainer.policy.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(server.learner.policy.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
 
 
 def test_asp_applies_each_gradient_as_it_arrives():
-    server = ParameterServer(_trainer(), StrategyConfig(strategy="asp", learners=2))
+    server = _server("asp", learners=2)
     alone = _trainer()
     learners = [_trainer(), _trainer()]
     for k in range(4):
         assert _learn(server, k % 2, learners[k % 2], _batch(k), version=-1).version == k + 1
         alone.update(_batch(k))
     for name, weight in alone.policy.state_dict().items():
-        torch.testing.assert_close(server.trainer.policy.state_dict()[name], weight)
+        torch.testing.assert_close(server.learner.policy.state_dict()[name], weight)
 
 
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_bap_never_lets_a_learner_get_more_than_its_staleness_ahead_of_a_slow_one(staleness):
-    server = ParameterServer(_trainer(), StrategyConfig(strategy="bap", learners=3, staleness=staleness, iteration_timeout=30.0))
+    server = _server("bap", learners=3, staleness=staleness, iteration_timeout=30.0)
     leads, lock = [], threading.Lock()
 
     def learn(learner: int, iterations: int, pause: float):
@@ -180,7 +186,7 @@ def test_bap_never_lets_a_learner_get_more_than_its_staleness_ahead_of_a_slow_on
 
 def test_a_learner_that_stops_pushing_holds_up_bsp_and_bap_only_for_the_iteration_timeout():
     for strategy in ("bsp", "bap"):
-        server = ParameterServer(_trainer(), StrategyConfig(strategy=strategy, learners=2, staleness=0, iteration_timeout=0.2))
+        server = _server(strategy, learners=2, staleness=0, iteration_timeout=0.2)
         gone, alive = _trainer(), _trainer()
         server.pull(1, -1)  # learner 1 starts an iteration and never pushes
         started = time.monotonic()

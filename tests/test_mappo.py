@@ -24,7 +24,8 @@ from marl_core.marl.batch import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.mappo import MAPPOLearner
 from marl_core.marl.settings import MAPPOConfig
-from marl_core.marl.training import MARLConfig, iterate_marl_local, make_learner
+from marl_core.marl.rounds import iterate_marl_local
+from marl_core.marl.training import MARLConfig, make_learner
 from joint_rollouts import JointRollouts
 
 torch.set_num_threads(1)

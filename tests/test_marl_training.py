@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from flows import cli
 from marl_core.marl import MARL_ALGORITHMS
-from marl_core.marl.training import MARLConfig, iterate_marl_local, make_learner
+from marl_core.marl.rounds import iterate_marl_local
+from marl_core.marl.training import MARLConfig, make_learner
 from joint_rollouts import JointRollouts
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"

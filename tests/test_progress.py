@@ -145,7 +145,8 @@ def test_a_sampled_psro_run_reports_each_iterations_payoff_evaluation(monkeypatc
 
 
 def test_a_marl_run_reports_its_training_steps_round_by_round(monkeypatch):
-    from marl_core.marl.training import MARLConfig, iterate_marl_local
+    from marl_core.marl.rounds import iterate_marl_local
+    from marl_core.marl.training import MARLConfig
 
     ended = _recording_ends(monkeypatch)
     config = MARLConfig(env="pettingzoo:mpe2.simple_spread_v3", algorithm="ippo", rounds=3, steps_per_round=10,

@@ -19,7 +19,8 @@ import torch
 
 from marl_core.envs import by_prefix
 from marl_core.marl.settings import QMIXConfig, VDNConfig
-from marl_core.marl.training import MARLConfig, iterate_marl_local
+from marl_core.marl.rounds import iterate_marl_local
+from marl_core.marl.training import MARLConfig
 from marl_core.marl.value_decomposition import JointReplayBuffer, QMixer, VDNMixer
 from marl_core.rl.dqn import QPolicy
 from marl_core.rl.settings import DQNConfig

@@ -111,6 +111,7 @@ MARL_CHECKPOINT = "checkpoint/learner.pt"
 MARL_COMMITTED_TAG = "marl.committed_round"
 MARL_ENV_STEPS_TAG = "marl.committed_env_steps"
 EPISODE_RETURN_PLOT = "plots/episode_return.png"
+STALENESS_PLOT = "plots/staleness.png"  # asynchronous MARL runs: fragments taken, by staleness
 POLICY_WEIGHTS = "weights.pt"
 POLICY_DESCRIPTION = "policy.json"
 

@@ -11,6 +11,7 @@ Nothing is unpickled on resume: the training state is loaded with `torch.load(we
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -78,10 +79,13 @@ class MARLTracker(BackgroundTracker):
         self.resume = resume
         self.run_id: Optional[str] = None
         self._curve: dict[str, dict[int, float]] = {}  # policy -> env steps -> greedy return (tracking thread's)
+        self._staleness: collections.Counter[int] = collections.Counter()  # since this process started the run
 
     def log_round(self, record) -> None:
         self._raise_failures()
         self._submit(self._log_round, record.round, record.env_steps, record.metrics)
+        if record.staleness:
+            self._staleness.update(record.staleness)
 
     def commit(self, round: int, env_steps: int, state: dict, weights: dict) -> None:
         self._submit(self._commit, round, env_steps, state, weights)
@@ -158,15 +162,19 @@ class MARLTracker(BackgroundTracker):
         self.client.set_tag(self.run_id, layout.MARL_COMMITTED_TAG, str(round))  # last: the commit
 
     def _plot(self) -> None:
-        if not self._curve:
-            return
         import matplotlib.pyplot as plt
 
         from flows.tracking import plots
 
-        figure = plots.episode_return_curve(self._curve, f"{self.config.algorithm} on {self.config.env}")
-        self.client.log_figure(self.run_id, figure, layout.EPISODE_RETURN_PLOT)
-        plt.close(figure)
+        title = f"{self.config.algorithm} on {self.config.env}"
+        if self._curve:
+            figure = plots.episode_return_curve(self._curve, title)
+            self.client.log_figure(self.run_id, figure, layout.EPISODE_RETURN_PLOT)
+            plt.close(figure)
+        if self._staleness:
+            figure = plots.staleness_histogram(dict(self._staleness), title)
+            self.client.log_figure(self.run_id, figure, layout.STALENESS_PLOT)
+            plt.close(figure)
 
     def _end(self, status: str) -> None:
         if self.run_id is not None:

@@ -80,6 +80,19 @@ def episode_return_curve(curves: dict[str, dict[int, float]], title: str):
     return figure
 
 
+def staleness_histogram(counts: dict[int, int], title: str):
+    """How many fragments learners took at each staleness (learner version minus the version
+    that played the fragment): how far behind an asynchronous run's data was."""
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    staleness = sorted(counts)
+    axis.bar(staleness, [counts[s] for s in staleness], width=0.8)
+    axis.set_xlabel("staleness (optimizer steps between acting and learning)")
+    axis.set_ylabel("fragments taken")
+    axis.set_title(title)
+    figure.tight_layout()
+    return figure
+
+
 def ratings_curve(curves: dict[str, tuple[list, list, list]], title: str):
     """Each player's skill rating (mu) against the generation, with a band of ±sigma:
     `curves` maps a player to (generations, mu, sigma)."""

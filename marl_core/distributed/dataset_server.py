@@ -32,6 +32,9 @@ import numpy as np
 from marl_core.distributed.settings import DatasetConfig
 
 
+STORED, FULL, CLOSED = "stored", "full", "closed"  # what a put did
+
+
 @dataclasses.dataclass(frozen=True)
 class Fragment:
     key: int  # insertion number, for priority updates
@@ -63,19 +66,24 @@ class DatasetServer:
         self._inserted = self._taken = 0
         self._put_wait = self._take_wait = 0.0
         self._staleness: collections.Counter[int] = collections.Counter()
+        self._stored_index: dict[str, int] = {}  # stream -> index of its newest fragment stored
 
-    def put(self, item: Any, version: int, timeout: float) -> bool:
-        """Store `item`, played by weights `version`; False if the server closed, or (FIFO) it
-        stayed full for `timeout` seconds: the caller tries again or stops."""
+    def put(self, item: Any, version: int, timeout: float, origin: Optional[tuple[str, int]] = None) -> str:
+        """Store `item`, played by weights `version`: STORED; FULL if (FIFO) the buffer stayed full
+        for `timeout` seconds, and the caller tries again; CLOSED if producers should stop.
+        `origin` (stream, index): a fragment of a stream at or before the last one stored is
+        already here (a restarted worker replays its stream) and is not stored twice."""
         with self._changed:
+            if origin is not None and origin[1] <= self._stored_index.get(origin[0], -1):
+                return STORED
             if self.config.kind == "fifo":
                 started = self._clock()
                 self._changed.wait_for(lambda: self._closed or len(self._fragments) < self.config.capacity, timeout)
                 self._put_wait += self._clock() - started
-                if len(self._fragments) >= self.config.capacity:
-                    return False
             if self._closed:
-                return False
+                return CLOSED
+            if self.config.kind == "fifo" and len(self._fragments) >= self.config.capacity:
+                return FULL
             if len(self._fragments) >= self.config.capacity:  # replay: the oldest makes room
                 self._priorities.pop(self._fragments.popleft().key, None)
             fragment = Fragment(self._inserted, item, version)
@@ -83,20 +91,22 @@ class DatasetServer:
             if self.config.kind == "prioritized":
                 self._priorities[fragment.key] = self._max_priority
             self._inserted += 1
+            if origin is not None:
+                self._stored_index[origin[0]] = origin[1]
             self._changed.notify_all()
-            return True
+            return STORED
 
     def take(self, count: int, learner_version: int, timeout: float) -> Optional[list[Fragment]]:
         """`count` fragments for a learner whose weights are `learner_version`: the oldest (FIFO,
-        removed) or a sample (replay, kept); None if fewer were there within `timeout` seconds
-        or the server closed."""
+        removed) or a sample (replay, kept); None if fewer were there within `timeout` seconds,
+        or are there once the server closed."""
         if count > self.config.capacity:
             raise ValueError(f"take({count}) can never be served: the buffer holds {self.config.capacity} at most")
         with self._changed:
             started = self._clock()
             self._changed.wait_for(lambda: self._closed or len(self._fragments) >= count, timeout)
             self._take_wait += self._clock() - started
-            if self._closed or len(self._fragments) < count:
+            if len(self._fragments) < count:
                 return None
             if self.config.kind == "fifo":
                 taken = [self._fragments.popleft() for _ in range(count)]
@@ -113,6 +123,11 @@ class DatasetServer:
         weights = np.array([self._priorities[f.key] for f in self._fragments]) ** self.config.priority_exponent
         return self._rng.choice(len(self._fragments), size=count, p=weights / weights.sum())
 
+    def next_index(self, stream: str) -> int:
+        """The index after the newest fragment of `stream` stored: where a restarted worker goes on."""
+        with self._changed:
+            return self._stored_index.get(stream, -1) + 1
+
     def update_priorities(self, keys: list[int], priorities: list[float]) -> None:
         """Prioritized replay: new priorities (e.g. absolute TD errors) of fragments still held."""
         with self._changed:
@@ -122,10 +137,15 @@ class DatasetServer:
                     self._max_priority = max(self._max_priority, float(priority))
 
     def close(self) -> None:
-        """Wake every waiter; from now on `put` and `take` return at once with nothing."""
+        """Producers stop: every waiter wakes, `put` answers CLOSED, and `take` serves what is held
+        without waiting for more. `open` lets producers in again (the next round)."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
+
+    def open(self) -> None:
+        with self._changed:
+            self._closed = False
 
     def stats(self) -> DatasetStats:
         with self._changed:
@@ -133,3 +153,39 @@ class DatasetServer:
                 self._inserted, self._taken, len(self._fragments), self.config.capacity,
                 self._put_wait, self._take_wait, dict(self._staleness),
             )
+
+
+class DatasetClient:
+    """The server actor seen as a `DatasetServer`, each method one call over Ray. Workers find it
+    by name, as they find the parameter store (`marl_core.rollout.store.StoreClient`)."""
+
+    def __init__(self, server):
+        import ray
+
+        self.handle = ray.get_actor(server) if isinstance(server, str) else server
+
+    def _call(self, method: str, *args):
+        import ray
+
+        return ray.get(getattr(self.handle, method).remote(*args))
+
+    def put(self, item: Any, version: int, timeout: float, origin: Optional[tuple[str, int]] = None) -> str:
+        return self._call("put", item, version, timeout, origin)
+
+    def take(self, count: int, learner_version: int, timeout: float) -> Optional[list[Fragment]]:
+        return self._call("take", count, learner_version, timeout)
+
+    def next_index(self, stream: str) -> int:
+        return self._call("next_index", stream)
+
+    def update_priorities(self, keys: list[int], priorities: list[float]) -> None:
+        self._call("update_priorities", keys, priorities)
+
+    def close(self) -> None:
+        self._call("close")
+
+    def open(self) -> None:
+        self._call("open")
+
+    def stats(self) -> DatasetStats:
+        return self._call("stats")

@@ -50,11 +50,12 @@ class ServerStats:
 
 
 class ParameterServer:
-    def __init__(self, trainer, config: StrategyConfig, clock: Callable[[], float] = time.monotonic):
-        """`trainer`: the master copy, offering `optimized_groups()` and `.policy` (the acting
-        network whose weights learners and workers pull)."""
-        self.trainer = trainer
-        self.groups = trainer.optimized_groups()
+    def __init__(self, learner, networks: dict, config: StrategyConfig, clock: Callable[[], float] = time.monotonic):
+        """`learner`: the master copy, offering `optimized_groups()`; `networks`: its acting
+        networks by name, whose weights learners pull (a MARL learner's `policies`)."""
+        self.learner = learner
+        self.networks = networks
+        self.groups = learner.optimized_groups()
         self.config = config
         self.version = 0
         self._clock = clock
@@ -77,7 +78,12 @@ class ParameterServer:
             self._iteration_started[learner] = self._clock()
             if self.version <= have_version:
                 return None
-            return self.version, self.trainer.policy.get_weights()
+            return self.version, {name: network.get_weights() for name, network in self.networks.items()}
+
+    def weights(self) -> tuple[int, dict]:
+        """(version, acting weights by name) as they stand, for the workers."""
+        with self._changed:
+            return self.version, {name: network.get_weights() for name, network in self.networks.items()}
 
     def push(self, learner: int, base_version: int, grads: Gradients, samples: int) -> PushResult:
         started = self._clock()

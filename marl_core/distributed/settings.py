@@ -19,7 +19,7 @@ class DatasetConfig(BaseModel):
     kind: Literal["fifo", "uniform", "prioritized"] = Field(
         "fifo", description="fifo: each fragment is taken once, oldest first (on-policy); uniform or prioritized: replay"
     )
-    capacity: int = Field(8, gt=0, description="fragments held at most; a full FIFO buffer makes the workers wait")
+    capacity: int = Field(2, gt=0, description="fragments held at most; a full FIFO buffer makes the workers wait (on-policy: small, or the data goes stale)")
     priority_exponent: float = Field(0.6, ge=0, description="prioritized: alpha, how much priorities skew sampling")
 
 

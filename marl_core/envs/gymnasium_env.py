@@ -29,7 +29,7 @@ class GymnasiumEnv(MultiAgentEnv):
             agents=(AGENT,),
             observation_size={AGENT: gymnasium.spaces.flatdim(env.observation_space)},
             num_actions={AGENT: int(env.action_space.n)},
-            simultaneous=False,
+            simultaneous=True,  # its one agent acts every step
         )
         self._masks: dict[AgentID, np.ndarray] = {}
         self._steps = 0

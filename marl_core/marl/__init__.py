@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 from marl_core.marl.settings import (
     IA2CConfig,
+    IAPPOConfig,
+    IIMPALAConfig,
     IPPOConfig,
     IQLConfig,
     MADDPGConfig,
@@ -43,6 +45,14 @@ MARL_ALGORITHMS: Registry[MARLAlgorithm] = Registry("MARL algorithm")
 MARL_ALGORITHMS.add("ippo", "marl_core.marl.independent:IPPO", "independent PPO: one PPO trainer per policy id", IPPOConfig)
 MARL_ALGORITHMS.add("iql", "marl_core.marl.independent:IQL", "independent Q-learning: one double-DQN trainer per policy id", IQLConfig)
 MARL_ALGORITHMS.add("a2c", "marl_core.marl.independent:A2C", "independent A2C: one A2C trainer per policy id", IA2CConfig)
+MARL_ALGORITHMS.add(
+    "impala", "marl_core.marl.independent:IMPALA",
+    "independent IMPALA: V-trace learners that train while the workers stream fragments", IIMPALAConfig,
+)
+MARL_ALGORITHMS.add(
+    "appo", "marl_core.marl.independent:APPO",
+    "independent APPO: PPO's surrogate on V-trace, learning while the workers stream fragments", IAPPOConfig,
+)
 MARL_ALGORITHMS.add(
     "mappo", "marl_core.marl.mappo:MAPPO", "PPO with decentralized actors and centralized state-value critics", MAPPOConfig
 )

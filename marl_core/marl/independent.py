@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
 from marl_core.rollout.layout import PolicyLayout
-from marl_core.marl.settings import IA2CConfig, IPPOConfig, IQLConfig
+from marl_core.marl.settings import IA2CConfig, IAPPOConfig, IIMPALAConfig, IPPOConfig, IQLConfig
 from marl_core.rl import ALGORITHMS
 from marl_core.rl.gradient_steps import LossStep, OptimizedGroup
 
@@ -84,6 +84,20 @@ class IndependentDQN(IndependentLearner):
         return self.config.dqn
 
 
+class IndependentIMPALA(IndependentLearner):
+    algorithm = "impala"
+
+    def _settings(self):
+        return self.config.impala
+
+
+class IndependentAPPO(IndependentLearner):
+    algorithm = "appo"
+
+    def _settings(self):
+        return self.config.appo
+
+
 class IndependentA2C(IndependentLearner):
     algorithm = "a2c"
 
@@ -94,3 +108,5 @@ class IndependentA2C(IndependentLearner):
 IPPO = MARLAlgorithm(IPPOConfig, IndependentPPO)
 A2C = MARLAlgorithm(IA2CConfig, IndependentA2C)
 IQL = MARLAlgorithm(IQLConfig, IndependentDQN)
+IMPALA = MARLAlgorithm(IIMPALAConfig, IndependentIMPALA)
+APPO = MARLAlgorithm(IAPPOConfig, IndependentAPPO)

@@ -7,17 +7,41 @@ its class. Independent learners reuse the single-agent settings unchanged.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from marl_core.rl.settings import A2CConfig, DQNConfig, PPOConfig
+from marl_core.distributed.settings import AsyncConfig
+from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig
 
 
 class IPPOConfig(BaseModel):
-    """Independent PPO: each policy id trains by PPO on its agents' own transitions."""
+    """Independent PPO: each policy id trains by PPO on its agents' own transitions. With
+    `asynchronous` set, the workers stream fragments into a dataset server while the learner(s)
+    train (several learners of a policy combine gradients by `asynchronous.distributed`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     ppo: PPOConfig = Field(default_factory=PPOConfig)
+    asynchronous: Optional[AsyncConfig] = Field(None, description="learn while the workers play (see AsyncConfig)")
+
+
+class IIMPALAConfig(BaseModel):
+    """Independent IMPALA: each policy id trains by IMPALA, always asynchronously."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    impala: IMPALAConfig = Field(default_factory=IMPALAConfig)
+    asynchronous: AsyncConfig = Field(default_factory=AsyncConfig, description="the dataset server and distributed strategy")
+
+
+class IAPPOConfig(BaseModel):
+    """Independent APPO: each policy id trains by APPO, always asynchronously."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    appo: APPOConfig = Field(default_factory=APPOConfig)
+    asynchronous: AsyncConfig = Field(default_factory=AsyncConfig, description="the dataset server and distributed strategy")
 
 
 class IQLConfig(BaseModel):

@@ -1,8 +1,7 @@
 """The MARL training scenario (MALib's `MARLScenario`): a fixed set of learners on one environment.
 
-A run is a sequence of *rounds*, each three named steps (`STEPS`), wired once in `run_round`
-and run either in this process (`LocalRunner`, `iterate_marl_local`) or as Prefect tasks on Ray
-(`flows/marl_flow.py`), so a flow run and a local run compute the same numbers:
+A run is a sequence of *rounds*, each three named steps, wired once in
+`marl_core.marl.rounds.run_round` and run in this process or as Prefect tasks on Ray:
 
 1. `collect-rollouts`: the learner publishes its networks to the pool's parameter store, and the
    rollout workers (the one rollout engine, `marl_core.rollout`) play `steps_per_round` joint
@@ -14,13 +13,14 @@ and run either in this process (`LocalRunner`, `iterate_marl_local`) or as Prefe
    where training episodes happened to stop.
 
 Returns are reported per agent and per policy (the agents that share it), summed over an
-episode; a policy's return is the mean over its agents.
+episode; a policy's return is the mean over its agents. An asynchronous algorithm's rounds
+stream and learn at once instead (`marl_core.marl.async_rounds`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Optional, Protocol
@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from marl_core.marl import MARL_ALGORITHMS
 
 if TYPE_CHECKING:  # the rollout engine imports torch; validating a config must not
+    from marl_core.distributed.settings import AsyncConfig
     from marl_core.envs import EnvSpec
     from marl_core.marl.batch import JointExperience
     from marl_core.rollout.layout import PolicyLayout
@@ -199,8 +200,13 @@ def learner_specs(learner) -> dict[str, LearnerSpec]:
 
 
 def publish(learner, pool, version: int) -> None:
-    for policy, network in learner.policies.items():
-        pool.push(_weights_key(policy), version, network.get_weights())
+    publish_weights(pool, version, {policy: network.get_weights() for policy, network in learner.policies.items()})
+
+
+def publish_weights(pool, version: int, weights: dict) -> None:
+    """Policy id -> acting weights, into the pool's parameter store."""
+    for policy, policy_weights in weights.items():
+        pool.push(_weights_key(policy), version, policy_weights)
 
 
 def _weights_key(policy: str) -> str:
@@ -250,22 +256,16 @@ def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: i
 
     learner.publish(pool, round + 1)
     specs = learner.specs()
+    version = NEWEST if asynchronous(config) else round + 1  # an asynchronous learner versions its own weights
     shares = np.array_split(np.arange(config.eval_episodes), pool.size)
     requests = [
         RolloutRequest(
             roles=policy_mapping(config), episodes=len(share), seed=(config.seed, 4, round, worker), learners=specs,
-            weights_version=round + 1, explore=False, agent_ids=config.agent_ids, experience=False,
+            weights_version=version, explore=False, agent_ids=config.agent_ids, experience=False,
         )
         for worker, share in enumerate(shares) if len(share)
     ]
     return np.concatenate([r.episode_returns for r in pool.collect(requests)])
-
-
-STEPS: dict[str, Callable] = {
-    "collect-rollouts": collect_rollouts,
-    "update-learner": update_learner,
-    "evaluate-policies": evaluate_policies,
-}
 
 
 @dataclasses.dataclass
@@ -278,6 +278,7 @@ class RoundRecord:
     learner: dict[str, float]  # the learner's metrics (losses, ...)
     steps_per_second: float  # joint environment steps per second of collection
     seconds: dict[str, float]  # collect / learn / evaluate
+    staleness: Optional[dict[int, int]] = None  # asynchronous rounds: fragments taken, by staleness
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -315,70 +316,16 @@ def checkpoint_due(config: MARLConfig, round: int) -> bool:
     return (round + 1) % config.checkpoint_every == 0 or round == config.rounds - 1
 
 
+NEWEST = sys.maxsize  # an asynchronous round's requests ask for the newest weights there are
+
+
+def asynchronous(config: MARLConfig) -> Optional[AsyncConfig]:
+    """The run's asynchronous settings (`marl_core.marl.async_rounds`), or None for
+    collect-then-learn rounds."""
+    return getattr(config.algorithm_settings, "asynchronous", None)
+
+
 def make_learner(config: MARLConfig, layout, state_size: int):
     return MARL_ALGORITHMS[config.algorithm].learner(layout, state_size, config.algorithm_settings)
 
 
-class Runner(Protocol):
-    """Runs the steps of `run_round`: `submit` starts a step by its name in `STEPS` and returns a
-    handle, `result` waits for it. In this process (`LocalRunner`) or as Prefect tasks on Ray."""
-
-    def submit(self, step: str, *args) -> Any: ...
-
-    def result(self, handle: Any) -> Any: ...
-
-
-class LocalRunner:
-    def submit(self, step: str, *args):
-        return STEPS[step](*args)
-
-    def result(self, handle):
-        return handle
-
-
-def run_round(config: MARLConfig, round: int, env_steps: int, runner: Runner, pool, learner: LearnerHandle, layout: PolicyLayout) -> RoundRecord:
-    """One round, the one place its steps are wired: collect, learn, and evaluate when due.
-    `env_steps` counts the run's joint steps before this round."""
-    collected = runner.result(runner.submit("collect-rollouts", config, pool, learner, round))
-    started = time.perf_counter()
-    learner_metrics = runner.result(runner.submit("update-learner", learner, collected))
-    learned = time.perf_counter() - started
-    evaluation, evaluated = None, 0.0
-    if evaluation_due(config, round):
-        started = time.perf_counter()
-        evaluation = runner.result(runner.submit("evaluate-policies", config, pool, learner, round))
-        evaluated = time.perf_counter() - started
-    agents, groups = list(layout.agents), layout.groups
-    train, _ = summarize(collected.returns, agents, groups)
-    eval_mean = eval_stderr = None
-    if evaluation is not None:
-        eval_mean, eval_stderr = summarize(evaluation, agents, groups)
-    return RoundRecord(
-        round=round, env_steps=env_steps + collected.env_steps, train_returns=train, eval_returns=eval_mean,
-        eval_stderr=eval_stderr, learner=learner_metrics,
-        steps_per_second=collected.env_steps / max(collected.seconds, 1e-9),
-        seconds={"collect": collected.seconds, "learn": learned, "evaluate": evaluated},
-    )
-
-
-def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0, pool=None) -> Iterator[tuple[RoundRecord, Any]]:
-    """The rounds in this process: yields (record, learner) after each round. `pool`: the
-    rollout workers (a `WorkerPool` plays on Ray actors at the same time); by default one
-    `WorkerPool` whose workers play here, one after another."""
-    import torch
-
-    torch.set_num_threads(1)  # small networks, many small batches: threads only contend
-    layout, spec = layout_and_spec(config)
-    learner = learner or make_learner(config, layout, spec.state_size)
-    handle = LocalLearner(learner)
-    with contextlib.ExitStack() as stack:
-        if pool is None:
-            from marl_core.rollout.pool import WorkerPool
-
-            pool = WorkerPool(pool_config(config))
-            stack.callback(pool.close)
-        stack.enter_context(pool.tracking(training_work(config, first_round)))
-        for round in range(first_round, config.rounds):
-            record = run_round(config, round, env_steps, LocalRunner(), pool, handle, layout)
-            env_steps = record.env_steps
-            yield record, learner

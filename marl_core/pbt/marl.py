@@ -26,7 +26,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from marl_core.marl.training import MARLConfig
+from marl_core.marl.training import MARLConfig, asynchronous
 from marl_core.pbt.schedule import LineageEntry, due, exploit_and_explore
 from marl_core.pbt.settings import PBTSettings, dotted, merged
 from marl_core.rl.optimizers import load_keeping_hyperparameters
@@ -63,6 +63,11 @@ class PBTConfig(BaseModel):
             raise ValueError(f"pbt.hyperparam_mutations: {unknown} are not settings of {self.marl.algorithm}; it has {sorted(settings)}")
         if self.pbt.metric not in (None, "return"):
             raise ValueError(f"pbt.metric={self.pbt.metric!r}: a MARL population is ranked by return (its greedy return)")
+        if asynchronous(self.marl) is not None:
+            raise ValueError(
+                f"marl.algorithm={self.marl.algorithm!r} with asynchronous rounds: PBT trains collect-then-learn "
+                "rounds only (ippo, mappo, a2c, iql, vdn, qmix, maddpg without `asynchronous`)"
+            )
         return self
 
     def member_config(self, member: int, settings: Optional[dict] = None) -> MARLConfig:
@@ -179,9 +184,9 @@ def run_pbt_round(config: PBTConfig, state: PBTState, runner, pools: list, learn
     """Round `state.round` of every member (its own rollout workers and learner), their records;
     `concurrently` maps a function over the members at once (default: one after another)."""
     def member_round(i: int):
-        from marl_core.marl import training
+        from marl_core.marl import rounds
 
-        return training.run_round(state.member_config(config, i), state.round, state.env_steps[i], runner, pools[i], learners[i], layout)
+        return rounds.run_round(state.member_config(config, i), state.round, state.env_steps[i], runner, pools[i], learners[i], layout)
 
     return list((concurrently or map)(member_round, range(config.population)))
 
@@ -190,7 +195,7 @@ def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
     """Every round of every member in this process, exploit/explore at each perturbation point."""
     import torch
 
-    from marl_core.marl import training
+    from marl_core.marl import rounds, training
     from marl_core.rollout.pool import WorkerPool
 
     torch.set_num_threads(1)
@@ -205,7 +210,7 @@ def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
             pools.append(pool)
         while state.round < config.marl.rounds:
             handles = [training.LocalLearner(learner) for learner in learners]
-            records = run_pbt_round(config, state, training.LocalRunner(), pools, handles, layout)
+            records = run_pbt_round(config, state, rounds.LocalRunner(), pools, handles, layout)
             state.advance(records)
             lineage = perturb(config, state, records)
             sources = {e.source: learners[e.source].state_dict() for e in lineage}

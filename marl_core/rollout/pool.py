@@ -27,7 +27,7 @@ from typing import Optional
 
 from marl_core.rollout.progress import Progress, Work
 from marl_core.rollout.store import ParameterStore, StoreClient
-from marl_core.rollout.worker import EnvSource, RolloutRequest, RolloutResult, RolloutWorker
+from marl_core.rollout.worker import EnvSource, RolloutRequest, RolloutResult, RolloutWorker, StreamSummary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ class WorkerPool:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        store_name = f"parameter-store-{uuid.uuid4().hex}"
+        self.store_name = store_name = f"parameter-store-{uuid.uuid4().hex}"
         # Threads for the waits of every stream at once (two per learned response), with room
         # left for the workers' pulls; each wait holds a thread for one `StreamTimeouts.poll`.
         self.store_handle = ray.remote(num_cpus=0, max_concurrency=64)(ParameterStore).options(name=store_name).remote(preload=("torch",))
@@ -120,6 +120,37 @@ class WorkerPool:
             results[i] = ray.get(ready)
             self._count(progress, requests[i], results[i])
         return results
+
+    def stream(self, requests: list[RolloutRequest], dataset, progress: Optional[str] = None) -> list[StreamSummary]:
+        """Worker i plays request i's fragment stream into `dataset` (a `DatasetServer` here, the
+        name of its actor on Ray) until the dataset stops taking fragments; one summary per
+        worker. In this process each worker streams from a thread of its own."""
+        if not self.on_ray:
+            summaries: list[Optional[StreamSummary]] = [None] * len(requests)
+            errors: list[BaseException] = []
+
+            def play(i: int) -> None:
+                try:
+                    summaries[i] = self.workers[i].stream(requests[i], dataset)
+                except BaseException as error:  # handed to the caller below
+                    errors.append(error)
+                    dataset.close()
+
+            threads = [threading.Thread(target=play, args=(i,), daemon=True) for i in range(len(requests))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+            summaries_done = summaries
+        else:
+            import ray
+
+            summaries_done = ray.get([self.workers[i].stream.remote(r, dataset) for i, r in enumerate(requests)])
+        if progress is not None:
+            self.store.advance(progress, sum(summary.env_steps for summary in summaries_done))
+        return summaries_done
 
     def _count(self, progress: Optional[str], request: RolloutRequest, result: RolloutResult) -> None:
         """A fragment counts its joint steps (over all copies), whole-episode requests their episodes."""

@@ -161,6 +161,16 @@ class RolloutResult:
     seconds: float
 
 
+@dataclasses.dataclass
+class StreamSummary:
+    """What a worker played in one `stream` call."""
+
+    next_index: int  # where the stream goes on
+    env_steps: int
+    episode_returns: np.ndarray  # [episodes, agents] of the training episodes that ended
+    episode_lengths: np.ndarray
+
+
 EnvSource = Union[str, Callable[[], MultiAgentEnv]]  # a `make_env` name, or a factory
 
 
@@ -467,6 +477,31 @@ class RolloutWorker:
             weights_version=request.weights_version,
             seconds=0.0,
         )
+
+    def stream(self, request: RolloutRequest, dataset, put_timeout: float = 1.0) -> StreamSummary:
+        """Play `request`'s fragment stream, one fragment after another, each with the newest
+        weights in the store, into `dataset` (a `DatasetServer`, or the name of its actor), until
+        it stops taking them (`marl_core.distributed`). The stream goes on where it stands: in
+        this worker's copies, or, for a worker that has none (it was restarted), from the
+        dataset's next index with fresh copies. Fragment k is seeded by (*request.seed, k)."""
+        from marl_core.distributed.dataset_server import CLOSED, FULL, DatasetClient
+
+        sink = DatasetClient(dataset) if isinstance(dataset, str) else dataset
+        name = request.fragment.stream
+        index = self._streams[name].next_index if name in self._streams else sink.next_index(name)
+        env_steps, returns, lengths = 0, [], []
+        while True:
+            fragment = dataclasses.replace(request.fragment, index=index)
+            result = self.collect(dataclasses.replace(request, fragment=fragment, seed=(*request.seed, index)))
+            env_steps += result.env_steps
+            returns.append(result.episode_returns)
+            lengths.append(result.episode_lengths)
+            index += 1
+            put = FULL
+            while put == FULL:
+                put = sink.put(result, result.weights_version, put_timeout, (fragment.stream, fragment.index))
+            if put == CLOSED:  # this last fragment was played but not stored
+                return StreamSummary(index, env_steps, np.concatenate(returns), np.concatenate(lengths))
 
     def node_id(self) -> str:
         import ray

@@ -1,0 +1,127 @@
+"""A MARL run's rounds, wired once and run here or as Prefect tasks on Ray.
+
+`STEPS` names every step a round takes (`marl_core.marl.training` for collect-then-learn rounds,
+`marl_core.marl.async_rounds` for asynchronous ones); `run_round` is the one place a round's steps
+are wired, whichever kind it is; a `Runner` runs them: in this process (`LocalRunner`,
+`iterate_marl_local`) or as Prefect tasks on Ray (`flows/marl_flow.py`), so a flow run and a
+local run compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from marl_core.marl.async_rounds import LocalAsyncLearners, run_async_round, stream_rollouts, train_learner
+from marl_core.marl.training import (
+    LearnerHandle,
+    LocalLearner,
+    MARLConfig,
+    RoundRecord,
+    asynchronous,
+    collect_rollouts,
+    evaluate_policies,
+    evaluation_due,
+    layout_and_spec,
+    make_learner,
+    pool_config,
+    summarize,
+    training_work,
+    update_learner,
+)
+
+if TYPE_CHECKING:
+    from marl_core.rollout.layout import PolicyLayout
+
+STEPS: dict[str, Callable] = {
+    "collect-rollouts": collect_rollouts,
+    "update-learner": update_learner,
+    "evaluate-policies": evaluate_policies,
+    # asynchronous rounds: both at once
+    "stream-rollouts": stream_rollouts,
+    "train-learner": train_learner,
+}
+
+
+class Runner(Protocol):
+    """Runs the steps of `run_round`: `submit` starts a step by its name in `STEPS` and returns a
+    handle, `result` waits for it. In this process (`LocalRunner`) or as Prefect tasks on Ray."""
+
+    def submit(self, step: str, *args) -> Any: ...
+
+    def result(self, handle: Any) -> Any: ...
+
+
+class LocalRunner:
+    """Runs a step at once, here; the steps of an asynchronous round, which run side by side,
+    each on a thread of its own."""
+
+    CONCURRENT = ("stream-rollouts", "train-learner")
+
+    def submit(self, step: str, *args):
+        if step not in self.CONCURRENT:
+            return STEPS[step](*args)
+        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=step)
+        future = executor.submit(STEPS[step], *args)
+        executor.shutdown(wait=False)
+        return future
+
+    def result(self, handle):
+        return handle.result() if isinstance(handle, concurrent.futures.Future) else handle
+
+
+def run_round(config: MARLConfig, round: int, env_steps: int, runner: Runner, pool, learner: LearnerHandle, layout: PolicyLayout) -> RoundRecord:
+    """One round, the one place its steps are wired: collect, learn, and evaluate when due.
+    `env_steps` counts the run's joint steps before this round. An asynchronous algorithm's
+    round streams and learns at once instead (`marl_core.marl.async_rounds`)."""
+    if asynchronous(config) is not None:
+        return run_async_round(config, round, env_steps, runner, pool, learner, layout)
+    collected = runner.result(runner.submit("collect-rollouts", config, pool, learner, round))
+    started = time.perf_counter()
+    learner_metrics = runner.result(runner.submit("update-learner", learner, collected))
+    learned = time.perf_counter() - started
+    evaluation, evaluated = None, 0.0
+    if evaluation_due(config, round):
+        started = time.perf_counter()
+        evaluation = runner.result(runner.submit("evaluate-policies", config, pool, learner, round))
+        evaluated = time.perf_counter() - started
+    agents, groups = list(layout.agents), layout.groups
+    train, _ = summarize(collected.returns, agents, groups)
+    eval_mean = eval_stderr = None
+    if evaluation is not None:
+        eval_mean, eval_stderr = summarize(evaluation, agents, groups)
+    return RoundRecord(
+        round=round, env_steps=env_steps + collected.env_steps, train_returns=train, eval_returns=eval_mean,
+        eval_stderr=eval_stderr, learner=learner_metrics,
+        steps_per_second=collected.env_steps / max(collected.seconds, 1e-9),
+        seconds={"collect": collected.seconds, "learn": learned, "evaluate": evaluated},
+    )
+
+
+def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0, pool=None) -> Iterator[tuple[RoundRecord, Any]]:
+    """The rounds in this process: yields (record, learner) after each round. `pool`: the
+    rollout workers (a `WorkerPool` plays on Ray actors at the same time); by default one
+    `WorkerPool` whose workers play here, one after another."""
+    import torch
+
+    torch.set_num_threads(1)  # small networks, many small batches: threads only contend
+    layout, spec = layout_and_spec(config)
+    learner = learner or make_learner(config, layout, spec.state_size)
+    if asynchronous(config) is not None:
+        handle = LocalAsyncLearners(config, learner, lambda: make_learner(config, layout, spec.state_size))
+    else:
+        handle = LocalLearner(learner)
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            from marl_core.rollout.pool import WorkerPool
+
+            pool = WorkerPool(pool_config(config))
+            stack.callback(pool.close)
+        stack.enter_context(pool.tracking(training_work(config, first_round)))
+        for round in range(first_round, config.rounds):
+            record = run_round(config, round, env_steps, LocalRunner(), pool, handle, layout)
+            env_steps = record.env_steps
+            yield record, learner
