@@ -30,67 +30,10 @@ from flows.patches import fresh_every_call
 from flows.runtime import StartingServices, run_services
 from marl_core.marl import rounds, training
 from marl_core.marl.async_rounds import RayAsyncLearners, asynchronous
-from marl_core.marl.training import MARLConfig, RoundRecord
+from marl_core.marl.training import LearnerActor, MARLConfig, RayLearner, RoundRecord
 from marl_core.rollout.pool import WorkerPool
 
 RoundCallback = Callable[[RoundRecord], None]
-
-
-class _Learner:
-    """The learner as a Ray actor: it keeps its networks, optimizers and buffers between rounds,
-    and publishes its acting networks to the pool's parameter store itself."""
-
-    def __init__(self, config: MARLConfig, state: Optional[dict]):
-        import torch
-
-        torch.set_num_threads(1)
-        layout, spec = training.layout_and_spec(config)
-        self.learner = training.make_learner(config, layout, spec.state_size)
-        if state is not None:
-            self.learner.load_state_dict(state)
-
-    def adopt(self, config: MARLConfig, state: dict) -> None:
-        """Become a learner built from `config` that goes on from another's training `state`,
-        its optimizers keeping `config`'s hyperparameters (PBT's exploit, in place)."""
-        from marl_core.rl.optimizers import load_keeping_hyperparameters
-
-        layout, spec = training.layout_and_spec(config)
-        self.learner = training.make_learner(config, layout, spec.state_size)
-        load_keeping_hyperparameters(self.learner, state)
-
-    def specs(self):
-        return training.learner_specs(self.learner)
-
-    def publish(self, pool, version: int) -> None:
-        training.publish(self.learner, pool, version)
-
-    def learn(self, batch) -> dict[str, float]:
-        return self.learner.learn(batch)
-
-    def state(self) -> dict:
-        return self.learner.state_dict()
-
-    def checkpoint(self) -> tuple[dict, dict]:
-        """(training state, policy id -> acting weights)."""
-        return self.learner.state_dict(), {p: policy.get_weights() for p, policy in self.learner.policies.items()}
-
-
-class RayLearner:
-    """`training.LearnerHandle` over the learner actor; it pickles, so the round's tasks reach
-    the actor. The workers' build specs are read once: a network's architecture never changes."""
-
-    def __init__(self, actor):
-        self.actor = actor
-        self._specs = ray.get(actor.specs.remote())
-
-    def specs(self):
-        return self._specs
-
-    def publish(self, pool, version: int) -> None:
-        ray.get(self.actor.publish.remote(pool, version))
-
-    def learn(self, batch) -> dict[str, float]:
-        return ray.get(self.actor.learn.remote(batch))
 
 
 class _TaskRunner:
@@ -141,7 +84,7 @@ def marl_flow(
             stack.callback(learner.close)
             take_checkpoint = learner.checkpoint
         else:
-            actor = ray.remote(num_cpus=0)(_Learner).remote(config, state)
+            actor = ray.remote(num_cpus=0)(LearnerActor).remote(config, state)
             learner = RayLearner(actor)
             take_checkpoint = lambda: ray.get(actor.checkpoint.remote())  # noqa: E731
         layout, _ = training.layout_and_spec(config)

@@ -27,12 +27,13 @@ import ray
 from prefect import flow, get_run_logger
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-from flows.marl_flow import RayLearner, _Learner, _TaskRunner
+from flows.marl_flow import _TaskRunner
 from flows.patches import fresh_every_call
 from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
 from flows.runtime import StartingServices, finish_before_prefect_stops, run_services
 from marl_core.marl import training
+from marl_core.marl.training import LearnerActor, RayLearner
 from marl_core.pbt.marl import PBTConfig, PBTRound, PBTState, perturb, run_pbt_round
 from marl_core.rollout.pool import WorkerPool
 
@@ -89,7 +90,7 @@ def pbt_flow(
         read = lambda: [row for pool in pools for row in pool.progress()]  # noqa: E731
         stack.enter_context(watching(read, progress or PlainLines(get_run_logger().info, plain_interval())))
         actors = [
-            ray.remote(num_cpus=0)(_Learner).remote(state.member_config(config, i), checkpoint.learners[i] if checkpoint else None)
+            ray.remote(num_cpus=0)(LearnerActor).remote(state.member_config(config, i), checkpoint.learners[i] if checkpoint else None)
             for i in range(config.population)
         ]
         layout, _ = training.layout_and_spec(config.marl)

@@ -263,6 +263,11 @@ PBT_CONFIG = """\
 marl: {env: "pettingzoo:mpe2.simple_spread_v3", algorithm: mappo}
 pbt: {perturbation_interval: 2, hyperparam_mutations: {lr: [1.0e-4, 1.0e-3]}}
 """
+ASYNC_CONFIG = """\
+env: "pettingzoo:mpe2.simple_spread_v3"
+algorithm: impala
+settings: {{asynchronous: {}}}
+"""
 OTHER_COMMANDS = [
     ("league run", ("--algorithm", "sarsa"), None, "algorithm='sarsa': unknown RL algorithm; choose one of: a2c, appo, dqn, impala, ppo"),
     ("league run", ("--game", "kuhn_poker(players=3)"), None,
@@ -297,11 +302,18 @@ OTHER_COMMANDS = [
     ("pbt run", (), PBT_CONFIG.replace("interval: 2", "interval: 2, quantile_fraction: 0.7"),
      "pbt.quantile_fraction=0.7: Input should be less than or equal to 0.5"),
     ("pbt resume", ("no-such-run",), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
+    ("pbt run", (), PBT_CONFIG.replace("algorithm: mappo", "algorithm: impala").replace("lr: [", "impala.lr: ["),
+     "marl.algorithm='impala' with asynchronous rounds: PBT trains collect-then-learn rounds only "
+     "(ippo, mappo, a2c, iql, vdn, qmix, maddpg without `asynchronous`)"),
+    ("marl run", (), ASYNC_CONFIG.format("{distributed: {strategy: gossip}}"),
+     "settings.asynchronous.distributed.strategy='gossip': Input should be 'bsp', 'asp' or 'bap' (impala's settings)"),
+    ("marl run", (), ASYNC_CONFIG.format("{device: cuda}"), "device='cuda': torch sees no GPU here; use 'auto' or 'cpu'"),
 ]
 
 
 @pytest.mark.parametrize("command, args, config, message", OTHER_COMMANDS, ids=[f"{c[0]}: {c[3][:40]}" for c in OTHER_COMMANDS])
-def test_the_other_commands_refuse_bad_input_the_same_way(command, args, config, message, store, workdir):
+def test_the_other_commands_refuse_bad_input_the_same_way(command, args, config, message, store, workdir, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the device row means a machine without a GPU
     if config is not None:
         (workdir / "run.yaml").write_text(config)
         args = ("--config", "run.yaml", *args)

@@ -47,7 +47,8 @@ def load_marl_checkpoint(tracking_uri: str, run_id: str) -> MARLCheckpoint:
     run = committed_run(client, run_id, layout.MARL_COMMITTED_TAG, f"run {run_id} has no committed round to resume from (was it a `psro marl run`?)")
     with tempfile.TemporaryDirectory() as directory:
         config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
-        state = torch.load(client.download_artifacts(run_id, layout.MARL_CHECKPOINT, directory), weights_only=True)
+        # map_location: a state a GPU learner saved resumes on a machine without one
+        state = torch.load(client.download_artifacts(run_id, layout.MARL_CHECKPOINT, directory), weights_only=True, map_location="cpu")
     return MARLCheckpoint(
         run_id, config, int(run.data.tags[layout.MARL_COMMITTED_TAG]), int(run.data.tags[layout.MARL_ENV_STEPS_TAG]), state
     )

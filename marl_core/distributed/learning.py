@@ -43,6 +43,25 @@ class LearnerReport:
         return self.learn_seconds / max(self.learn_seconds + self.wait_seconds, 1e-9)
 
 
+def resolve_device(device: str) -> str:
+    """"auto" -> "cuda" where torch sees a GPU, else "cpu"; "cuda" without one is an error."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda': torch sees no GPU here; use 'auto' or 'cpu'")
+    return device
+
+
+def place(learner, device: str):
+    """Move a fresh learner's networks (its trainers' policies) to `device`; before any step or
+    loaded state, so its optimizers still hold the same parameters and load state onto them."""
+    for network in learner.policies.values():
+        network.to(device)
+    return learner
+
+
 class LocalSteps:
     """One learner: its own optimizers apply each step."""
 

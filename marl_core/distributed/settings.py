@@ -53,6 +53,9 @@ class AsyncConfig(BaseModel):
     distributed: StrategyConfig = Field(default_factory=StrategyConfig)
     fragments_per_batch: int = Field(1, gt=0, description="fragments a learner takes from the dataset server per update")
     publish_every: int = Field(1, gt=0, description="updates between the weights the workers act with")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where learners train: auto takes a GPU when torch sees one, else the CPU (workers always act on CPUs)"
+    )
 
     @model_validator(mode="after")
     def _a_batch_fits(self) -> AsyncConfig:

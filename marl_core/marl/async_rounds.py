@@ -134,16 +134,19 @@ class LocalAsyncLearners:
         from marl_core.distributed.learning import LocalSteps, ServerSteps
         from marl_core.distributed.parameter_server import ParameterServer
 
+        from marl_core.distributed.learning import place, resolve_device
+
         self.settings = settings = asynchronous(config)
+        device = resolve_device(settings.device)
         self.dataset = self.sink = DatasetServer(settings.dataset, seed=config.seed)
-        self.master = learner
+        self.master = learner = place(learner, device)
         self._specs = learner_specs(learner)
         self.server = None
         if settings.distributed.learners == 1:
             self._learners, self._steps = [learner], [LocalSteps(learner)]
         else:
             self.server = ParameterServer(learner, learner.policies, settings.distributed)
-            self._learners = [make_copy() for _ in range(settings.distributed.learners)]
+            self._learners = [place(make_copy(), device) for _ in range(settings.distributed.learners)]
             self._steps = [ServerSteps(copy, self.server, i) for i, copy in enumerate(self._learners)]
 
     def specs(self):
@@ -231,10 +234,12 @@ class _LearnerActor:
         from marl_core.distributed.learning import LocalSteps, ServerSteps
         from marl_core.rollout.store import StoreClient
 
+        from marl_core.distributed.learning import place, resolve_device
+
         torch.set_num_threads(1)
         layout, spec = layout_and_spec(config)
-        self.learner = make_learner(config, layout, spec.state_size)
         self.settings = asynchronous(config)
+        self.learner = place(make_learner(config, layout, spec.state_size), resolve_device(self.settings.device))
         self.index = index
         self.server = None if server is None else _ServerClient(server)
         if server is not None:
@@ -286,9 +291,11 @@ class _ServerActor:
 
         from marl_core.distributed.parameter_server import ParameterServer
 
+        from marl_core.distributed.learning import place, resolve_device
+
         torch.set_num_threads(1)
         layout, spec = layout_and_spec(config)
-        self.learner = make_learner(config, layout, spec.state_size)
+        self.learner = place(make_learner(config, layout, spec.state_size), resolve_device(asynchronous(config).device))
         if state is not None:
             self.learner.load_state_dict(state)
         self.server = ParameterServer(self.learner, self.learner.policies, asynchronous(config).distributed)
@@ -345,7 +352,8 @@ class _ServerClient:
 class RayAsyncLearners:
     """`AsyncLearners` on Ray: a dataset server actor, one learner actor per learner, and with
     several, a parameter server actor. Every actor reserves no CPU slot, as the rollout workers
-    do (`marl_core.rollout.pool`). Its handles pickle, so the round's tasks reach the actors.
+    do, and the learners are dealt over the cluster's nodes as the workers are
+    (`marl_core.rollout.pool`). Its handles pickle, so the round's tasks reach the actors.
     A learner whose process dies is restarted and its round's training call retried: a
     retried call learns its round's batches afresh."""
 
@@ -362,15 +370,18 @@ class RayAsyncLearners:
         threads = config.workers + learners + 4  # every blocking put and take at once, and the rest
         self._dataset = ray.remote(num_cpus=0, max_concurrency=threads)(DatasetServer).options(name=self.sink).remote(settings.dataset, config.seed)
         self.dataset = DatasetClient(self._dataset)
-        actor = ray.remote(num_cpus=0, max_restarts=max_restarts, max_task_retries=max_restarts)(_LearnerActor)
+        actor = ray.remote(num_cpus=0, memory=1024**2, max_restarts=max_restarts, max_task_retries=max_restarts)(_LearnerActor)
+        on_node = _spread_over_nodes()
         if learners == 1:
-            self._members = [actor.remote(config, state, pool.store_name)]
+            self._members = [actor.options(scheduling_strategy=on_node(0)).remote(config, state, pool.store_name)]
             self._master = self._members[0]
         else:
             server = f"parameter-server-{uuid.uuid4().hex}"
             self._master = ray.remote(num_cpus=0, max_concurrency=2 * learners + 4)(_ServerActor).options(name=server).remote(config, state)
             ray.get(self._master.specs.remote())  # started, so the learners find it by name
-            self._members = [actor.remote(config, None, pool.store_name, i, server) for i in range(learners)]
+            self._members = [
+                actor.options(scheduling_strategy=on_node(i)).remote(config, None, pool.store_name, i, server) for i in range(learners)
+            ]
         self._specs = ray.get(self._master.specs.remote())
 
     def specs(self):
@@ -399,3 +410,13 @@ class RayAsyncLearners:
 
         for handle in {*self._members, self._master, self._dataset}:
             ray.kill(handle)
+
+
+def _spread_over_nodes():
+    """Learner i's scheduling strategy: soft affinity to the i-th node with CPUs, round robin."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from marl_core.rollout.pool import nodes_with_cpus
+
+    nodes = nodes_with_cpus()
+    return lambda i: NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True)

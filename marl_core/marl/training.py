@@ -89,11 +89,17 @@ class MARLConfig(BaseModel):
 def check(config: MARLConfig) -> None:
     """Make one copy of the environment and lay out its policies: a ValueError naming what is
     wrong (an unknown or turn-based environment, agents that cannot share a policy, a frozen
-    policy id that is not in the layout) before any server, actor or run starts."""
+    policy id that is not in the layout, learners asked to train on a GPU there is not) before
+    any server, actor or run starts."""
     layout, _ = layout_and_spec(config)
     unknown = sorted(set(getattr(config.algorithm_settings, "frozen", ())) - set(layout.groups))
     if unknown:
         raise ValueError(f"settings.frozen={unknown}: no such policy; the policies are {sorted(layout.groups)}")
+    settings = asynchronous(config)
+    if settings is not None and settings.device == "cuda":
+        from marl_core.distributed.learning import resolve_device
+
+        resolve_device(settings.device)
 
 
 def layout_and_spec(config: MARLConfig) -> tuple[PolicyLayout, EnvSpec]:
@@ -167,7 +173,7 @@ class Collected:
 
 class LearnerHandle(Protocol):
     """The learner as the round's steps reach it: here (`LocalLearner`) or as a Ray actor
-    (`flows.marl_flow.RayLearner`). It publishes its acting networks to a pool's parameter
+    (`RayLearner`). It publishes its acting networks to a pool's parameter
     store, so the workers pull the weights once per request and nothing else carries them."""
 
     def specs(self) -> dict[str, LearnerSpec]: ...
@@ -192,11 +198,78 @@ class LocalLearner:
         return self.learner.learn(batch)
 
 
+class LearnerActor:
+    """The learner as a Ray actor: it keeps its networks, optimizers and buffers between rounds,
+    and publishes its acting networks to the pool's parameter store itself. It lives here, not
+    beside the flows, so that its process imports no Prefect."""
+
+    def __init__(self, config: MARLConfig, state: Optional[dict]):
+        import torch
+
+        torch.set_num_threads(1)
+        layout, spec = layout_and_spec(config)
+        self.learner = make_learner(config, layout, spec.state_size)
+        if state is not None:
+            self.learner.load_state_dict(state)
+
+    def adopt(self, config: MARLConfig, state: dict) -> None:
+        """Become a learner built from `config` that goes on from another's training `state`,
+        its optimizers keeping `config`'s hyperparameters (PBT's exploit, in place)."""
+        from marl_core.rl.optimizers import load_keeping_hyperparameters
+
+        layout, spec = layout_and_spec(config)
+        self.learner = make_learner(config, layout, spec.state_size)
+        load_keeping_hyperparameters(self.learner, state)
+
+    def specs(self):
+        return learner_specs(self.learner)
+
+    def publish(self, pool, version: int) -> None:
+        publish(self.learner, pool, version)
+
+    def learn(self, batch) -> dict[str, float]:
+        return self.learner.learn(batch)
+
+    def state(self) -> dict:
+        return self.learner.state_dict()
+
+    def checkpoint(self) -> tuple[dict, dict]:
+        """(training state, policy id -> acting weights)."""
+        return self.learner.state_dict(), {p: policy.get_weights() for p, policy in self.learner.policies.items()}
+
+
+class RayLearner:
+    """`LearnerHandle` over the learner actor; it pickles, so the round's tasks reach
+    the actor. The workers' build specs are read once: a network's architecture never changes."""
+
+    def __init__(self, actor):
+        self.actor = actor
+        self._specs = _ray_get(actor.specs.remote())
+
+    def specs(self):
+        return self._specs
+
+    def publish(self, pool, version: int) -> None:
+        _ray_get(self.actor.publish.remote(pool, version))
+
+    def learn(self, batch) -> dict[str, float]:
+        return _ray_get(self.actor.learn.remote(batch))
+
+
+def _ray_get(ref):
+    import ray
+
+    return ray.get(ref)
+
+
 def learner_specs(learner) -> dict[str, LearnerSpec]:
     """Policy id -> how a worker builds and refreshes that policy's acting network."""
     from marl_core.rollout.worker import LearnerSpec, NetworkCopy
 
-    return {policy: LearnerSpec(_weights_key(policy), NetworkCopy(network)) for policy, network in learner.policies.items()}
+    import copy
+
+    # The workers' copies are built on the CPU, wherever the learner's networks live.
+    return {policy: LearnerSpec(_weights_key(policy), NetworkCopy(copy.deepcopy(network).cpu())) for policy, network in learner.policies.items()}
 
 
 def publish(learner, pool, version: int) -> None:

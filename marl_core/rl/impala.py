@@ -58,14 +58,13 @@ class IMPALATrainer:
         """One loss on the whole batch, V-trace from the same forward pass (detached)."""
         c = self.config
         _check(experience)
-        obs, mask = torch.from_numpy(experience.obs), torch.from_numpy(experience.mask)
-        action = torch.from_numpy(experience.action)
+        obs, mask, action = self._tensor(experience.obs), self._tensor(experience.mask), self._tensor(experience.action)
         log_probs = torch.log_softmax(self.policy.logits(obs, mask), dim=-1)
         logp = log_probs.gather(1, action[:, None]).squeeze(1)
         value = self.policy.value(obs)
-        trace = self._vtrace(experience, logp.detach().numpy(), value.detach().numpy())
-        advantages = torch.from_numpy(trace.advantages.astype(np.float32))
-        targets = torch.from_numpy(trace.targets.astype(np.float32))
+        trace = self._vtrace(experience, logp.detach().cpu().numpy(), value.detach().cpu().numpy())
+        advantages = self._tensor(trace.advantages.astype(np.float32))
+        targets = self._tensor(trace.targets.astype(np.float32))
         policy_loss = -(logp * advantages).mean()
         value_loss = 0.5 * (value - targets).pow(2).mean()
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()  # illegal actions add exactly 0
@@ -82,12 +81,18 @@ class IMPALATrainer:
         next_value = np.zeros(len(experience), np.float32)
         if bootstrap.any():
             with torch.no_grad():
-                next_value[bootstrap] = self.policy.value(torch.from_numpy(experience.next_obs[bootstrap])).numpy()
+                next_value[bootstrap] = self.policy.value(self._tensor(experience.next_obs[bootstrap])).cpu().numpy()
         clipping = VTraceClipping(c.rho_bar, c.c_bar, c.pg_rho_bar, c.trace_lambda)
         return vtrace(
             experience.extras["logp"], target_logp, experience.reward, value, next_value,
             experience.done, experience.last, c.gamma, clipping,
         )
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        """`array` on the device the policy's parameters are on (a learner may move them to a GPU)."""
+        tensor = torch.from_numpy(array)
+        device = next(self.policy.parameters()).device
+        return tensor if device.type == "cpu" else tensor.to(device)
 
     def state_dict(self) -> dict:
         return {
@@ -110,21 +115,20 @@ class APPOTrainer(IMPALATrainer):
         """V-trace once with the network as the batch arrives, then PPO's minibatch epochs."""
         c = self.config
         _check(experience)
-        obs, mask = torch.from_numpy(experience.obs), torch.from_numpy(experience.mask)
-        action = torch.from_numpy(experience.action)
+        obs, mask, action = self._tensor(experience.obs), self._tensor(experience.mask), self._tensor(experience.action)
         with torch.no_grad():
             log_probs = torch.log_softmax(self.policy.logits(obs, mask), dim=-1)
-            target_logp = log_probs.gather(1, action[:, None]).squeeze(1).numpy()
-            value = self.policy.value(obs).numpy()
+            target_logp = log_probs.gather(1, action[:, None]).squeeze(1).cpu().numpy()
+            value = self.policy.value(obs).cpu().numpy()
         trace = self._vtrace(experience, target_logp, value)
         rho = _rho_metrics(trace, c)
-        behaviour_logp = torch.from_numpy(experience.extras["logp"].astype(np.float32))
-        advantages = torch.from_numpy(trace.advantages.astype(np.float32))
-        targets = torch.from_numpy(trace.targets.astype(np.float32))
+        behaviour_logp = self._tensor(experience.extras["logp"].astype(np.float32))
+        advantages = self._tensor(trace.advantages.astype(np.float32))
+        targets = self._tensor(trace.targets.astype(np.float32))
         for _ in range(c.epochs):
             order = self.generator.permutation(len(experience))
             for start in range(0, len(order), c.minibatch_size):
-                index = torch.from_numpy(order[start : start + c.minibatch_size])
+                index = self._tensor(order[start : start + c.minibatch_size])
                 minibatch_advantages = advantages[index]
                 if c.normalize_advantages and len(index) > 1:
                     minibatch_advantages = (minibatch_advantages - minibatch_advantages.mean()) / (minibatch_advantages.std() + 1e-8)

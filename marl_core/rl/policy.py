@@ -42,8 +42,9 @@ class NetworkPolicy(nn.Module, abc.ABC):
         """The policy this network means, [B, A] float64: illegal actions exactly 0, rows sum to 1."""
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """Detached copies of all parameters and buffers (safe to ship while training goes on)."""
-        return {name: value.detach().clone() for name, value in self.state_dict().items()}
+        """Detached copies of all parameters and buffers on the CPU (safe to ship while training
+        goes on, to workers that may have no GPU)."""
+        return {name: value.detach().to("cpu", copy=True) for name, value in self.state_dict().items()}
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.load_state_dict(weights)

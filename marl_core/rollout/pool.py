@@ -76,7 +76,7 @@ class WorkerPool:
         actor = ray.remote(
             num_cpus=config.worker_cpus, memory=1024**2, max_restarts=max_restarts, max_task_retries=max_restarts
         )
-        nodes = _nodes_with_cpus()
+        nodes = nodes_with_cpus()
         self.workers = [
             actor(RolloutWorker)
             .options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True))
@@ -187,7 +187,7 @@ class WorkerPool:
             ray.kill(handle)
 
 
-def _nodes_with_cpus() -> list[str]:
+def nodes_with_cpus() -> list[str]:
     import ray
 
     nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0)
