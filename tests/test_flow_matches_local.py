@@ -36,14 +36,14 @@ def _snapshot(state):
     return state.payoffs.mean.copy(), [m.copy() for m in state.meta_strategy], [p.tables.copy() for p in state.populations]
 
 
-def _iteration_flow_runs(api_url: str, flow: str = "psro-iteration") -> list:
+def _iteration_flow_runs(api_url: str) -> list:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     async def read():
         async with get_client() as client:
-            return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])))
+            return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["psro-iteration"])))
 
     with temporary_settings({PREFECT_API_URL: api_url}):  # the settings this process loaded may predate the server
         return asyncio.run(read())
@@ -166,40 +166,3 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
     for name, tensor in expected.items():
         assert torch.equal(weights[name], tensor), name
 
-
-def test_an_asynchronous_marl_round_runs_its_learners_beside_its_workers_as_tasks(services):
-    """Two IMPALA learners under BSP: each round is a subflow whose `stream-rollouts` task runs
-    beside both `train-learner` tasks; throughput, staleness and utilisation reach MLflow."""
-    import mlflow
-
-    from flows.marl_flow import run_marl
-    from flows.tracking import layout
-    from marl_core.marl.training import MARLConfig
-
-    api, tracking_uri = services
-    config = MARLConfig(
-        env="pettingzoo:mpe2.simple_spread_v3", algorithm="impala", rounds=2, steps_per_round=16, workers=2,
-        envs_per_worker=2, eval_every=2, eval_episodes=4, num_cpus=2, tracking_uri=tracking_uri, experiment="marl-async",
-        settings={"impala": {"hidden": [16]}, "asynchronous": {"distributed": {"strategy": "bsp", "learners": 2}}},
-    )
-    earlier = {run.id for run in _iteration_flow_runs(api[0], "marl-round")}
-    seen = []
-    run_marl(config, seen.append)
-
-    assert [r.learner["async/weights_version"] for r in seen] == [1, 2]  # one BSP step of both learners a round
-    runs = [run for run in _iteration_flow_runs(api[0], "marl-round") if run.id not in earlier]
-    tasks = _task_runs(api[0], [run.id for run in runs])
-    assert len(runs) == 2 and {t.state.type.value for t in tasks} == {"COMPLETED"}
-    for run in runs:
-        mine = [t for t in tasks if t.flow_run_id == run.id]
-        (stream,) = [t for t in mine if t.name.startswith("stream-rollouts")]
-        learners = [t for t in mine if t.name.startswith("train-learner")]
-        assert len(learners) == 2
-        for learner in learners:  # each trained while the workers streamed
-            assert learner.start_time < stream.end_time and stream.start_time < learner.end_time
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("marl-async").experiment_id])
-    for metric in ("samples_in_per_second", "samples_out_per_second", "staleness_mean", "learner_utilisation"):
-        assert f"learner/async/{metric}" in run.data.metrics, metric
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
-    assert layout.STALENESS_PLOT in artifacts

@@ -1,6 +1,9 @@
-"""`psro marl run` end to end: rounds as Prefect flow runs on Ray, MLflow metrics, checkpoints
-registered as weights, and a run killed by SIGKILL between registering a checkpoint and
-committing it resumes to the same round count with no registry version twice."""
+"""`psro marl run` end to end, with asynchronous learners: rounds as Prefect flow runs on Ray
+whose workers stream while two IMPALA learners train (BSP, through their parameter server),
+MLflow metrics (throughput, staleness, utilisation), checkpoints registered as weights, and a run
+killed by SIGKILL between registering a checkpoint and committing it resumes to the same round
+count with no registry version twice. Collect-then-learn runs resume through the same tracker
+(`test_pbt_flow.py` kills and resumes one; `test_flow_matches_local.py` runs one)."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ pytestmark = pytest.mark.slow
 PSRO = str(Path(sys.executable).with_name("psro"))
 CONFIG = """\
 env: pettingzoo:mpe2.simple_spread_v3
-algorithm: ippo
+algorithm: impala
+settings: {{impala: {{hidden: [16]}}, asynchronous: {{distributed: {{strategy: bsp, learners: 2}}}}}}
 rounds: 6
 steps_per_round: 50
 workers: 2
@@ -51,7 +55,7 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     assert_all_exited(str(home))
     # its output is no terminal: a plain progress line as training starts, before round 0 ends
     lines = killed.stdout.splitlines()
-    shown = [i for i, line in enumerate(lines) if re.fullmatch(r"ippo training: \d+/1200 steps.*", line)]
+    shown = [i for i, line in enumerate(lines) if re.fullmatch(r"impala training: \d+/1200 steps.*", line)]
     assert shown and shown[0] < min(i for i, line in enumerate(lines) if line.startswith("round    0")), killed.stdout
 
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
@@ -71,23 +75,38 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     versions = client.search_model_versions(f"name='{name}'")
     assert sorted(int(v.tags["round"]) for v in versions) == [1, 3, 5]  # the orphan of round 3 replaced, once
     assert {m.step for m in client.get_metric_history(run.info.run_id, "env_steps")} == set(range(6))
-    assert int(run.data.metrics["env_steps"]) == 6 * 50 * 4
+    played = int(run.data.metrics["env_steps"])
+    assert played >= 6 * 50 * 4 and played % (50 * 2) == 0  # at least what the learners took, in whole fragments
+    versions_by_round = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "learner/async/weights_version")}
+    assert versions_by_round[0] == 1 and versions_by_round[1] == 2  # one BSP step of both learners a round
+    for metric in ("samples_in_per_second", "samples_out_per_second", "staleness_mean", "learner_utilisation"):
+        assert f"learner/async/{metric}" in run.data.metrics, metric
     assert {m.step for m in client.get_metric_history(run.info.run_id, "eval_return/policy/agent")} == {1, 3, 5}
     # checkpoints hold weights only
     newest = client.get_model_version_by_alias(name, layout.NEWEST_ALIAS)
     folder = client.download_artifacts(run.info.run_id, layout.policy_checkpoint_path("agent", 5), str(tmp_path))
     weights = torch.load(Path(folder) / layout.POLICY_WEIGHTS, weights_only=True)
     assert newest.tags["round"] == "5" and all(isinstance(t, torch.Tensor) for t in weights.values())
-    assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == [layout.EPISODE_RETURN_PLOT]
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {layout.EPISODE_RETURN_PLOT, layout.STALENESS_PLOT}
 
-    # Prefect recorded every round as a flow run with its tasks (rounds 0-3 before the kill, 2-5 after)
+    # Prefect recorded every round as a flow run with its tasks (rounds 0-3 before the kill, 2-5
+    # after), the workers' stream running beside both learners
     rounds, tasks = _prefect_records(home)
-    assert sorted(rounds) == ["COMPLETED"] * 8
-    assert sorted(tasks) == sorted(["collect-rollouts", "update-learner"] * 8 + ["evaluate-policies"] * 4)
+    assert sorted(state for state, _ in rounds) == ["COMPLETED"] * 8
+    assert sorted(_step(t) for t in tasks) == sorted(["stream-rollouts"] * 8 + ["train-learner"] * 16 + ["evaluate-policies"] * 4)
+    for _, round_id in rounds:
+        mine = [t for t in tasks if t.flow_run_id == round_id]
+        (stream,) = [t for t in mine if _step(t) == "stream-rollouts"]
+        for learner in (t for t in mine if _step(t) == "train-learner"):
+            assert learner.start_time < stream.end_time and stream.start_time < learner.end_time
 
 
-def _prefect_records(home: Path) -> tuple[list[str], list[str]]:
-    """States of the `marl-round` flow runs and names of their task runs, from the runs' Prefect home."""
+def _step(task) -> str:
+    return task.name.rsplit("-", 1)[0]
+
+
+def _prefect_records(home: Path) -> tuple[list[tuple[str, object]], list]:
+    """(state, id) of the `marl-round` flow runs and their task runs, from the runs' Prefect home."""
     import asyncio
 
     from prefect.client.orchestration import get_client
@@ -104,7 +123,7 @@ def _prefect_records(home: Path) -> tuple[list[str], list[str]]:
             async with get_client() as client:
                 runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["marl-round"])))
                 tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs])))
-                return [r.state.type.value for r in runs], [t.name.rsplit("-", 1)[0] for t in tasks]
+                return [(r.state.type.value, r.id) for r in runs], tasks
 
         with temporary_settings({PREFECT_API_URL: server.url}):
             return asyncio.run(read())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from marl_core.rollout.progress import Progress, Work
@@ -124,33 +125,31 @@ class WorkerPool:
     def stream(self, requests: list[RolloutRequest], dataset, progress: Optional[str] = None) -> list[StreamSummary]:
         """Worker i plays request i's fragment stream into `dataset` (a `DatasetServer` here, the
         name of its actor on Ray) until the dataset stops taking fragments; one summary per
-        worker. In this process each worker streams from a thread of its own."""
-        if not self.on_ray:
-            summaries: list[Optional[StreamSummary]] = [None] * len(requests)
-            errors: list[BaseException] = []
-
-            def play(i: int) -> None:
-                try:
-                    summaries[i] = self.workers[i].stream(requests[i], dataset)
-                except BaseException as error:  # handed to the caller below
-                    errors.append(error)
-                    dataset.close()
-
-            threads = [threading.Thread(target=play, args=(i,), daemon=True) for i in range(len(requests))]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            if errors:
-                raise errors[0]
-            summaries_done = summaries
-        else:
+        worker. `progress`: open work that the streams' joint steps count towards once they end."""
+        if self.on_ray:
             import ray
 
-            summaries_done = ray.get([self.workers[i].stream.remote(r, dataset) for i, r in enumerate(requests)])
+            summaries = ray.get([self.workers[i].stream.remote(r, dataset) for i, r in enumerate(requests)])
+        else:
+            summaries = self._stream_here(requests, dataset)
         if progress is not None:
-            self.store.advance(progress, sum(summary.env_steps for summary in summaries_done))
-        return summaries_done
+            self.store.advance(progress, sum(summary.env_steps for summary in summaries))
+        return summaries
+
+    def _stream_here(self, requests: list[RolloutRequest], dataset) -> list[StreamSummary]:
+        """Each worker streams from a thread of its own; one that fails closes the dataset, so the
+        others stop too, and its error is raised."""
+
+        def play(worker: RolloutWorker, request: RolloutRequest) -> StreamSummary:
+            try:
+                return worker.stream(request, dataset)
+            except BaseException:
+                dataset.close()
+                raise
+
+        with ThreadPoolExecutor(len(requests), thread_name_prefix="stream") as threads:
+            futures = [threads.submit(play, self.workers[i], request) for i, request in enumerate(requests)]
+            return [future.result() for future in futures]
 
     def _count(self, progress: Optional[str], request: RolloutRequest, result: RolloutResult) -> None:
         """A fragment counts its joint steps (over all copies), whole-episode requests their episodes."""
