@@ -89,6 +89,26 @@ def test_a_worker_and_a_learner_killed_mid_round_are_replaced_and_the_run_goes_o
     assert np.isfinite(records[-1].eval_returns["policy/agent"])
 
 
+@pytest.mark.slow
+def test_bsp_learners_on_ray_step_together_through_their_parameter_server(local_ray):
+    config = _config(rounds=2, eval_every=2, settings={**SMALL, "asynchronous": {"distributed": {"strategy": "bsp", "learners": 2}}})
+    layout, _ = layout_and_spec(config)
+    pool = WorkerPool(pool_config(config), on_ray=True)
+    learners = RayAsyncLearners(config, None, pool)
+    try:
+        records, env_steps = [], 0
+        for round in range(config.rounds):
+            records.append(rounds.run_round(config, round, env_steps, rounds.LocalRunner(), pool, learners, layout))
+            env_steps = records[-1].env_steps
+        state, weights = learners.checkpoint()  # the parameter server's master
+    finally:
+        learners.close()
+        pool.close()
+    assert [r.learner["async/weights_version"] for r in records] == [1, 2]  # one step of both learners a round
+    assert all(r.learner["async/dropped_steps"] == 0 for r in records)
+    assert state["agent"]["optimizer"]["state"] and set(weights) == {"agent"}  # it took the steps
+
+
 def _kill_mid_round(learners, pool, inserted: int, killed: dict) -> None:
     """Once this round's first fragment is in, kill worker 0 and the learner."""
     poll(lambda: learners.dataset.stats().inserted, lambda n: n > inserted, timeout=60)

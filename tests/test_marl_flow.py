@@ -1,5 +1,5 @@
-"""`psro marl run` end to end, with asynchronous learners: rounds as Prefect flow runs on Ray
-whose workers stream while two IMPALA learners train (BSP, through their parameter server),
+"""`psro marl run` end to end, with an asynchronous learner: rounds as Prefect flow runs on Ray
+whose workers stream while an IMPALA learner trains,
 MLflow metrics (throughput, staleness, utilisation), checkpoints registered as weights, and a run
 killed by SIGKILL between registering a checkpoint and committing it resumes to the same round
 count with no registry version twice. Collect-then-learn runs resume through the same tracker
@@ -27,7 +27,7 @@ PSRO = str(Path(sys.executable).with_name("psro"))
 CONFIG = """\
 env: pettingzoo:mpe2.simple_spread_v3
 algorithm: impala
-settings: {{impala: {{hidden: [16]}}, asynchronous: {{distributed: {{strategy: bsp, learners: 2}}}}}}
+settings: {{impala: {{hidden: [16]}}}}
 rounds: 6
 steps_per_round: 50
 workers: 2
@@ -78,7 +78,7 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     played = int(run.data.metrics["env_steps"])
     assert played >= 6 * 50 * 4 and played % (50 * 2) == 0  # at least what the learners took, in whole fragments
     versions_by_round = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "learner/async/weights_version")}
-    assert versions_by_round[0] == 1 and versions_by_round[1] == 2  # one BSP step of both learners a round
+    assert versions_by_round[0] == 2 and versions_by_round[1] == 4  # one IMPALA step per fragment, a fragment per worker
     for metric in ("samples_in_per_second", "samples_out_per_second", "staleness_mean", "learner_utilisation"):
         assert f"learner/async/{metric}" in run.data.metrics, metric
     assert {m.step for m in client.get_metric_history(run.info.run_id, "eval_return/policy/agent")} == {1, 3, 5}
@@ -90,10 +90,10 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {layout.EPISODE_RETURN_PLOT, layout.STALENESS_PLOT}
 
     # Prefect recorded every round as a flow run with its tasks (rounds 0-3 before the kill, 2-5
-    # after), the workers' stream running beside both learners
+    # after), the workers' stream running beside the learner
     rounds, tasks = _prefect_records(home)
     assert sorted(state for state, _ in rounds) == ["COMPLETED"] * 8
-    assert sorted(_step(t) for t in tasks) == sorted(["stream-rollouts"] * 8 + ["train-learner"] * 16 + ["evaluate-policies"] * 4)
+    assert sorted(_step(t) for t in tasks) == sorted(["stream-rollouts", "train-learner"] * 8 + ["evaluate-policies"] * 4)
     for _, round_id in rounds:
         mine = [t for t in tasks if t.flow_run_id == round_id]
         (stream,) = [t for t in mine if _step(t) == "stream-rollouts"]

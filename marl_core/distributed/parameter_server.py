@@ -85,6 +85,11 @@ class ParameterServer:
         with self._changed:
             return self.version, {name: network.get_weights() for name, network in self.networks.items()}
 
+    def checkpoint(self) -> tuple[dict, dict]:
+        """(the master's whole training state, acting weights by name), never mid-step."""
+        with self._changed:
+            return self.learner.state_dict(), {name: network.get_weights() for name, network in self.networks.items()}
+
     def push(self, learner: int, base_version: int, grads: Gradients, samples: int) -> PushResult:
         started = self._clock()
         with self._changed:

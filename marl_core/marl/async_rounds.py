@@ -132,9 +132,8 @@ class LocalAsyncLearners:
     def __init__(self, config: MARLConfig, learner, make_copy):
         from marl_core.distributed.dataset_server import DatasetServer
         from marl_core.distributed.learning import LocalSteps, ServerSteps
-        from marl_core.distributed.parameter_server import ParameterServer
-
         from marl_core.distributed.learning import place, resolve_device
+        from marl_core.distributed.parameter_server import ParameterServer
 
         self.settings = settings = asynchronous(config)
         device = resolve_device(settings.device)
@@ -164,6 +163,8 @@ class LocalAsyncLearners:
         return len(self._learners)
 
     def checkpoint(self) -> tuple[dict, dict]:
+        if self.server is not None:
+            return self.server.checkpoint()
         return self.master.state_dict(), {p: n.get_weights() for p, n in self.master.policies.items()}
 
     def train(self, member: int, pool, batches: int) -> LearnerReport:
@@ -231,10 +232,8 @@ class _LearnerActor:
     def __init__(self, config: MARLConfig, state: Optional[dict], store: str, index: int = 0, server: Optional[str] = None):
         import torch
 
-        from marl_core.distributed.learning import LocalSteps, ServerSteps
+        from marl_core.distributed.learning import LocalSteps, ServerSteps, place, resolve_device
         from marl_core.rollout.store import StoreClient
-
-        from marl_core.distributed.learning import place, resolve_device
 
         torch.set_num_threads(1)
         layout, spec = layout_and_spec(config)
@@ -289,9 +288,8 @@ class _ServerActor:
     def __init__(self, config: MARLConfig, state: Optional[dict]):
         import torch
 
-        from marl_core.distributed.parameter_server import ParameterServer
-
         from marl_core.distributed.learning import place, resolve_device
+        from marl_core.distributed.parameter_server import ParameterServer
 
         torch.set_num_threads(1)
         layout, spec = layout_and_spec(config)
@@ -319,8 +317,7 @@ class _ServerActor:
         publish_weights(pool, *self.server.weights())
 
     def checkpoint(self) -> tuple[dict, dict]:
-        with self.server._changed:  # not mid-step
-            return self.learner.state_dict(), {p: n.get_weights() for p, n in self.learner.policies.items()}
+        return self.server.checkpoint()
 
 
 class _ServerClient:
