@@ -34,7 +34,7 @@ from marl_core.marl.training import (
     MARLConfig,
     RoundRecord,
     asynchronous,
-    evaluation_due,
+    evaluate_when_due,
     layout_and_spec,
     learner_specs,
     make_learner,
@@ -192,17 +192,9 @@ def run_async_round(config: MARLConfig, round: int, env_steps: int, runner, pool
         dataset.close()  # the workers stop at their next fragment
         stream = runner.result(streaming)
     seconds = time.perf_counter() - started
-    evaluation, evaluated = None, 0.0
-    if evaluation_due(config, round):
-        started = time.perf_counter()
-        evaluation = runner.result(runner.submit("evaluate-policies", config, pool, learners, round))
-        evaluated = time.perf_counter() - started
-    agents, groups = list(layout.agents), layout.groups
+    eval_mean, eval_stderr, evaluated = evaluate_when_due(config, round, runner, pool, learners, layout)
     returns = np.concatenate([s.episode_returns for s in stream.summaries])
-    train, _ = summarize(returns, agents, groups)
-    eval_mean = eval_stderr = None
-    if evaluation is not None:
-        eval_mean, eval_stderr = summarize(evaluation, agents, groups)
+    train, _ = summarize(returns, list(layout.agents), layout.groups)
     metrics = {name: float(np.mean([r.metrics[name] for r in reports if name in r.metrics])) for name in reports[0].metrics}
     staleness = staleness_since(before, dataset.stats().staleness)
     metrics.update(round_metrics(stream, reports, staleness, seconds))

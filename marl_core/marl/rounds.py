@@ -24,7 +24,7 @@ from marl_core.marl.training import (
     asynchronous,
     collect_rollouts,
     evaluate_policies,
-    evaluation_due,
+    evaluate_when_due,
     layout_and_spec,
     make_learner,
     pool_config,
@@ -83,16 +83,8 @@ def run_round(config: MARLConfig, round: int, env_steps: int, runner: Runner, po
     started = time.perf_counter()
     learner_metrics = runner.result(runner.submit("update-learner", learner, collected))
     learned = time.perf_counter() - started
-    evaluation, evaluated = None, 0.0
-    if evaluation_due(config, round):
-        started = time.perf_counter()
-        evaluation = runner.result(runner.submit("evaluate-policies", config, pool, learner, round))
-        evaluated = time.perf_counter() - started
-    agents, groups = list(layout.agents), layout.groups
-    train, _ = summarize(collected.returns, agents, groups)
-    eval_mean = eval_stderr = None
-    if evaluation is not None:
-        eval_mean, eval_stderr = summarize(evaluation, agents, groups)
+    eval_mean, eval_stderr, evaluated = evaluate_when_due(config, round, runner, pool, learner, layout)
+    train, _ = summarize(collected.returns, list(layout.agents), layout.groups)
     return RoundRecord(
         round=round, env_steps=env_steps + collected.env_steps, train_returns=train, eval_returns=eval_mean,
         eval_stderr=eval_stderr, learner=learner_metrics,

@@ -385,6 +385,17 @@ def evaluation_due(config: MARLConfig, round: int) -> bool:
     return (round + 1) % config.eval_every == 0 or round == config.rounds - 1
 
 
+def evaluate_when_due(config: MARLConfig, round: int, runner, pool, learner, layout) -> tuple[Optional[dict], Optional[dict], float]:
+    """The round's `evaluate-policies` step through `runner` when it is due: the greedy returns'
+    mean and standard error per agent and policy (None, None when not due), and its seconds."""
+    if not evaluation_due(config, round):
+        return None, None, 0.0
+    started = time.perf_counter()
+    evaluation = runner.result(runner.submit("evaluate-policies", config, pool, learner, round))
+    mean, stderr = summarize(evaluation, list(layout.agents), layout.groups)
+    return mean, stderr, time.perf_counter() - started
+
+
 def checkpoint_due(config: MARLConfig, round: int) -> bool:
     return (round + 1) % config.checkpoint_every == 0 or round == config.rounds - 1
 

@@ -17,12 +17,12 @@ import torch
 
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
-from marl_core.rl.gradient_steps import LossStep, OptimizedGroup, apply_locally, single_group
+from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
 from marl_core.rl.ppo import ActorCriticPolicy, compute_gae
 from marl_core.rl.settings import A2CConfig
 
 
-class A2CTrainer:
+class A2CTrainer(LossStepTrainer):
     """Owns the actor-critic (inside `.policy`) and its RMSprop optimizer (as in the A2C paper)."""
 
     def __init__(self, obs_size: int, num_actions: int, config: A2CConfig | None = None):
@@ -32,17 +32,6 @@ class A2CTrainer:
             self.policy = ActorCriticPolicy(obs_size, num_actions, config)
         self.optimizer = torch.optim.RMSprop(self.policy.parameters(), lr=config.lr, alpha=0.99, eps=1e-5)
         self.updates = 0
-
-    def learn(self, experience: Experience) -> dict[str, float]:
-        return self.update(experience)
-
-    def update(self, experience: Experience) -> dict[str, float]:
-        metrics = apply_locally(self.optimized_groups(), self.loss_steps(experience))
-        self.updates += 1
-        return metrics
-
-    def optimized_groups(self) -> list[OptimizedGroup]:
-        return single_group(self)
 
     def loss_steps(self, experience: Experience) -> Iterator[LossStep]:
         """One loss on the whole batch (`marl_core.rl.gradient_steps`)."""

@@ -86,3 +86,22 @@ def apply_locally(groups: Sequence[OptimizedGroup], steps: Iterable[LossStep]) -
         for name, number in step.metrics.items():
             totals.setdefault(name, []).append(number)
     return {name: float(np.mean(numbers)) for name, numbers in totals.items()}
+
+
+class LossStepTrainer:
+    """What a trainer that describes its update as `loss_steps` gets for free: one optimizer over
+    its policy (`optimized_groups`), and `update`/`learn` applying every step with it. A subclass
+    sets `policy`, `optimizer`, `config` (with `max_grad_norm`) and `updates`, and writes `loss_steps`."""
+
+    def learn(self, experience) -> dict[str, float]:
+        """The trainer interface a learner loop uses (each batch is learned from once)."""
+        return self.update(experience)
+
+    def update(self, experience) -> dict[str, float]:
+        """Every loss step of the batch with this trainer's optimizer; the mean of each metric."""
+        metrics = apply_locally(self.optimized_groups(), self.loss_steps(experience))
+        self.updates += 1
+        return metrics
+
+    def optimized_groups(self) -> list[OptimizedGroup]:
+        return single_group(self)

@@ -22,13 +22,13 @@ import torch
 
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
-from marl_core.rl.gradient_steps import LossStep, OptimizedGroup, apply_locally, single_group
+from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
 from marl_core.rl.ppo import ActorCriticPolicy, clipped_surrogate_loss
 from marl_core.rl.settings import APPOConfig, IMPALAConfig
 from marl_core.rl.vtrace import VTrace, VTraceClipping, vtrace
 
 
-class IMPALATrainer:
+class IMPALATrainer(LossStepTrainer):
     """Owns the actor-critic (inside `.policy`) and its Adam optimizer."""
 
     def __init__(self, obs_size: int, num_actions: int, config: IMPALAConfig | None = None):
@@ -42,17 +42,6 @@ class IMPALATrainer:
 
     def _default_config(self):
         return IMPALAConfig()
-
-    def learn(self, experience: Experience) -> dict[str, float]:
-        return self.update(experience)
-
-    def update(self, experience: Experience) -> dict[str, float]:
-        metrics = apply_locally(self.optimized_groups(), self.loss_steps(experience))
-        self.updates += 1
-        return metrics
-
-    def optimized_groups(self) -> list[OptimizedGroup]:
-        return single_group(self)
 
     def loss_steps(self, experience: Experience) -> Iterator[LossStep]:
         """One loss on the whole batch, V-trace from the same forward pass (detached)."""

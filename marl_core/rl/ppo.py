@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from marl_core.rl.batch import Experience
-from marl_core.rl.gradient_steps import LossStep, OptimizedGroup, apply_locally, single_group
+from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
 from marl_core.policies.base import sample_rows
 from marl_core.rl import Algorithm
 from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp
@@ -114,7 +114,7 @@ def compute_gae(
     return advantages, advantages + value
 
 
-class PPOTrainer:
+class PPOTrainer(LossStepTrainer):
     """Owns the actor-critic (inside `.policy`) and its optimizer."""
 
     def __init__(self, obs_size: int, num_actions: int, config: PPOConfig | None = None):
@@ -125,19 +125,6 @@ class PPOTrainer:
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=1e-5, fused=True)  # fused: one kernel for all parameters (docs/performance.md)
         self.generator = np.random.default_rng(config.seed)
         self.updates = 0
-
-    def learn(self, experience: Experience) -> dict[str, float]:
-        """The trainer interface a learner loop uses (PPO learns from each batch once, on-policy)."""
-        return self.update(experience)
-
-    def update(self, experience: Experience) -> dict[str, float]:
-        """Advantages for the batch, then `epochs` passes of minibatch gradient steps; mean metrics."""
-        metrics = apply_locally(self.optimized_groups(), self.loss_steps(experience))
-        self.updates += 1
-        return metrics
-
-    def optimized_groups(self) -> list[OptimizedGroup]:
-        return single_group(self)
 
     def loss_steps(self, experience: Experience) -> Iterator[LossStep]:
         """The update as losses (`marl_core.rl.gradient_steps`): advantages once, with the critic
