@@ -5,6 +5,7 @@
     make_env("pettingzoo:classic.connect_four_v3")  # a module of PettingZoo itself
     make_env("pettingzoo:classic/tictactoe-v3")   # a PettingZoo registry id: parallel if registered so
     make_env("gymnasium:CartPole-v1")             # a Gymnasium id, as one agent "agent_0"
+    make_env("atari:pong_v3")                     # a PettingZoo Atari game from pixels, preprocessed
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from marl_core.envs.agent_mapping import (
     one_population_per_agent,
     shared_population,
 )
+from marl_core.envs.atari import AtariEnv, AtariSettings, rom_directory
 from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep
 from marl_core.envs.gymnasium_env import GymnasiumEnv
 from marl_core.envs.openspiel_env import OpenSpielEnv
@@ -34,6 +36,8 @@ from marl_core.registry import Registry
 __all__ = [
     "AgentID",
     "AgentMapping",
+    "AtariEnv",
+    "AtariSettings",
     "EnvSpec",
     "GymnasiumEnv",
     "MultiAgentEnv",
@@ -51,7 +55,7 @@ __all__ = [
     "to_pettingzoo",
 ]
 
-_FORMS = "an OpenSpiel game string, 'pettingzoo:<module or registry id>' or 'gymnasium:<id>'"
+_FORMS = "an OpenSpiel game string, 'pettingzoo:<module or registry id>', 'gymnasium:<id>' or 'atari:<game>'"
 
 
 def make_env(name: str) -> MultiAgentEnv:
@@ -67,10 +71,12 @@ def make_env(name: str) -> MultiAgentEnv:
 def _pettingzoo(name: str, target: str) -> MultiAgentEnv:
     """A registry id such as classic/tictactoe-v3 (PettingZoo 1.27 deprecates importing its own
     environment modules), else a module path such as mpe2.simple_spread_v3."""
+    # Atari games find their ROMs in ale-py's wheel instead of downloading them (envs/atari.py)
+    options = {"auto_rom_install_path": str(rom_directory())} if target.startswith(("atari/", "atari.")) else {}
     if "/" in target:
         kind = "parallel" if target in pettingzoo.parallel_registry else "aec"
         try:
-            env = pettingzoo.make(kind, target)
+            env = pettingzoo.make(kind, target, **options)
         except PettingZooRegistryError as exc:
             reason = str(exc).split(". Available")[0]
             raise ValueError(f"cannot make environment {name!r} ({reason}); use {_FORMS}") from None
@@ -83,9 +89,9 @@ def _pettingzoo(name: str, target: str) -> MultiAgentEnv:
         except (ImportError, ValueError):
             raise ValueError(f"cannot import {target!r} for environment {name!r} ({exc}); use {_FORMS}") from None
     if hasattr(module, "parallel_env"):
-        return PettingZooParallelEnv(module.parallel_env())
+        return PettingZooParallelEnv(module.parallel_env(**options))
     if hasattr(module, "env"):
-        return PettingZooAECEnv(module.env())
+        return PettingZooAECEnv(module.env(**options))
     raise ValueError(f"module {target!r} for environment {name!r} has no parallel_env() or env(); use {_FORMS}")
 
 
@@ -97,8 +103,13 @@ def _gymnasium(name: str, env_id: str) -> MultiAgentEnv:
     return GymnasiumEnv(env)
 
 
+def _atari(name: str, game: str) -> MultiAgentEnv:
+    return AtariEnv(game)
+
+
 # Where environments come from, by the prefix of their name ("pettingzoo:mpe2.simple_spread_v3");
 # a name without a prefix is an OpenSpiel game string.
 ENVIRONMENT_SOURCES: Registry = Registry("environment source")
 ENVIRONMENT_SOURCES.add("pettingzoo", _pettingzoo, "PettingZoo: a registry id (classic/tictactoe-v3) or a module path (mpe2.simple_spread_v3)")
 ENVIRONMENT_SOURCES.add("gymnasium", _gymnasium, "Gymnasium: a single-agent environment id (CartPole-v1)")
+ENVIRONMENT_SOURCES.add("atari", _atari, "PettingZoo's multi-player Atari from pixels, preprocessed as DQN's (pong_v3)")

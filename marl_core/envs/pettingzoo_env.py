@@ -20,7 +20,7 @@ import dataclasses
 import gymnasium
 import numpy as np
 from pettingzoo import AECEnv, ParallelEnv
-from pettingzoo.utils.conversions import aec_to_parallel_wrapper
+from pettingzoo.utils.conversions import aec_to_parallel_wrapper, parallel_to_aec_wrapper
 from pettingzoo.utils.wrappers import AssertOutOfBoundsWrapper, BaseWrapper, OrderEnforcingWrapper
 
 from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep, check_actions, check_rewards
@@ -158,13 +158,16 @@ def _without_checking_wrappers(env: ParallelEnv) -> ParallelEnv:
     """A parallel env converted from an AEC env (`parallel_wrapper_fn`, as MPE's `parallel_env()`)
     rebuilt on the raw AEC env when every wrapper in between only checks: the adapter itself checks
     each action against the agent's mask (`check_actions`) and calls reset and step in order, and
-    the checks' attribute forwarding costs a large share of an MPE step. Anything else is returned
-    as it is."""
+    the checks' attribute forwarding costs a large share of an MPE step. A parallel env that
+    PettingZoo converted to AEC and back (Atari's `parallel_env()`) is unwrapped to itself.
+    Anything else is returned as it is."""
     if not isinstance(env, aec_to_parallel_wrapper):
         return env
     inner = env.aec_env
     while isinstance(inner, _CHECKING_WRAPPERS):
         inner = inner.env
+    if isinstance(inner, parallel_to_aec_wrapper):
+        return inner.env
     if inner is env.aec_env or isinstance(inner, BaseWrapper):
         return env
     return aec_to_parallel_wrapper(inner)
