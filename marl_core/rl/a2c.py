@@ -55,10 +55,11 @@ class A2CTrainer(LossStepTrainer):
         if c.normalize_advantages and len(advantages) > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
-        log_probs = torch.log_softmax(self.policy.logits(obs, mask), dim=-1)
+        logits, value = self.policy.logits_and_value(obs, mask)
+        log_probs = torch.log_softmax(logits, dim=-1)
         logp = log_probs.gather(1, action[:, None]).squeeze(1)
         policy_loss = -(logp * advantages).mean()
-        value_loss = 0.5 * (self.policy.value(obs) - returns).pow(2).mean()
+        value_loss = 0.5 * (value - returns).pow(2).mean()
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()  # illegal actions add exactly 0
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
         metrics = {"loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item()}

@@ -1,4 +1,4 @@
-"""Small torch building blocks shared by the policies: MLPs and action masking.
+"""Small torch building blocks shared by the policies: MLPs, Atari's convolutions, action masking.
 
 Games have actions that are illegal in some states. Every place that turns network outputs into
 actions or probabilities goes through `masked_logits` or `masked_argmax`, so an illegal action
@@ -29,6 +29,33 @@ def mlp(in_size: int, hidden: tuple[int, ...], out_size: int, activation: type[n
     body = features(in_size, hidden, activation)
     body.append(nn.Linear(hidden[-1] if hidden else in_size, out_size))
     return body
+
+
+class NatureCNN(nn.Module):
+    """The convolutions of Mnih et al. (2015) over a flat observation of stacked frames
+    [channels, size, size] (channels first, as `marl_core.envs.atari` lays them out), pixels
+    0..255 scaled to 0..1; `out_size` features, flattened."""
+
+    def __init__(self, obs_size: int, frame_size: int = 84):
+        super().__init__()
+        channels, remainder = divmod(obs_size, frame_size * frame_size)
+        if remainder or not channels:
+            raise ValueError(
+                f"nature_cnn needs observations of [channels, {frame_size}, {frame_size}] pixels; "
+                f"observation size {obs_size} is not a multiple of {frame_size * frame_size}"
+            )
+        self.shape = (channels, frame_size, frame_size)
+        self.convolutions = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            self.out_size = self.convolutions(torch.zeros(1, *self.shape)).shape[1]
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.convolutions(obs.view(-1, *self.shape) * (1.0 / 255.0))
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -24,13 +24,17 @@ from marl_core.rl.batch import Experience
 from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
 from marl_core.policies.base import sample_rows
 from marl_core.rl import Algorithm
-from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp
+from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp, NatureCNN
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.settings import PPOConfig
 
 
 class ActorCriticPolicy(NetworkPolicy):
     """A masked-softmax actor and a state-value critic, separate or on a shared trunk.
+
+    With `encoder: nature_cnn` the trunk is Mnih et al.'s convolutions over stacked frames
+    (`networks.NatureCNN`) followed by the `hidden` layers, always shared: as in every Atari
+    actor-critic, two copies of the convolutions would double the cost for no gain.
 
     Exploring samples from the masked softmax; `explore=False` takes its argmax. Extras: `logp`
     (log-probability of the chosen action) and `value` (critic estimate), which PPO needs from
@@ -40,8 +44,13 @@ class ActorCriticPolicy(NetworkPolicy):
     def __init__(self, obs_size: int, num_actions: int, config: PPOConfig):
         super().__init__(obs_size, num_actions)
         hidden = config.hidden
-        if config.shared_trunk:
+        self.shared_trunk = config.shared_trunk or config.encoder == "nature_cnn"
+        if config.encoder == "nature_cnn":
+            cnn = NatureCNN(obs_size, config.frame_size)
+            trunk = nn.Sequential(cnn, features(cnn.out_size, hidden, nn.ReLU))
+        elif self.shared_trunk:
             trunk = features(obs_size, hidden, nn.Tanh)
+        if self.shared_trunk:
             self.actor = nn.Sequential(trunk, nn.Linear(hidden[-1], num_actions))
             self.critic = nn.Sequential(trunk, nn.Linear(hidden[-1], 1))
         else:
@@ -53,7 +62,7 @@ class ActorCriticPolicy(NetworkPolicy):
         """Orthogonal weights, zero biases; a tiny actor output layer so the first policy is
         close to uniform over legal actions (the PPO implementation details of Huang et al.)."""
         for layer in self.modules():
-            if isinstance(layer, nn.Linear):
+            if isinstance(layer, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(layer.weight, gain=np.sqrt(2))
                 nn.init.zeros_(layer.bias)
         nn.init.orthogonal_(self.actor[-1].weight, gain=0.01)
@@ -66,11 +75,18 @@ class ActorCriticPolicy(NetworkPolicy):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
 
+    def logits_and_value(self, obs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both heads, the shared trunk (if any) run once."""
+        if not self.shared_trunk:
+            return self.logits(obs, mask), self.value(obs)
+        hidden = self.actor[0](obs)
+        return masked_logits(self.actor[1](hidden), mask), self.critic[1](hidden).squeeze(-1)
+
     def act(self, obs, mask, explore, generator):
         obs_t, mask_t = self._tensors(obs, mask)
         with torch.inference_mode():
-            log_probs = torch.log_softmax(self.logits(obs_t, mask_t), dim=-1)
-            value = self.value(obs_t)
+            logits, value = self.logits_and_value(obs_t, mask_t)
+            log_probs = torch.log_softmax(logits, dim=-1)
         if explore:
             action = sample_rows(log_probs.double().exp().numpy(), generator)
         else:
@@ -188,12 +204,13 @@ ALGORITHM = Algorithm(PPOConfig, PPOTrainer, ActorCriticPolicy)
 def clipped_surrogate_loss(policy: ActorCriticPolicy, obs, mask, action, old_logp, advantages, returns, c) -> LossStep:
     """PPO's clipped surrogate, a squared-error value loss and an entropy bonus on one minibatch;
     `c` carries `clip`, `value_coef` and `entropy_coef` (PPO's and APPO's settings both do)."""
-    log_probs = torch.log_softmax(policy.logits(obs, mask), dim=-1)
+    logits, value = policy.logits_and_value(obs, mask)
+    log_probs = torch.log_softmax(logits, dim=-1)
     logp = log_probs.gather(1, action[:, None]).squeeze(1)
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
     policy_loss = -torch.min(ratio * advantages, ratio.clamp(1 - c.clip, 1 + c.clip) * advantages).mean()
-    value_loss = 0.5 * (policy.value(obs) - returns).pow(2).mean()
+    value_loss = 0.5 * (value - returns).pow(2).mean()
     # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
     entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()
     loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy

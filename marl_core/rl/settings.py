@@ -6,6 +6,8 @@ command does before anything starts) never imports torch.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -42,13 +44,25 @@ class DQNConfig(BaseModel):
         return self
 
 
-class PPOConfig(BaseModel):
-    """PPO hyperparameters; the defaults are CleanRL's for classic control."""
+class ActorCriticNetworkConfig(BaseModel):
+    """The network of every actor-critic here (PPO, A2C, IMPALA, APPO): `ppo.ActorCriticPolicy`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="hidden layer widths of actor and critic")
     shared_trunk: bool = Field(False, description="actor and critic share the hidden layers")
+    encoder: Literal["mlp", "nature_cnn"] = Field(
+        "mlp",
+        description="mlp: the hidden layers on the flat observation; nature_cnn: Mnih et al.'s convolutions over "
+        "stacked frames [channels, frame_size, frame_size] (atari: environments) before the hidden layers, "
+        "shared by actor and critic",
+    )
+    frame_size: int = Field(84, gt=0, description="nature_cnn: side of the square frames")
+
+
+class PPOConfig(ActorCriticNetworkConfig):
+    """PPO hyperparameters; the defaults are CleanRL's for classic control."""
+
     lr: float = Field(2.5e-4, gt=0, description="Adam learning rate")
     gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE bias/variance trade-off")
@@ -62,13 +76,9 @@ class PPOConfig(BaseModel):
     seed: int = Field(0, description="seeds network initialisation and minibatch shuffling")
 
 
-class A2CConfig(BaseModel):
+class A2CConfig(ActorCriticNetworkConfig):
     """A2C hyperparameters; the defaults are Stable-Baselines3's (RMSprop, n-step returns)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="hidden layer widths of actor and critic")
-    shared_trunk: bool = Field(False, description="actor and critic share the hidden layers")
     lr: float = Field(7e-4, gt=0, description="RMSprop learning rate")
     gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
     gae_lambda: float = Field(1.0, ge=0, le=1, description="1: n-step returns; below 1: GAE")
@@ -79,16 +89,12 @@ class A2CConfig(BaseModel):
     seed: int = Field(0, description="seeds network initialisation")
 
 
-class IMPALAConfig(BaseModel):
+class IMPALAConfig(ActorCriticNetworkConfig):
     """IMPALA's learner (Espeholt et al. 2018): an actor-critic trained on V-trace targets, so
     it learns from fragments a slightly older policy played. The clipping thresholds are
     DeepMind's `scalable_agent`'s and RLlib's (1.0); loss weights and gradient clip RLlib's;
     Adam instead of the paper's RMSprop, as RLlib's new stack does."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="hidden layer widths of actor and critic")
-    shared_trunk: bool = Field(False, description="actor and critic share the hidden layers")
     lr: float = Field(5e-4, gt=0, description="Adam learning rate")
     gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
     rho_bar: float = Field(1.0, gt=0, description="V-trace: truncation of the value targets' importance weights")
