@@ -31,7 +31,7 @@ def _config(values: dict):
 @marl_app.command("run", cls=OneLineErrors)
 def run(
     config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
-    env: Optional[str] = typer.Option(None, help="simultaneous environment, pettingzoo:<module with parallel_env()>"),
+    env: Optional[str] = typer.Option(None, help="simultaneous environment: pettingzoo:<module with parallel_env()> or atari:<game>"),
     algorithm: Optional[str] = typer.Option(None, help="MARL algorithm: mappo, qmix, vdn, maddpg, ippo, iql, a2c"),
     rounds: Optional[int] = typer.Option(None, help="training rounds"),
     seed: Optional[int] = typer.Option(None, help="random seed"),

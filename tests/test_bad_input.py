@@ -308,6 +308,11 @@ OTHER_COMMANDS = [
     ("marl run", (), ASYNC_CONFIG.format("{distributed: {strategy: gossip}}"),
      "settings.asynchronous.distributed.strategy='gossip': Input should be 'bsp', 'asp' or 'bap' (impala's settings)"),
     ("marl run", (), ASYNC_CONFIG.format("{device: cuda}"), "device='cuda': torch sees no GPU here; use 'auto' or 'cpu'"),
+    ("marl run", ("--env", "atari:pong_v9", "--algorithm", "ippo"), None,
+     "unknown Atari game 'pong_v9' (No module named 'pettingzoo.atari.pong_v9'); use a module of pettingzoo.atari such as 'pong_v3'"),
+    ("marl run", (), 'env: "pettingzoo:mpe2.simple_spread_v3"\nalgorithm: ippo\nsettings: {ppo: {encoder: nature_cnn}}\n',
+     "settings.ppo.encoder='nature_cnn' reads [channels, 84, 84] frames; policy 'agent' observes 21 numbers, not a multiple "
+     "of 7056 (use an atari: environment with agent_ids: false, or encoder: mlp)"),
 ]
 
 

@@ -112,3 +112,17 @@ def test_turn_based_environments_and_mismatched_sharing_are_refused_in_one_line(
         rollouts.collect({a: CountingUniform(84, 7) for a in ("player_0", "player_1")}, steps=1)
     with pytest.raises(ValueError, match=r"share policy 'all' but differ in \(observation size, actions\)"):
         JointRollouts("pettingzoo:mpe2.simple_adversary_v3", 1, lambda agent: "all")
+
+
+def test_independent_learners_fragments_leave_the_global_state_out_and_centralized_ones_keep_it():
+    from marl_core.marl import training
+    from marl_core.marl.training import MARLConfig
+    from marl_core.rollout.pool import WorkerPool
+
+    for algorithm, state_size in (("ippo", 0), ("mappo", 54)):  # simple_spread: 3 agents x 18
+        config = MARLConfig(env="pettingzoo:mpe2.simple_spread_v3", algorithm=algorithm, envs_per_worker=2, steps_per_round=5)
+        layout, spec = training.layout_and_spec(config)
+        learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
+        batch = training.collect_rollouts(config, WorkerPool(training.pool_config(config)), learner, 0).batch
+        assert batch.state.shape == batch.next_state.shape == (5, 2, state_size), algorithm
+        learner.learn(batch)  # each learns from what it was given

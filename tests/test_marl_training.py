@@ -147,9 +147,9 @@ def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_see
     )
     layout, spec = training.layout_and_spec(config)
     learner = training.LocalLearner(make_learner(config, layout, spec.state_size))
-    greedy = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), learner, round=0)
+    greedy = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), learner, round=0).returns
     assert greedy.shape == (7, 2)
-    again = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), learner, round=0)
+    again = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), learner, round=0).returns
     np.testing.assert_array_equal(greedy, again)  # fresh workers, the same seed: the same episodes
     assert len(set(greedy[:, 0])) == 1  # a deterministic policy on a deterministic game: one outcome
 
@@ -179,3 +179,42 @@ def test_bad_settings_fail_in_one_line_before_anything_starts(flags, message, tm
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []  # no store, no server home: nothing started
+
+
+def test_evaluation_against_uniform_play_matches_the_two_step_games_expected_returns():
+    """Each agent alone, greedy, against a uniformly random partner: the expected return follows
+    from its greedy actions by hand (two-step game: 2A pays 7, 2B pays [[0, 1], [1, 8]])."""
+    from marl_core.envs.two_step import PAYOFF_2B
+    from marl_core.marl import training
+    from marl_core.rollout.pool import WorkerPool
+
+    config = MARLConfig(
+        env="pettingzoo:marl_core.envs.two_step", algorithm="ippo", policies={"agent_0": "a", "agent_1": "b"},
+        envs_per_worker=4, eval_episodes=400, eval_versus_uniform=True, seed=3,
+    )
+    training.check(config)
+    layout, spec = training.layout_and_spec(config)
+    learner = make_learner(config, layout, spec.state_size)
+    evaluation = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), training.LocalLearner(learner), round=0)
+    assert evaluation.returns.shape == evaluation.versus_uniform.shape == (400, 2)
+
+    def greedy(policy: str, state: int) -> int:
+        obs = np.eye(3, dtype=np.float32)[[state]]
+        return int(learner.policies[policy].act(obs, np.ones((1, 2), bool), False, np.random.default_rng(0))[0][0])
+
+    a_first, a_in_2b, b_in_2b = greedy("a", 0), greedy("a", 2), greedy("b", 2)
+    expected_a = 7.0 if a_first == 0 else PAYOFF_2B[a_in_2b].mean()  # agent_1 uniform
+    expected_b = 0.5 * 7.0 + 0.5 * PAYOFF_2B[:, b_in_2b].mean()  # agent_0 uniform: 2A or 2B half the time each
+    played = evaluation.versus_uniform
+    for column, expected in ((0, expected_a), (1, expected_b)):
+        stderr = played[:, column].std(ddof=1) / np.sqrt(len(played)) + 1e-9
+        assert abs(played[:, column].mean() - expected) < 4 * stderr + 1e-9, (column, played[:, column].mean(), expected)
+    assert not np.array_equal(played, evaluation.returns)  # uniform partners, not the learners themselves
+
+
+def test_evaluation_against_uniform_play_is_refused_where_a_shared_policy_sees_agent_ids():
+    from marl_core.marl import training
+
+    config = MARLConfig(env="pettingzoo:marl_core.envs.two_step", algorithm="ippo", eval_versus_uniform=True)
+    with pytest.raises(ValueError, match="eval_versus_uniform=True with agent_ids=True"):
+        training.check(config)

@@ -79,7 +79,7 @@ class MARLTracker(BackgroundTracker):
         self.config = config
         self.resume = resume
         self.run_id: Optional[str] = None
-        self._curve: dict[str, dict[int, float]] = {}  # policy -> env steps -> greedy return (tracking thread's)
+        self._curve: dict[str, dict[int, float]] = {}  # line (`_curve_line`) -> env steps -> evaluation return (tracking thread's)
         self._staleness: collections.Counter[int] = collections.Counter()  # since this process started the run
 
     def log_round(self, record) -> None:
@@ -127,8 +127,8 @@ class MARLTracker(BackgroundTracker):
         run = self.client.get_run(self.run_id)
         steps = {m.step: int(m.value) for m in self.client.get_metric_history(self.run_id, "env_steps")}
         for key in run.data.metrics:
-            if key.startswith("eval_return/policy/"):
-                curve = self._curve.setdefault(key.removeprefix("eval_return/policy/"), {})
+            if (line := _curve_line(key)) is not None:
+                curve = self._curve.setdefault(line, {})
                 for m in self.client.get_metric_history(self.run_id, key):
                     if m.step <= committed and m.step in steps:
                         curve.setdefault(steps[m.step], m.value)
@@ -142,8 +142,8 @@ class MARLTracker(BackgroundTracker):
         from mlflow.entities import Metric
 
         for key, value in metrics.items():
-            if key.startswith("eval_return/policy/"):
-                self._curve.setdefault(key.removeprefix("eval_return/policy/"), {})[env_steps] = value
+            if (line := _curve_line(key)) is not None:
+                self._curve.setdefault(line, {})[env_steps] = value
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, round) for k, v in metrics.items()])
@@ -180,3 +180,13 @@ class MARLTracker(BackgroundTracker):
     def _end(self, status: str) -> None:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status)
+
+
+def _curve_line(metric: str) -> Optional[str]:
+    """The line of the final return plot a metric belongs to: each policy's evaluation return,
+    and each agent's against uniform play (`eval_versus_uniform`); None for other metrics."""
+    if metric.startswith("eval_return/policy/"):
+        return metric.removeprefix("eval_return/policy/")
+    if metric.startswith("eval_return/vs_uniform/"):
+        return f"{metric.removeprefix('eval_return/vs_uniform/')} vs uniform"
+    return None

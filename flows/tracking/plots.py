@@ -67,13 +67,14 @@ def close(figure) -> None:
 
 
 def episode_return_curve(curves: dict[str, dict[int, float]], title: str):
-    """Greedy episode return per policy against environment steps (a MARL run's learning curve)."""
+    """Evaluation episode return per policy (and per agent against uniform play, where the run
+    plays that) against environment steps: a MARL run's learning curve."""
     figure, axis = plt.subplots(figsize=(7, 4.2))
     for policy, points in sorted(curves.items()):
         steps = sorted(points)
         axis.plot(steps, [points[s] for s in steps], marker="o", label=policy)
     axis.set_xlabel("environment steps (joint steps x copies)")
-    axis.set_ylabel("greedy episode return (mean over the policy's agents)")
+    axis.set_ylabel("evaluation episode return (a policy: mean over its agents)")
     axis.set_title(title)
     axis.legend()
     figure.tight_layout()

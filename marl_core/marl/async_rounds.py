@@ -41,6 +41,7 @@ from marl_core.marl.training import (
     policy_mapping,
     publish_weights,
     summarize,
+    uses_global_state,
 )
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def stream_rollouts(config: MARLConfig, pool, learners: AsyncLearners) -> Stream
         RolloutRequest(
             roles=policy_mapping(config), learners=specs, fragment=Fragment(f"train/{worker}", 0, config.steps_per_round),
             seed=(config.seed, 1, worker), weights_version=NEWEST, agent_ids=config.agent_ids,
+            global_state=uses_global_state(config),
         )
         for worker in range(pool.size)
     ]

@@ -90,6 +90,8 @@ class JointExperience:
         """Segments of the same length from several workers, side by side on the E axis."""
         if not batches:
             raise ValueError("cannot concatenate an empty list of JointExperience")
+        if len(batches) == 1:  # nothing to join: copying would cost a pass over every array (pixels: hundreds of MB)
+            return batches[0]
         first = batches[0]
         if any(b.agents != first.agents or b.steps != first.steps for b in batches):
             raise ValueError("JointExperience batches to concatenate need the same agents and number of steps")

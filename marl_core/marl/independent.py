@@ -20,6 +20,7 @@ from marl_core.rl.gradient_steps import LossStep, OptimizedGroup
 
 class IndependentLearner:
     algorithm = ""  # the single-agent algorithm in marl_core.rl.ALGORITHMS
+    uses_global_state = False  # each policy learns from its agents' own observations
 
     def __init__(self, layout: PolicyLayout, state_size: int, config):
         self.layout = layout

@@ -105,7 +105,7 @@ def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, e
     if asynchronous(config) is not None:
         handle = LocalAsyncLearners(config, learner, lambda: make_learner(config, layout, spec.state_size))
     else:
-        handle = LocalLearner(learner)
+        handle = LocalLearner(learner, config.learner_threads)
     with contextlib.ExitStack() as stack:
         if pool is None:
             from marl_core.rollout.pool import WorkerPool

@@ -19,10 +19,10 @@ stream and learn at once instead (`marl_core.marl.async_rounds`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import numpy as np
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the rollout engine imports torch; validating a config must 
 class MARLConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    env: str = Field(description="a simultaneous environment: pettingzoo:<module with parallel_env()>")
+    env: str = Field(description="a simultaneous environment: pettingzoo:<module with parallel_env()> or atari:<game>")
     algorithm: str = Field("mappo", description="MARL algorithm (see marl_core.marl.MARL_ALGORITHMS)")
     settings: dict[str, Any] = Field(default_factory=dict, description="the algorithm's hyperparameters")
     policies: Optional[dict[str, str]] = Field(
@@ -56,6 +56,17 @@ class MARLConfig(BaseModel):
     envs_per_worker: int = Field(8, gt=0, description="environment copies per worker")
     eval_every: int = Field(10, gt=0, description="rounds between greedy evaluations (and after the last)")
     eval_episodes: int = Field(32, gt=0, description="greedy episodes per evaluation")
+    eval_greedy: bool = Field(
+        True,
+        description="evaluations play each policy's most likely action; false: they sample from it, as it explores "
+        "(on pixels an untrained greedy policy may repeat one action forever, such as never serving in Pong)",
+    )
+    eval_versus_uniform: bool = Field(
+        False,
+        description="each evaluation also plays every agent greedily against uniform-random play by all the others, "
+        "eval_episodes each (metrics vs_uniform/<agent>): the sanity check of a competitive game, whose self-play "
+        "returns say little",
+    )
     checkpoint_every: int = Field(10, gt=0, description="rounds between committed checkpoints (and after the last)")
     seed: int = 0
     # where the flow runs and tracks; unused by the in-process loop
@@ -63,6 +74,11 @@ class MARLConfig(BaseModel):
     experiment: str = "marl"
     ray_address: Optional[str] = None
     num_cpus: Optional[int] = Field(None, gt=0)
+    learner_threads: int = Field(
+        1, gt=0,
+        description="torch threads of the learner: in collect-then-learn rounds the workers wait while it learns, "
+        "so a large network (pixels) learns faster on the CPUs they leave; small ones only contend",
+    )
 
     @field_validator("algorithm")
     @classmethod
@@ -95,11 +111,38 @@ def check(config: MARLConfig) -> None:
     unknown = sorted(set(getattr(config.algorithm_settings, "frozen", ())) - set(layout.groups))
     if unknown:
         raise ValueError(f"settings.frozen={unknown}: no such policy; the policies are {sorted(layout.groups)}")
+    _check_frames(config, layout)
+    shared = [policy for policy, agents in layout.groups.items() if len(agents) > 1]
+    if config.eval_versus_uniform and config.agent_ids and shared:
+        raise ValueError(
+            f"eval_versus_uniform=True with agent_ids=True: policies {shared} are shared and see their agents' one-hot, "
+            "which an agent playing alone against uniform play would not have; set agent_ids: false"
+        )
     settings = asynchronous(config)
     if settings is not None and settings.device == "cuda":
         from marl_core.distributed.learning import resolve_device
 
         resolve_device(settings.device)
+
+
+def _check_frames(config: MARLConfig, layout) -> None:
+    """A convolutional encoder reads stacked square frames: every policy's input must be a whole
+    number of them (an Atari environment's, without agent one-hots)."""
+    from marl_core.rl.settings import ActorCriticNetworkConfig
+
+    settings = config.algorithm_settings
+    for name in type(settings).model_fields:
+        network = getattr(settings, name)
+        if not isinstance(network, ActorCriticNetworkConfig) or network.encoder != "nature_cnn":
+            continue
+        pixels = network.frame_size ** 2
+        for policy, size in layout.obs_size.items():
+            if size % pixels:
+                raise ValueError(
+                    f"settings.{name}.encoder='nature_cnn' reads [channels, {network.frame_size}, {network.frame_size}] "
+                    f"frames; policy {policy!r} observes {size} numbers, not a multiple of {pixels} "
+                    "(use an atari: environment with agent_ids: false, or encoder: mlp)"
+                )
 
 
 def layout_and_spec(config: MARLConfig) -> tuple[PolicyLayout, EnvSpec]:
@@ -184,8 +227,9 @@ class LearnerHandle(Protocol):
 
 
 class LocalLearner:
-    def __init__(self, learner):
+    def __init__(self, learner, threads: int = 1):
         self.learner = learner
+        self.threads = threads
         self._specs = learner_specs(learner)  # a network's architecture never changes
 
     def specs(self) -> dict[str, LearnerSpec]:
@@ -195,7 +239,20 @@ class LocalLearner:
         publish(self.learner, pool, version)
 
     def learn(self, batch: JointExperience) -> dict[str, float]:
-        return self.learner.learn(batch)
+        with torch_threads(self.threads):  # the workers of this process wait meanwhile
+            return self.learner.learn(batch)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class LearnerActor:
@@ -206,7 +263,7 @@ class LearnerActor:
     def __init__(self, config: MARLConfig, state: Optional[dict]):
         import torch
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(config.learner_threads)
         layout, spec = layout_and_spec(config)
         self.learner = make_learner(config, layout, spec.state_size)
         if state is not None:
@@ -304,6 +361,7 @@ def collect_rollouts(config: MARLConfig, pool, learner: LearnerHandle, round: in
         RolloutRequest(
             roles=policy_mapping(config), learners=specs, fragment=Fragment(f"train/{worker}", round, config.steps_per_round),
             seed=(config.seed, 1, round, worker), weights_version=round, agent_ids=config.agent_ids,
+            global_state=uses_global_state(config),
         )
         for worker in range(pool.size)
     ]
@@ -321,24 +379,66 @@ def update_learner(learner: LearnerHandle, collected: Collected) -> dict[str, fl
     return learner.learn(collected.batch)
 
 
-def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: int) -> np.ndarray:
-    """`eval_episodes` greedy whole episodes from fresh resets, split over the workers:
-    [episodes, agents] summed rewards. Each copy plays an exact share, so which episodes count
-    never depends on their outcome or length."""
-    from marl_core.rollout.worker import RolloutRequest
+@dataclasses.dataclass
+class Evaluation:
+    """What `evaluate-policies` played: [episodes, agents] summed rewards of the learners'
+    greedy episodes against one another, and, with `eval_versus_uniform`, column k of
+    `versus_uniform` is agent k's return in episodes where it alone played its policy."""
+
+    returns: np.ndarray
+    versus_uniform: Optional[np.ndarray] = None
+
+
+UNIFORM_ROLE = "uniform"  # the role of the agents that play uniformly at random in `versus_uniform`
+
+
+def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: int) -> Evaluation:
+    """`eval_episodes` whole episodes (greedy unless `eval_greedy` is off) from fresh resets, split over the workers (and as
+    many per agent against uniform play, when asked). Each copy plays an exact share, so which
+    episodes count never depends on their outcome or length."""
+    from marl_core.policies.base import UniformPolicy
+    from marl_core.rollout.worker import PolicyMixture, RolloutRequest
 
     learner.publish(pool, round + 1)
     specs = learner.specs()
     version = NEWEST if asynchronous(config) else round + 1  # an asynchronous learner versions its own weights
-    shares = np.array_split(np.arange(config.eval_episodes), pool.size)
-    requests = [
-        RolloutRequest(
-            roles=policy_mapping(config), episodes=len(share), seed=(config.seed, 4, round, worker), learners=specs,
-            weights_version=version, explore=False, agent_ids=config.agent_ids, experience=False,
-        )
-        for worker, share in enumerate(shares) if len(share)
-    ]
-    return np.concatenate([r.episode_returns for r in pool.collect(requests)])
+    shares = [len(share) for share in np.array_split(np.arange(config.eval_episodes), pool.size)]
+    mapping = policy_mapping(config)
+
+    def requests(roles, learners, populations, stream: int) -> list[RolloutRequest]:
+        return [
+            RolloutRequest(
+                roles=roles, episodes=share, seed=(config.seed, 4, round, worker, stream), learners=learners,
+                populations=populations, weights_version=version, explore=not config.eval_greedy, agent_ids=config.agent_ids,
+                experience=False,
+            )
+            for worker, share in enumerate(shares) if share
+        ]
+
+    batches = [requests(mapping, specs, {}, 0)]
+    if config.eval_versus_uniform:
+        uniform = {UNIFORM_ROLE: PolicyMixture((UniformPolicy(),), np.ones(1))}
+        layout, _ = layout_and_spec(config)
+        for k, agent in enumerate(layout.agents):
+            alone = _AloneAgentAgainstUniform(agent, mapping(agent))
+            batches.append(requests(alone, {alone.policy: specs[alone.policy]}, uniform, k + 1))
+    results = pool.collect([request for batch in batches for request in batch])
+    returns, offset = [], 0
+    for batch in batches:
+        returns.append(np.concatenate([r.episode_returns for r in results[offset: offset + len(batch)]]))
+        offset += len(batch)
+    if not config.eval_versus_uniform:
+        return Evaluation(returns[0])
+    return Evaluation(returns[0], np.stack([played[:, k] for k, played in enumerate(returns[1:])], axis=1))
+
+
+@dataclasses.dataclass(frozen=True)
+class _AloneAgentAgainstUniform:
+    agent: str
+    policy: str
+
+    def __call__(self, agent: str) -> str:
+        return self.policy if agent == self.agent else UNIFORM_ROLE
 
 
 @dataclasses.dataclass
@@ -387,12 +487,17 @@ def evaluation_due(config: MARLConfig, round: int) -> bool:
 
 def evaluate_when_due(config: MARLConfig, round: int, runner, pool, learner, layout) -> tuple[Optional[dict], Optional[dict], float]:
     """The round's `evaluate-policies` step through `runner` when it is due: the greedy returns'
-    mean and standard error per agent and policy (None, None when not due), and its seconds."""
+    mean and standard error per agent and policy, and per agent against uniform play
+    (`vs_uniform/<agent>`) when asked (None, None when not due), and its seconds."""
     if not evaluation_due(config, round):
         return None, None, 0.0
     started = time.perf_counter()
     evaluation = runner.result(runner.submit("evaluate-policies", config, pool, learner, round))
-    mean, stderr = summarize(evaluation, list(layout.agents), layout.groups)
+    mean, stderr = summarize(evaluation.returns, list(layout.agents), layout.groups)
+    if evaluation.versus_uniform is not None:
+        versus, versus_stderr = summarize(evaluation.versus_uniform, list(layout.agents), {})
+        mean.update({f"vs_uniform/{agent}": value for agent, value in versus.items()})
+        stderr.update({f"vs_uniform/{agent}": value for agent, value in versus_stderr.items()})
     return mean, stderr, time.perf_counter() - started
 
 
@@ -407,6 +512,12 @@ def asynchronous(config: MARLConfig) -> Optional[AsyncConfig]:
     """The run's asynchronous settings (`marl_core.marl.async_rounds`), or None for
     collect-then-learn rounds."""
     return getattr(config.algorithm_settings, "asynchronous", None)
+
+
+def uses_global_state(config: MARLConfig) -> bool:
+    """Whether the run's learner reads the global state (centralized critics and mixers do;
+    independent learners do not, and their fragments leave it out)."""
+    return getattr(MARL_ALGORITHMS[config.algorithm].learner, "uses_global_state", True)
 
 
 def make_learner(config: MARLConfig, layout, state_size: int):

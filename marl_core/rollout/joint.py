@@ -22,27 +22,36 @@ class Stream:
     draws: list[list[int]]  # per copy, the member drawn per population for its current episode
     returns: np.ndarray  # [E, agents] summed rewards of each copy's current episode
     lengths: np.ndarray  # [E]
+    global_state: bool = True  # False: no learner needs the global state; `states` hold empty arrays
     next_index: int = 0
 
     @classmethod
-    def start(cls, envs: list[MultiAgentEnv], mixtures, rng: np.random.Generator) -> "Stream":
+    def start(cls, envs: list[MultiAgentEnv], mixtures, rng: np.random.Generator, global_state: bool = True) -> "Stream":
         """Every copy reset, seeded from `rng` (the fragment's own generator)."""
         steps = [_checked(env.reset(seed=int(rng.integers(2**31))), env) for env in envs]
         agents = envs[0].spec.agents
-        return cls(
+        stream = cls(
             envs=envs,
             steps=steps,
-            states=[env.state() for env in envs],
+            states=[],
             draws=[[mixture.draw(rng) for mixture in mixtures] for _ in envs],
             returns=np.zeros((len(envs), len(agents))),
             lengths=np.zeros(len(envs), dtype=np.int64),
+            global_state=global_state,
         )
+        stream.states = [stream.state(env) for env in envs]
+        return stream
+
+    def state(self, env: MultiAgentEnv) -> np.ndarray:
+        """The copy's global state, or nothing where no learner reads it (on pixels it would be
+        the largest array of the fragment)."""
+        return env.state() if self.global_state else _NO_STATE
 
     def stepped(self, e: int, step: TimeStep, env: MultiAgentEnv, record: "JointRecorder", t: int, one_hot, rng, mixtures) -> Optional[tuple[np.ndarray, int, list[int]]]:
         """Record copy `e`'s step; where its episode ended, reset it and return the episode's
         (returns, length, draws)."""
         agents = env.spec.agents
-        next_state = env.state()
+        next_state = self.state(env)
         rewards = np.array([step.rewards.get(a, 0.0) for a in agents])
         self.returns[e] += rewards
         self.lengths[e] += 1
@@ -56,11 +65,14 @@ class Stream:
             self.lengths[e] = 0
             self.draws[e] = [mixture.draw(rng) for mixture in mixtures]
             step = _checked(env.reset(), env)
-            next_state = env.state()
+            next_state = self.state(env)
         else:
             _checked(step, env)
         self.steps[e], self.states[e] = step, next_state
         return ended
+
+
+_NO_STATE = np.zeros(0, np.float32)
 
 
 def _checked(step: TimeStep, env: MultiAgentEnv) -> TimeStep:

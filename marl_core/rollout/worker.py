@@ -147,6 +147,7 @@ class RolloutRequest:
     opponent_epsilon: float = 0.0  # chance that a population member's move is replaced by a uniformly random legal one
     agent_ids: bool = False  # a learner's agents see a one-hot of their index among its agents (`PolicyLayout`)
     experience: bool = True  # whole episodes: return the learners' transitions (False: returns only)
+    global_state: bool = True  # a fragment records the global state (centralized learners); off, its state arrays are [T, E, 0]
 
 
 @dataclasses.dataclass
@@ -215,7 +216,7 @@ class RolloutWorker:
         self.store = parameter_store
         self._networks: dict[str, tuple[NetworkPolicy, int]] = {}  # learner key -> (network, version)
         self._rows: dict[tuple[str, int], dict[str, int]] = {}  # (game, player) -> information state -> row
-        self._streams: dict[str, _Stream] = {}  # fragment streams: their own copies, mid-episode
+        self._streams: dict[str, Stream] = {}  # fragment streams: their own copies, mid-episode
 
     # --- the learners' networks, refreshed once per request ----------------------------------
 
@@ -427,13 +428,14 @@ class RolloutWorker:
         stream = self._streams.get(fragment.stream)
         if stream is None or stream.next_index != fragment.index:
             envs = stream.envs if stream is not None else [self._make() for _ in self.envs]
-            stream = self._streams[fragment.stream] = Stream.start(envs, plan.mixtures, rng)
+            stream = self._streams[fragment.stream] = Stream.start(envs, plan.mixtures, rng, request.global_state)
         stream.next_index = fragment.index + 1
         slot, mixtures, one_hot, agents = plan.slot, plan.mixtures, plan.one_hot, spec.agents
         learner_groups = list(enumerate(plan.learner_agents))
         population_agents = [(agent, k) for agent, k in slot.items() if k >= 0]
         E = len(stream.envs)
-        record = JointRecorder(fragment.steps, E, agents, {a: spec.observation_size[a] + len(one_hot.get(a, ())) for a in agents}, spec.num_actions, spec.state_size)
+        state_size = spec.state_size if stream.global_state else 0
+        record = JointRecorder(fragment.steps, E, agents, {a: spec.observation_size[a] + len(one_hot.get(a, ())) for a in agents}, spec.num_actions, state_size)
         finished = []  # (returns, length, draws) of the episodes that ended
         env_steps = 0
         for t in range(fragment.steps):
