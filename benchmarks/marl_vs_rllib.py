@@ -35,11 +35,12 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from rllib_venv import peer_python  # benchmarks/, this script's directory
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS_PER_UPDATE = 2048  # environment steps per update, both sides
@@ -52,50 +53,6 @@ OUR_SETTINGS = {
     "mappo": {"hidden": HIDDEN, "critic_hidden": HIDDEN, "lr": 3e-4, "epochs": 4, "minibatch_size": 512, "entropy_coef": 0.01},
     "qmix": {},  # off-policy: its own defaults (marl_core.marl.settings.QMIXConfig)
 }
-
-
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-
-
-def _reachable(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=5):
-            return True
-    except OSError:
-        return False
-
-
-def peer_python(venv: Path) -> Path:
-    """The peer's interpreter, creating its virtual environment first if it is missing.
-
-    Pins Ray, torch, PettingZoo and mpe2 to this project's versions. Torch is the CPU build: the
-    exact version of this venv's torch (``2.x.y+cpu`` here, found through pip's own configured
-    indexes and find-links), with PyTorch's CPU index added when it can be reached; a plain
-    ``2.x.y`` pin alone would pull the CUDA build from PyPI.
-    """
-    import ray
-    import torch
-
-    python = venv / "bin" / "python"
-    if python.exists():
-        return python
-    print(f"creating the RLlib peer's virtual environment in {venv} (once)", flush=True)
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    from importlib.metadata import version
-
-    base = torch.__version__.split("+")[0]
-    torch_pin = f"torch=={base}+cpu"
-    index = ["--extra-index-url", TORCH_CPU_INDEX] if _reachable(TORCH_CPU_INDEX + "/torch/") else []
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, *index, torch_pin], check=True)  # first, so that nothing below picks a CUDA build
-    pins = [f"ray[rllib]=={ray.__version__}", torch_pin,
-            f"pettingzoo=={version('pettingzoo')}", f"mpe2=={version('mpe2')}"]
-    subprocess.run([*pip, *index, *pins], check=True)
-    print(f"peer environment ready in {time.perf_counter() - started:.0f} s", flush=True)
-    return python
 
 
 def run_peer(python: Path, scenario: str, env_steps: int, seed: int, workers: int) -> list[dict]:

@@ -1,0 +1,124 @@
+"""The RLlib side of `atari_throughput.py`; runs inside the peer's own virtual environment
+(`benchmarks/rllib_venv.py` makes it).
+
+RLlib's multi-agent rollout of two-player Pong on the new API stack: `--workers` remote
+EnvRunners (one CPU each), `--envs` copies per runner, every agent on one shared policy, the
+RLModule RLlib's PPO builds with Mnih et al.'s convolutions ([32, 8, 4], [64, 4, 2], [64, 3, 1])
+and a 512-unit layer, as this project's `nature_cnn`. The environment is this project's own
+preprocessed one (`marl_core.envs.atari.AtariEnv`, imported from the checkout), handed to RLlib
+as a PettingZoo parallel env whose observations are channels last, the image layout RLlib's
+catalog expects for a convolutional encoder.
+
+Only sampling is timed: each runner's `sample()` (acting, stepping, building episodes) for
+`--steps` joint steps per copy after a warm-up, all runners at once. Prints one JSON line:
+joint environment steps sampled and the seconds they took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_env():
+    """This project's Pong as a PettingZoo parallel env, channels last."""
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+    from gymnasium import spaces
+    from pettingzoo import ParallelEnv
+
+    from marl_core.envs.atari import AtariEnv
+
+    class Pong(ParallelEnv):
+        metadata = {"name": "pong_v3", "is_parallelizable": True}
+
+        def __init__(self):
+            self.env = AtariEnv("pong_v3")
+            self.possible_agents = list(self.env.spec.agents)
+            self.agents = []
+            channels, height, width = self.env.observation_shape
+            self.shape = (channels, height, width)
+            self._space = spaces.Box(0.0, 255.0, (height, width, channels), np.float32)
+            self._actions = spaces.Discrete(self.env.spec.num_actions[self.possible_agents[0]])
+
+        def observation_space(self, agent):
+            return self._space
+
+        def action_space(self, agent):
+            return self._actions
+
+        def _observations(self, step):
+            return {a: o.reshape(self.shape).transpose(1, 2, 0) for a, o in step.observations.items()}
+
+        def reset(self, seed=None, options=None):
+            step = self.env.reset(seed=seed)
+            self.agents = list(step.acting)
+            return self._observations(step), {a: {} for a in self.agents}
+
+        def step(self, actions):
+            step = self.env.step({a: int(x) for a, x in actions.items()})
+            agents, self.agents = self.agents, list(step.acting)
+            return (self._observations(step), {a: step.rewards[a] for a in agents},
+                    {a: step.terminations[a] for a in agents}, {a: step.truncations[a] for a in agents},
+                    {a: {} for a in agents})
+
+    return Pong()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--envs", type=int, default=4, help="environment copies per EnvRunner")
+    parser.add_argument("--steps", type=int, default=256, help="joint steps per copy, timed")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import ray
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
+    from ray.tune.registry import register_env
+
+    register_env("pong", lambda _: ParallelPettingZooEnv(make_env()))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
+    try:
+        config = (
+            PPOConfig()
+            .environment("pong")
+            .framework("torch")
+            .env_runners(num_env_runners=args.workers, num_envs_per_env_runner=args.envs, num_cpus_per_env_runner=1)
+            .learners(num_learners=0)
+            .multi_agent(policies={"shared"}, policy_mapping_fn=lambda agent_id, *a, **k: "shared")
+            .rl_module(model_config=DefaultModelConfig(
+                conv_filters=[[32, [8, 8], 4], [64, [4, 4], 2], [64, [3, 3], 1]], conv_activation="relu",
+                head_fcnet_hiddens=[512], head_fcnet_activation="relu", vf_share_layers=True,
+            ))
+            .debugging(seed=args.seed)
+        )
+        algorithm = config.build_algo()
+        group = algorithm.env_runner_group
+
+        def sample(steps: int):
+            def run(runner):
+                episodes = runner.sample(num_timesteps=steps * args.envs)
+                return sum(episode.env_steps() for episode in episodes)
+
+            return group.foreach_env_runner(run, local_env_runner=False)
+
+        sample(16)  # warm-up: environments reset, module built
+        started = time.perf_counter()
+        steps = sum(sample(args.steps))
+        seconds = time.perf_counter() - started
+        print(json.dumps({"workers": args.workers, "joint_steps": steps, "seconds": seconds}), flush=True)
+        algorithm.stop()
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
