@@ -23,7 +23,7 @@ def test_pong_runs_from_the_rom_that_ale_py_ships_with_no_download():
     rng = np.random.default_rng(0)
     for _ in range(20):
         step = env.step({a: int(rng.integers(6)) for a in step.acting})
-    assert step.acting == AGENTS and all(o.dtype == np.float32 and o.max() == 255 for o in step.observations.values())
+    assert step.acting == AGENTS and all(o.dtype == np.uint8 and o.max() == 255 for o in step.observations.values())
     assert env.state().shape == (env.spec.state_size,) == (4 * 84 * 84,)
     raw = make_env("pettingzoo:atari.pong_v3")  # PettingZoo's own screen, through the same ROM directory
     assert raw.reset(seed=0).observations["first_0"].shape == (210 * 160 * 3,)
@@ -164,3 +164,28 @@ def test_the_nature_cnn_actor_critic_acts_learns_and_round_trips_its_weights(tmp
 
     with pytest.raises(ValueError, match="observation size 100 is not a multiple of 7056"):
         PPOTrainer(100, 6, config)
+
+
+def test_self_play_on_pong_ships_frames_as_bytes_and_learns_from_them_as_floats():
+    """One round of the README's Pong config, small: the fragment's observations stay uint8 on
+    the way to the learner (a quarter of the bytes), the learner's update runs on them."""
+    import yaml
+
+    from marl_core.marl import training
+    from marl_core.marl.training import MARLConfig
+    from marl_core.rollout.pool import WorkerPool
+
+    settings = yaml.safe_load(open("configs/marl/pong_ippo.yaml"))
+    settings["settings"]["ppo"].update(hidden=[16], minibatch_size=8, epochs=1)
+    config = MARLConfig(**{**settings, "workers": 1, "envs_per_worker": 2, "steps_per_round": 6})
+    training.check(config)
+    layout, spec = training.layout_and_spec(config)
+    learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
+    batch = training.collect_rollouts(config, WorkerPool(training.pool_config(config)), learner, 0).batch
+    assert all(batch.obs[a].dtype == np.uint8 and batch.obs[a].shape == (6, 2, 6 * 84 * 84) for a in AGENTS)
+    assert batch.state.shape == (6, 2, 0)  # an independent learner: no global state shipped
+    before = {k: v.clone() for k, v in learner.learner.policies["pong"].state_dict().items()}
+    metrics = learner.learn(batch)
+    assert np.isfinite(metrics["pong/loss"])
+    after = learner.learner.policies["pong"].state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)

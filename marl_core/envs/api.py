@@ -4,8 +4,9 @@ Every source of games (OpenSpiel, PettingZoo, Gymnasium) is adapted to `MultiAge
 `step` takes a dict of discrete actions and returns a `TimeStep`. The design follows PettingZoo's
 agent-keyed dicts, but with one rule that covers turn-based and simultaneous games alike: a
 TimeStep carries observations and action masks for exactly the agents that must act next, and the
-next `step` takes one action from each of them. Observations are flat float32 vectors so one
-network shape fits every adapter.
+next `step` takes one action from each of them. Observations are flat vectors so one network
+shape fits every adapter: float32, except pixels, which stay uint8 (`EnvSpec.observation_dtype`)
+so that experience of them is a quarter of the bytes; networks and learners read them as floats.
 
 Centralized learners (MAPPO's critic, QMIX's mixer) also need the *global state*: `state()`
 returns it where the environment defines one (PettingZoo's `state()`), else the concatenation of
@@ -35,6 +36,7 @@ class EnvSpec:
     num_actions: dict[AgentID, int]  # discrete actions per agent; masks have this length
     simultaneous: bool  # True when several agents may act in the same step
     state_size: int = 0  # length of `MultiAgentEnv.state()`; 0: the sum of the observation sizes
+    observation_dtype: str = "float32"  # "uint8" for pixels (0..255), which networks read as floats
 
     def __post_init__(self):
         if not self.state_size:

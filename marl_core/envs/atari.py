@@ -14,9 +14,9 @@ observation is the pixel-wise maximum of the last two of them (Atari sprites fli
 frames) in grayscale, resized to 84x84, and the last `frame_stack` such frames are stacked as
 channels, oldest first. One channel per agent follows (`agent_indicator`): 255 in the channel of
 the agent observing, 0 in the others, so one shared policy knows which paddle it moves. Rewards
-summed over the skipped frames are clipped to [-1, 1]. The observation is the array [stack +
-agents, 84, 84] (channels first, torch's layout) flattened, as the `MultiAgentEnv` contract
-asks; `AtariSettings.observation_shape` gives the shape back to a convolutional network. The
+summed over the skipped frames are clipped to [-1, 1]. The observation is the uint8 array
+[stack + agents, 84, 84] (channels first, torch's layout) flattened, as the `MultiAgentEnv`
+contract asks of pixels; `AtariSettings.observation_shape` gives the shape back to a convolutional network. The
 frames are the same for every agent, so each is resized once per step, not once per agent.
 
 SuperSuit does the same steps (`max_observation_v0`, `frame_skip_v0`, `resize_v1`,
@@ -97,6 +97,7 @@ class AtariEnv(MultiAgentEnv):
         self.spec = EnvSpec(
             name=f"atari:{game}", agents=agents, observation_size=dict.fromkeys(agents, size),
             num_actions=num_actions, simultaneous=True, state_size=s.frame_stack * s.frame_size * s.frame_size,
+            observation_dtype="uint8",
         )
         self._masks_all = {a: np.ones(n, dtype=bool) for a, n in num_actions.items()}
         self._stack = np.zeros((s.frame_stack, s.frame_size, s.frame_size), dtype=np.uint8)  # oldest first
@@ -163,11 +164,11 @@ class AtariEnv(MultiAgentEnv):
 
     def _observation(self, agent: AgentID) -> np.ndarray:
         stack = self.settings.frame_stack
-        observation = np.empty(self.observation_shape, dtype=np.float32)
+        observation = np.empty(self.observation_shape, dtype=np.uint8)
         observation[:stack] = self._stack
         if self.settings.agent_indicator:
-            observation[stack:] = 0.0
-            observation[stack + self.spec.agents.index(agent)] = 255.0
+            observation[stack:] = 0
+            observation[stack + self.spec.agents.index(agent)] = 255
         return observation.reshape(-1)
 
     def _timestep(self, rewards: dict[AgentID, float], infos: dict[AgentID, dict]) -> TimeStep:

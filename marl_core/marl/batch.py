@@ -20,6 +20,7 @@ before any reset, so every row stands alone as a transition for replay buffers (
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,7 @@ class JointExperience:
     """T joint steps of E environment copies (shapes below; O_a, A_a: agent a's sizes, S: state size)."""
 
     agents: tuple[AgentID, ...]
-    obs: dict[AgentID, np.ndarray]  # [T, E, O_a] float32
+    obs: dict[AgentID, np.ndarray]  # [T, E, O_a] float32, or uint8 pixels (`float_observations` in a learner)
     mask: dict[AgentID, np.ndarray]  # [T, E, A_a] bool
     action: dict[AgentID, np.ndarray]  # [T, E] int64
     reward: dict[AgentID, np.ndarray]  # [T, E] float32
@@ -72,11 +73,11 @@ class JointExperience:
                 last[-1] = True
                 streams.append(
                     Experience(
-                        obs=self.obs[agent][:, e],
+                        obs=self.obs[agent][:, e].astype(np.float32, copy=False),
                         mask=self.mask[agent][:, e],
                         action=self.action[agent][:, e],
                         reward=self.reward[agent][:, e],
-                        next_obs=self.next_obs[agent][:, e],
+                        next_obs=self.next_obs[agent][:, e].astype(np.float32, copy=False),
                         next_mask=self.next_mask[agent][:, e],
                         done=self.terminated[:, e].copy(),
                         last=last,
@@ -84,6 +85,17 @@ class JointExperience:
                     )
                 )
         return Experience.concat(streams)
+
+    def float_observations(self) -> JointExperience:
+        """This batch with float32 observations: pixels travel from the workers as uint8 (a
+        quarter of the bytes) and become floats in the learner that reads them."""
+        if all(v.dtype == np.float32 for v in (*self.obs.values(), *self.next_obs.values())):
+            return self
+        return dataclasses.replace(
+            self,
+            obs={a: v.astype(np.float32, copy=False) for a, v in self.obs.items()},
+            next_obs={a: v.astype(np.float32, copy=False) for a, v in self.next_obs.items()},
+        )
 
     @classmethod
     def concat_envs(cls, batches: list[JointExperience]) -> JointExperience:

@@ -213,7 +213,7 @@ class MADDPGLearner:
 
     def learn(self, batch: JointExperience) -> dict[str, float]:
         """Store the segment and make the updates owed for it."""
-        self.buffer.add(batch)
+        self.buffer.add(batch.float_observations())
         self.env_steps += batch.steps * batch.envs
         owed = owed_gradient_steps(self)
         history: dict[str, list[float]] = {}

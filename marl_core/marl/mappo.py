@@ -224,6 +224,7 @@ class MAPPOLearner:
 
     def learn(self, batch: JointExperience) -> dict[str, float]:
         """One PPO update per policy id on its agents' rows of the segment; metrics `<policy>/<name>`."""
+        batch = batch.float_observations()
         metrics = {}
         for policy in self.layout.groups:
             for name, value in self._learn_policy(policy, batch).items():

@@ -63,7 +63,7 @@ class MARLConfig(BaseModel):
     )
     eval_versus_uniform: bool = Field(
         False,
-        description="each evaluation also plays every agent greedily against uniform-random play by all the others, "
+        description="each evaluation also plays every agent alone with its policy against uniform-random play by all the others, "
         "eval_episodes each (metrics vs_uniform/<agent>): the sanity check of a competitive game, whose self-play "
         "returns say little",
     )
@@ -393,9 +393,9 @@ UNIFORM_ROLE = "uniform"  # the role of the agents that play uniformly at random
 
 
 def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: int) -> Evaluation:
-    """`eval_episodes` whole episodes (greedy unless `eval_greedy` is off) from fresh resets, split over the workers (and as
-    many per agent against uniform play, when asked). Each copy plays an exact share, so which
-    episodes count never depends on their outcome or length."""
+    """`eval_episodes` whole episodes from fresh resets (greedy unless `eval_greedy` is off),
+    split over the workers, and as many per agent against uniform play when asked. Each copy
+    plays an exact share, so which episodes count never depends on their outcome or length."""
     from marl_core.policies.base import UniformPolicy
     from marl_core.rollout.worker import PolicyMixture, RolloutRequest
 
@@ -408,7 +408,7 @@ def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: i
     def requests(roles, learners, populations, stream: int) -> list[RolloutRequest]:
         return [
             RolloutRequest(
-                roles=roles, episodes=share, seed=(config.seed, 4, round, worker, stream), learners=learners,
+                roles=roles, episodes=share, seed=(config.seed, 4, round, worker, *([stream] if stream else [])), learners=learners,
                 populations=populations, weights_version=version, explore=not config.eval_greedy, agent_ids=config.agent_ids,
                 experience=False,
             )

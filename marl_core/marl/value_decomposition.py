@@ -156,7 +156,7 @@ class JointReplayBuffer:
 
     def add(self, batch: JointExperience) -> None:
         """Every [t, e] row of the batch as one joint transition."""
-        rows = batch.flat()  # [T*E, 1, ...]: each row a transition that stands alone
+        rows = batch.float_observations().flat()  # [T*E, 1, ...]: each row a transition that stands alone
         n = min(rows.steps, self.capacity)  # more than fits: only the newest survive anyway
         if n == 0:
             return

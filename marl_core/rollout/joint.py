@@ -88,14 +88,16 @@ def _checked(step: TimeStep, env: MultiAgentEnv) -> TimeStep:
 class JointRecorder:
     """Preallocated [T, E] arrays that one fragment fills row by row."""
 
-    def __init__(self, steps: int, envs: int, agents: tuple[AgentID, ...], obs_size: dict[AgentID, int], num_actions: dict[AgentID, int], state_size: int):
+    def __init__(self, steps: int, envs: int, agents: tuple[AgentID, ...], obs_size: dict[AgentID, int], num_actions: dict[AgentID, int], state_size: int, obs_dtype: dict[AgentID, type] | None = None):
+        """`obs_dtype`: per agent, float32 by default; uint8 keeps pixels a quarter of the bytes."""
         self.agents = agents
         shape = (steps, envs)
-        self.obs = {a: np.zeros((*shape, obs_size[a]), np.float32) for a in agents}
+        obs_dtype = obs_dtype or {}
+        self.obs = {a: np.zeros((*shape, obs_size[a]), obs_dtype.get(a, np.float32)) for a in agents}
         self.mask = {a: np.zeros((*shape, num_actions[a]), np.bool_) for a in agents}
         self.action = {a: np.zeros(shape, np.int64) for a in agents}
         self.reward = {a: np.zeros(shape, np.float32) for a in agents}
-        self.next_obs = {a: np.zeros((*shape, obs_size[a]), np.float32) for a in agents}
+        self.next_obs = {a: np.zeros((*shape, obs_size[a]), obs_dtype.get(a, np.float32)) for a in agents}
         self.next_mask = {a: np.zeros((*shape, num_actions[a]), np.bool_) for a in agents}
         self.state = np.zeros((*shape, state_size), np.float32)
         self.next_state = np.zeros((*shape, state_size), np.float32)

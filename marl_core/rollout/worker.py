@@ -435,7 +435,9 @@ class RolloutWorker:
         population_agents = [(agent, k) for agent, k in slot.items() if k >= 0]
         E = len(stream.envs)
         state_size = spec.state_size if stream.global_state else 0
-        record = JointRecorder(fragment.steps, E, agents, {a: spec.observation_size[a] + len(one_hot.get(a, ())) for a in agents}, spec.num_actions, state_size)
+        # pixels stay uint8 on the way to the learner, unless an agent one-hot makes them floats
+        obs_dtype = {a: np.dtype(spec.observation_dtype) if a not in one_hot else np.float32 for a in agents}
+        record = JointRecorder(fragment.steps, E, agents, {a: spec.observation_size[a] + len(one_hot.get(a, ())) for a in agents}, spec.num_actions, state_size, obs_dtype)
         finished = []  # (returns, length, draws) of the episodes that ended
         env_steps = 0
         for t in range(fragment.steps):
