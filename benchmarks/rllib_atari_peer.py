@@ -53,7 +53,8 @@ def make_env():
             return self._actions
 
         def _observations(self, step):
-            return {a: o.reshape(self.shape).transpose(1, 2, 0) for a, o in step.observations.items()}
+            # uint8 pixels as the float32 Box RLlib's catalog builds a CNN for (ours convert them the same way)
+            return {a: o.reshape(self.shape).transpose(1, 2, 0).astype(np.float32) for a, o in step.observations.items()}
 
         def reset(self, seed=None, options=None):
             step = self.env.reset(seed=seed)
@@ -110,7 +111,8 @@ def main() -> None:
 
             return group.foreach_env_runner(run, local_env_runner=False)
 
-        sample(16)  # warm-up: environments reset, module built
+        if sum(sample(16)) == 0:  # warm-up: environments reset, module built
+            raise SystemExit("the EnvRunners sampled nothing (did they die? see Ray's worker logs)")
         started = time.perf_counter()
         steps = sum(sample(args.steps))
         seconds = time.perf_counter() - started
