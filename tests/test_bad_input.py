@@ -103,8 +103,8 @@ ROWS = [
         config="dqn: {batch_size: 64, buffer_size: 10}\n"),
     Row("A2C discount above 1", (), "a2c.gamma=1.5: Input should be less than or equal to 1", config="oracle: a2c\na2c: {gamma: 1.5}\n"),
     Row("misspelt A2C setting", ("--oracle", "a2c"),
-        "a2c.learning_rate=0.1: Extra inputs are not permitted; a2c takes: hidden, shared_trunk, lr, gamma, gae_lambda, "
-        "entropy_coef, value_coef, max_grad_norm, normalize_advantages, seed", config="a2c: {learning_rate: 0.1}\n"),
+        "a2c.learning_rate=0.1: Extra inputs are not permitted; a2c takes: hidden, shared_trunk, encoder, frame_size, lr, gamma, "
+        "gae_lambda, entropy_coef, value_coef, max_grad_norm, normalize_advantages, seed", config="a2c: {learning_rate: 0.1}\n"),
     # the outside world (flows/preflight.py)
     Row("Ray address refused", ("--ray-address", "127.0.0.1:1"),
         f"ray_address='127.0.0.1:1': nothing answers at 127.0.0.1:1 (connection refused); {EXPECTED_RAY}"),
