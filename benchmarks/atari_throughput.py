@@ -1,7 +1,7 @@
 """Rollout throughput on two-player Pong from pixels, against a plain loop and against RLlib.
 
-In one run on this machine, one after another, each on the same preprocessed environment
-(`atari:pong_v3`: frame skip 4, max-pool, 84x84 grayscale, 4 stacked frames, agent indicator):
+In one run on this machine, on the same preprocessed environment (`atari:pong_v3`: frame skip 4,
+max-pool, 84x84 grayscale, 4 stacked frames, agent indicator):
 
 - **plain loop**: one process steps one copy with uniformly random actions, nothing else: the
   speed of the environment itself;
@@ -13,15 +13,25 @@ In one run on this machine, one after another, each on the same preprocessed env
 - **RLlib** (the peer, in its own venv, `benchmarks/rllib_atari_peer.py`): the same number of
   remote EnvRunners and copies sampling the same environment with the same convolutions.
 
-Figures are joint steps per second (both paddles act in each) and emulator frames per second
-(4 per step); the ratios are against the plain loop and against RLlib. The load average is
-printed beside them: time only on a quiet machine.
+Timed in short windows, in `--repeats` rounds. In each round, each system in turn is started,
+timed with 1 and then 2 workers between two plain-loop windows, and stopped: only one of them
+runs at a time. This machine's speed drifts by more than the differences measured, so each
+ratio is taken within a round (against the plain-loop windows around it, and against RLlib's
+windows of the same round), and the median over rounds is printed. Figures are joint steps per
+second (both paddles act in each) and emulator frames per second (4 per step). The load average
+is printed beside them: time only on a quiet machine.
+
+Copies per worker: `--envs 16` by default, for both sides, with our fragments of `--steps 64`
+(1,024 joint steps per worker per round, as 8 copies x 128). One forward pass serves every copy
+of a worker, and the per-sample cost of the convolutions falls with the batch; figures for 8 and
+16 copies are in docs/performance.md. `configs/marl/pong_ippo.yaml` learns with 4 copies per
+worker, as measured there.
 
 Learning is the README's run, `psro marl run --config configs/marl/pong_ippo.yaml`: its
 `eval_return/vs_uniform/<agent>` metrics are the return against a uniformly random paddle, a curve
 per agent in MLflow and a line each in `plots/episode_return.png`.
 
-    python benchmarks/atari_throughput.py [--seconds 30] [--envs 4] [--peer-venv .bench/rllib-venv]
+    python benchmarks/atari_throughput.py [--seconds 10] [--repeats 3] [--envs 16] [--steps 64] [--peer-venv .bench/rllib-venv]
 """
 
 from __future__ import annotations
@@ -44,83 +54,131 @@ sys.path.insert(0, str(ROOT))
 FRAME_SKIP = 4
 
 
-def plain_loop(seconds: float) -> float:
-    """Joint steps per second of one copy with random actions."""
-    from marl_core.envs import make_env
+class PlainLoop:
+    """One copy stepped with uniformly random actions, nothing else: the environment's own speed."""
 
-    env = make_env("atari:pong_v3")
-    rng = np.random.default_rng(0)
-    step = env.reset(seed=0)
-    steps, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        step = env.step({a: int(rng.integers(6)) for a in step.acting})
-        steps += 1
-        if step.done:
-            step = env.reset()
-    return steps / (time.perf_counter() - started)
+    def __init__(self):
+        from marl_core.envs import make_env
 
+        self.env = make_env("atari:pong_v3")
+        self.rng = np.random.default_rng(0)
+        self.step = self.env.reset(seed=0)
 
-def ours(workers: int, envs: int, seconds: float) -> float:
-    """Joint steps per second of the MARL collection step on `workers` Ray actors."""
-    import ray
-
-    from marl_core.marl import training
-    from marl_core.marl.training import MARLConfig
-    from marl_core.rollout.pool import WorkerPool
-
-    settings = yaml.safe_load((ROOT / "configs" / "marl" / "pong_ippo.yaml").read_text())
-    config = MARLConfig(**{**settings, "workers": workers, "envs_per_worker": envs})
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
-    try:
-        layout, spec = training.layout_and_spec(config)
-        learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
-        pool = WorkerPool(training.pool_config(config), on_ray=True)
-        training.collect_rollouts(config, pool, learner, 0)  # warm-up: actors started, copies reset
-        steps, started, round = 0, time.perf_counter(), 1
+    def window(self, seconds: float) -> float:
+        steps, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds:
-            steps += training.collect_rollouts(config, pool, learner, round).env_steps
+            self.step = self.env.step({a: int(self.rng.integers(6)) for a in self.step.acting})
+            steps += 1
+            if self.step.done:
+                self.step = self.env.reset()
+        return steps / (time.perf_counter() - started)
+
+
+class OurRollouts:
+    """The MARL collection step on Ray: one pool of 1 worker and one of 2, started once."""
+
+    def __init__(self, envs: int, steps: int):
+        import ray
+
+        from marl_core.marl import training
+        from marl_core.marl.training import MARLConfig
+        from marl_core.rollout.pool import WorkerPool
+
+        settings = yaml.safe_load((ROOT / "configs" / "marl" / "pong_ippo.yaml").read_text())
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
+        self.training, self.setups = training, {}
+        for workers in (1, 2):
+            config = MARLConfig(**{**settings, "workers": workers, "envs_per_worker": envs, "steps_per_round": steps})
+            layout, spec = training.layout_and_spec(config)
+            learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
+            pool = WorkerPool(training.pool_config(config), on_ray=True)
+            training.collect_rollouts(config, pool, learner, 0)  # warm-up: actors started, copies reset
+            self.setups[workers] = [config, pool, learner, 1]  # the next round: fragments follow on
+
+    def window(self, workers: int, seconds: float) -> float:
+        config, pool, learner, round = setup = self.setups[workers]
+        steps, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            steps += self.training.collect_rollouts(config, pool, learner, round).env_steps
             round += 1
-        rate = steps / (time.perf_counter() - started)
-        pool.close()
-        return rate
-    finally:
+        setup[3] = round
+        return steps / (time.perf_counter() - started)
+
+    def close(self) -> None:
+        import ray
+
+        for _, pool, _, _ in self.setups.values():
+            pool.close()
         ray.shutdown()
 
 
-def rllib(python: Path, workers: int, envs: int, steps: int) -> float:
-    command = [str(python), str(ROOT / "benchmarks" / "rllib_atari_peer.py"),
-               "--workers", str(workers), "--envs", str(envs), "--steps", str(steps)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    process = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
-    if process.returncode != 0:
-        raise SystemExit(f"RLlib peer failed:\n{process.stderr[-3000:]}")
-    result = json.loads(next(line for line in process.stdout.splitlines() if line.startswith("{")))
-    return result["joint_steps"] / result["seconds"]
+class RLlibRollouts:
+    """RLlib's EnvRunners in the peer's venv (`rllib_atari_peer.py`), serving timed windows."""
+
+    def __init__(self, python: Path, envs: int):
+        command = [str(python), str(ROOT / "benchmarks" / "rllib_atari_peer.py"), "--workers", "2", "--envs", str(envs)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self._read()  # {"ready": true} once warmed up
+
+    def _read(self) -> dict:
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise SystemExit(f"RLlib peer stopped (exit code {self.process.wait()}); its errors are above")
+
+    def window(self, workers: int, seconds: float) -> float:
+        self.process.stdin.write(f"{workers} {seconds}\n")
+        self.process.stdin.flush()
+        result = self._read()
+        return result["joint_steps"] / result["seconds"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=30.0, help="timed seconds per figure of ours and the plain loop")
-    parser.add_argument("--envs", type=int, default=4, help="environment copies per worker, both sides")
-    parser.add_argument("--peer-steps", type=int, default=512, help="RLlib: joint steps per copy, timed")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each timed window")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds: each system started, timed and stopped once per round")
+    parser.add_argument("--envs", type=int, default=16, help="environment copies per worker, both sides")
+    parser.add_argument("--steps", type=int, default=64, help="ours: joint steps per copy per round (fragment length)")
     parser.add_argument("--peer-venv", type=Path, default=ROOT / ".bench" / "rllib-venv")
     args = parser.parse_args()
     python = peer_python(args.peer_venv)
 
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    rates = {"plain loop (1 process, random actions)": plain_loop(args.seconds)}
-    for workers in (1, 2):
-        rates[f"ours, {workers} worker(s) x {args.envs} copies"] = ours(workers, args.envs, args.seconds)
-        rates[f"rllib, {workers} EnvRunner(s) x {args.envs} copies"] = rllib(python, workers, args.envs, args.peer_steps)
+    plain = PlainLoop()
+    starts = {"ours": lambda: OurRollouts(args.envs, args.steps), "rllib": lambda: RLlibRollouts(python, args.envs)}
+    rates: dict[tuple[str, int], list[float]] = {(side, w): [] for side in starts for w in (0, 1, 2)}  # 0: the plain loop beside it
+    for repeat in range(args.repeats):
+        for side, start in starts.items():
+            # One system at a time: the processes of the other, even idle, slowed it (docs/performance.md).
+            system = start()
+            try:
+                before = plain.window(args.seconds)
+                for w in (1, 2):
+                    rates[side, w].append(system.window(w, args.seconds))
+                rates[side, 0].append((before + plain.window(args.seconds)) / 2)
+            finally:
+                system.close()
+        print(f"round {repeat + 1}/{args.repeats}: " + ", ".join(f"{k[0]} {k[1]}: {v[-1]:.0f}" for k, v in rates.items()), flush=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
-    plain = rates["plain loop (1 process, random actions)"]
-    print(f"\n{'':44s} {'steps/s':>8s} {'frames/s':>9s} {'x plain':>8s} {'x rllib':>8s}")
-    for name, rate in rates.items():
-        workers = "2" if "2 " in name else "1"
-        peer = next((r for n, r in rates.items() if n.startswith("rllib") and f"{workers} EnvRunner" in n), None)
-        versus = f"{rate / peer:7.2f}x" if name.startswith("ours") and peer else ""
-        print(f"{name:44s} {rate:8.0f} {rate * FRAME_SKIP:9.0f} {rate / plain:7.2f}x {versus:>8s}")
+    # Each ratio is taken within a round, against the plain-loop windows just before and after
+    # (and against RLlib's windows of the same round); the median over rounds is printed.
+    r = {key: np.array(values) for key, values in rates.items()}
+    print(f"\nmedians over {args.repeats} rounds of {args.seconds:g}-second windows; ratios paired within a round")
+    print(f"{'':40s} {'steps/s':>8s} {'frames/s':>9s} {'x plain':>8s} {'x rllib':>8s}")
+    plain_all = np.concatenate([r["ours", 0], r["rllib", 0]])
+    print(f"{'plain loop (1 process, random actions)':40s} {np.median(plain_all):8.0f} {np.median(plain_all) * FRAME_SKIP:9.0f} {1:7.2f}x")
+    for w in (1, 2):
+        for side in starts:
+            versus = f"{np.median(r[side, w] / r['rllib', w]):7.2f}x" if side == "ours" else ""
+            name = f"{side}, {w} worker(s) x {args.envs} copies"
+            print(f"{name:40s} {np.median(r[side, w]):8.0f} {np.median(r[side, w]) * FRAME_SKIP:9.0f} "
+                  f"{np.median(r[side, w] / r[side, 0]):7.2f}x {versus:>8s}")
 
 
 if __name__ == "__main__":

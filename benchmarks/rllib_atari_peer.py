@@ -9,9 +9,13 @@ preprocessed one (`marl_core.envs.atari.AtariEnv`, imported from the checkout), 
 as a PettingZoo parallel env whose observations are channels last, the image layout RLlib's
 catalog expects for a convolutional encoder.
 
-Only sampling is timed: each runner's `sample()` (acting, stepping, building episodes) for
-`--steps` joint steps per copy after a warm-up, all runners at once. Prints one JSON line:
-joint environment steps sampled and the seconds they took.
+Only sampling is timed: runners' `sample()` (acting, stepping, building episodes), all at once.
+The script serves timed windows on request, so that the benchmark can interleave them with its
+own on a machine whose speed drifts: after the warm-up it prints `{"ready": true}`, then reads
+one line per window from stdin, `<runners> <seconds>`, samples with the first `<runners>` of
+its `--workers` runners until `<seconds>` have passed (`--steps` joint steps per copy per call),
+and prints one JSON line: the joint environment steps sampled and the seconds they took. An
+empty line or end of input stops it.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs", type=int, default=4, help="environment copies per EnvRunner")
-    parser.add_argument("--steps", type=int, default=256, help="joint steps per copy, timed")
+    parser.add_argument("--steps", type=int, default=64, help="joint steps per copy per sample() call")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -104,19 +108,24 @@ def main() -> None:
         algorithm = config.build_algo()
         group = algorithm.env_runner_group
 
-        def sample(steps: int):
+        def sample(runners: int, steps: int) -> int:
             def run(runner):
                 episodes = runner.sample(num_timesteps=steps * args.envs)
                 return sum(episode.env_steps() for episode in episodes)
 
-            return group.foreach_env_runner(run, local_env_runner=False)
+            return sum(group.foreach_env_runner(run, local_env_runner=False, remote_worker_ids=list(range(1, runners + 1))))
 
-        if sum(sample(16)) == 0:  # warm-up: environments reset, module built
+        if sample(args.workers, 16) == 0:  # warm-up: environments reset, module built
             raise SystemExit("the EnvRunners sampled nothing (did they die? see Ray's worker logs)")
-        started = time.perf_counter()
-        steps = sum(sample(args.steps))
-        seconds = time.perf_counter() - started
-        print(json.dumps({"workers": args.workers, "joint_steps": steps, "seconds": seconds}), flush=True)
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            if not line.strip():
+                break
+            runners, seconds = int(line.split()[0]), float(line.split()[1])
+            steps, started = 0, time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                steps += sample(runners, args.steps)
+            print(json.dumps({"workers": runners, "joint_steps": steps, "seconds": time.perf_counter() - started}), flush=True)
         algorithm.stop()
     finally:
         ray.shutdown()

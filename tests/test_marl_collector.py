@@ -126,3 +126,50 @@ def test_independent_learners_fragments_leave_the_global_state_out_and_centraliz
         batch = training.collect_rollouts(config, WorkerPool(training.pool_config(config)), learner, 0).batch
         assert batch.state.shape == batch.next_state.shape == (5, 2, state_size), algorithm
         learner.learn(batch)  # each learns from what it was given
+
+
+def _recorded(episode_ends: list[tuple[int, int]], steps: int = 4, envs: int = 2):
+    """A segment whose observation at (t, e) is [10 t + e, 1]; an episode is truncated after the
+    steps in `episode_ends`, with the final observation [100 + 10 t + e, 2]."""
+    from marl_core.envs import TimeStep
+    from marl_core.rollout.joint import JointRecorder
+
+    record = JointRecorder(steps, envs, ("a",), {"a": 2}, {"a": 2}, 0, {"a": np.uint8})
+    seen = lambda t, e: np.array([10 * t + e, 1], np.uint8)
+    for t in range(steps):
+        for e in range(envs):
+            done = (t, e) in episode_ends
+            if done:  # nobody acts after the end; the final observation comes in the infos
+                final = np.array([100 + 10 * t + e, 2], np.uint8)
+                step = TimeStep({}, {}, {"a": 0.0}, {"a": False}, {"a": True}, {"a": {"final_observation": final}})
+            else:
+                step = TimeStep({"a": seen(t + 1, e)}, {"a": np.ones(2, bool)}, {"a": 0.0}, {"a": False}, {"a": False}, {"a": {}})
+            record.step(t, e, step, np.zeros(1), np.zeros(0, np.float32), False, done, {})
+        record.acted(t, {"a": np.stack([seen(t, e) for e in range(envs)])}, {"a": np.ones((envs, 2), bool)},
+                     np.zeros((envs, 0), np.float32), {"a": np.zeros(envs, np.int64)}, {})
+    return record.batch()
+
+
+def test_the_observation_after_each_step_is_recorded_only_where_the_next_row_lacks_it():
+    import pickle
+
+    from marl_core.marl.batch import FollowingObservations, JointExperience
+
+    ends = [(1, 0), (0, 1), (3, 1)]
+    batch = _recorded(ends)
+    assert isinstance(batch.next_obs, FollowingObservations)
+    assert batch.next_obs.ended["a"].tolist() == [[101, 2], [110, 2]]  # (0, 1) then (1, 0): row-major
+    expected = np.array([[[10 * (t + 1) + e, 1] if (t, e) not in ends else [100 + 10 * t + e, 2] for e in range(2)] for t in range(4)])
+    np.testing.assert_array_equal(batch.next_obs["a"], expected)
+    assert batch.next_obs["a"].dtype == np.uint8
+
+    shipped = pickle.loads(pickle.dumps(batch))  # what travels holds no full copy
+    assert shipped.next_obs._built == {}
+    np.testing.assert_array_equal(shipped.next_obs["a"], expected)
+    np.testing.assert_array_equal(batch.float_observations().next_obs["a"], expected.astype(np.float32))
+    np.testing.assert_array_equal(batch.flat().next_obs["a"][:, 0], expected.reshape(-1, 2))
+
+    other = _recorded([(0, 0), (2, 1)])
+    joined = JointExperience.concat_envs([batch, other])
+    assert isinstance(joined.next_obs, FollowingObservations)
+    np.testing.assert_array_equal(joined.next_obs["a"], np.concatenate([expected, other.next_obs["a"]], axis=1))

@@ -189,6 +189,24 @@ def test_gae_matches_hand_computation_on_two_segments():
 # ----------------------------------------------------------------------------------- round trips
 
 
+def test_a_trunk_shared_by_actor_and_critic_is_shipped_once_and_round_trips():
+    import pickle
+
+    shared = ActorCriticPolicy(6, 3, PPOConfig(shared_trunk=True, seed=1))
+    weights = shared.get_weights()
+    trunk = [name for name in weights if name.startswith("actor.0.")]
+    assert trunk and all(weights[name] is weights[name.replace("actor.", "critic.", 1)] for name in trunk)
+    alone = ActorCriticPolicy(6, 3, PPOConfig(shared_trunk=False, seed=1)).get_weights()
+    assert len(pickle.dumps(weights)) < 0.75 * len(pickle.dumps(alone))  # one trunk, not two
+
+    fresh = ActorCriticPolicy(6, 3, PPOConfig(shared_trunk=True, seed=2))
+    fresh.set_weights(_round_trip(weights))
+    for name, value in shared.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[name], value, rtol=0, atol=0)
+    assert fresh.actor[0] is fresh.critic[0]
+
+
+
 @pytest.mark.parametrize("name", ["dqn", "ppo", "a2c"])
 def test_policy_weights_round_trip(name):
     algorithm = ALGORITHMS[name]

@@ -43,8 +43,16 @@ class NetworkPolicy(nn.Module, abc.ABC):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Detached copies of all parameters and buffers on the CPU (safe to ship while training
-        goes on, to workers that may have no GPU)."""
-        return {name: value.detach().to("cpu", copy=True) for name, value in self.state_dict().items()}
+        goes on, to workers that may have no GPU). A module shared by two heads (an actor-critic's
+        trunk) appears under both names as one tensor, so it is copied and shipped once."""
+        copies: dict[tuple, torch.Tensor] = {}
+        weights = {}
+        for name, value in self.state_dict().items():
+            alias = (value.data_ptr(), value.dtype, value.shape, value.stride())
+            if alias not in copies:
+                copies[alias] = value.detach().to("cpu", copy=True)
+            weights[name] = copies[alias]
+        return weights
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.load_state_dict(weights)

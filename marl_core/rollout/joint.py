@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from marl_core.envs import AgentID, MultiAgentEnv, TimeStep
-from marl_core.marl.batch import JointExperience
+from marl_core.marl.batch import FollowingObservations, JointExperience
 
 
 @dataclasses.dataclass
@@ -86,7 +86,8 @@ def _checked(step: TimeStep, env: MultiAgentEnv) -> TimeStep:
 
 
 class JointRecorder:
-    """Preallocated [T, E] arrays that one fragment fills row by row."""
+    """Preallocated [T, E] arrays that one fragment fills row by row. Of the observations that
+    follow each step, only those the next row does not hold are kept (`FollowingObservations`)."""
 
     def __init__(self, steps: int, envs: int, agents: tuple[AgentID, ...], obs_size: dict[AgentID, int], num_actions: dict[AgentID, int], state_size: int, obs_dtype: dict[AgentID, type] | None = None):
         """`obs_dtype`: per agent, float32 by default; uint8 keeps pixels a quarter of the bytes."""
@@ -97,7 +98,9 @@ class JointRecorder:
         self.mask = {a: np.zeros((*shape, num_actions[a]), np.bool_) for a in agents}
         self.action = {a: np.zeros(shape, np.int64) for a in agents}
         self.reward = {a: np.zeros(shape, np.float32) for a in agents}
-        self.next_obs = {a: np.zeros((*shape, obs_size[a]), obs_dtype.get(a, np.float32)) for a in agents}
+        self.ended: dict[AgentID, list[tuple[int, int, np.ndarray]]] = {a: [] for a in agents}  # (t, e, final observation)
+        self.after_last = {a: np.zeros((envs, obs_size[a]), obs_dtype.get(a, np.float32)) for a in agents}
+        self._zeros = {a: np.zeros(obs_size[a], obs_dtype.get(a, np.float32)) for a in agents}
         self.next_mask = {a: np.zeros((*shape, num_actions[a]), np.bool_) for a in agents}
         self.state = np.zeros((*shape, state_size), np.float32)
         self.next_state = np.zeros((*shape, state_size), np.float32)
@@ -106,14 +109,19 @@ class JointRecorder:
         self.extras: dict[AgentID, dict[str, np.ndarray]] = {}
 
     def step(self, t, e, step: TimeStep, rewards, next_state, terminated, truncated, one_hot) -> None:
+        last = t == len(self.terminated) - 1
         for i, a in enumerate(self.agents):
             self.reward[a][t, e] = rewards[i]
             raw = step.observations.get(a)
             if raw is None:  # the episode ended: a truncated agent may still hand its final observation
                 raw = step.infos.get(a, {}).get("final_observation")
-            if raw is not None:
+            if last or step.done:  # else the next row's own observation is this one
                 hot = one_hot.get(a)
-                self.next_obs[a][t, e] = raw if hot is None else np.concatenate([raw, hot])
+                following = self._zeros[a] if raw is None else raw if hot is None else np.concatenate([raw, hot])
+                if last:
+                    self.after_last[a][e] = following
+                else:
+                    self.ended[a].append((t, e, following))
             # A truncated agent's final observation comes without a mask: every action counts as legal.
             self.next_mask[a][t, e] = step.action_masks.get(a, raw is not None)
         self.next_state[t, e] = next_state
@@ -130,8 +138,14 @@ class JointRecorder:
         self.state[t] = state
 
     def batch(self) -> JointExperience:
+        ended = {
+            a: np.array([row for _, _, row in sorted(rows, key=lambda r: r[:2])], self.obs[a].dtype).reshape(-1, self.obs[a].shape[-1])
+            for a, rows in self.ended.items()
+        }
+        episode_end = self.terminated | self.truncated
+        next_obs = FollowingObservations(self.obs, ended, self.after_last, episode_end)
         return JointExperience(
             agents=self.agents, obs=self.obs, mask=self.mask, action=self.action, reward=self.reward,
-            next_obs=self.next_obs, next_mask=self.next_mask, state=self.state, next_state=self.next_state,
+            next_obs=next_obs, next_mask=self.next_mask, state=self.state, next_state=self.next_state,
             terminated=self.terminated, truncated=self.truncated, extras=self.extras,
         )
