@@ -5,13 +5,19 @@ max-pool, 84x84 grayscale, 4 stacked frames, agent indicator):
 
 - **plain loop**: one process steps one copy with uniformly random actions, nothing else: the
   speed of the environment itself;
-- **this project's rollout system**: the MARL collection step (`training.collect_rollouts`, what
-  `psro marl run` does each round) with 1 and with 2 rollout workers (Ray actors, one CPU and one
-  torch thread each) of `--envs` copies, acting with the untrained Nature-CNN actor-critic of
-  `configs/marl/pong_ippo.yaml` (one forward pass per step for both paddles of every copy), the
-  fragments shipped back to the driver as the learner's batch;
+- **this project's rollout system** with 1 and with 2 rollout workers (Ray actors, one CPU and
+  one torch thread each) of `--envs` copies, acting with the untrained Nature-CNN actor-critic of
+  `configs/marl/pong_ippo.yaml` (one forward pass per step for both paddles of every copy), every
+  fragment shipped back to the driver, two ways:
+  - *rounds*: the synchronous MARL collection step (`training.collect_rollouts`, what
+    `psro marl run` does each round for PPO): every worker plays a fragment, the driver joins
+    them into the learner's batch, and the next round starts;
+  - *streaming*: the asynchronous learners' path (APPO, IMPALA): every worker plays fragment
+    after fragment into a dataset server, and the driver takes them as a learner would;
 - **RLlib** (the peer, in its own venv, `benchmarks/rllib_atari_peer.py`): the same number of
-  remote EnvRunners and copies sampling the same environment with the same convolutions.
+  remote EnvRunners and copies sampling the same environment with the same convolutions. Its
+  episodes stay in the runners (only their step counts come back): its figure leaves out the
+  shipping that ours include.
 
 Timed in short windows, in `--repeats` rounds. In each round, each system in turn is started,
 timed with 1 and then 2 workers between two plain-loop windows, and stopped: only one of them
@@ -37,6 +43,7 @@ per agent in MLflow and a line each in `plots/episode_return.png`.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -86,7 +93,7 @@ class OurRollouts:
 
         settings = yaml.safe_load((ROOT / "configs" / "marl" / "pong_ippo.yaml").read_text())
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
-        self.training, self.setups = training, {}
+        self.training, self.setups, self.streams = training, {}, 0
         for workers in (1, 2):
             config = MARLConfig(**{**settings, "workers": workers, "envs_per_worker": envs, "steps_per_round": steps})
             layout, spec = training.layout_and_spec(config)
@@ -96,6 +103,7 @@ class OurRollouts:
             self.setups[workers] = [config, pool, learner, 1]  # the next round: fragments follow on
 
     def window(self, workers: int, seconds: float) -> float:
+        """Synchronous rounds: every worker plays a fragment, the driver gathers them, again."""
         config, pool, learner, round = setup = self.setups[workers]
         steps, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds:
@@ -103,6 +111,44 @@ class OurRollouts:
             round += 1
         setup[3] = round
         return steps / (time.perf_counter() - started)
+
+    def stream_window(self, workers: int, seconds: float) -> float:
+        """Streaming, the asynchronous learners' path: every worker plays fragment after
+        fragment into a dataset server (FIFO, 4 fragments) while the driver takes them as a
+        learner would; joint steps of the fragments the driver took."""
+        import threading
+
+        import ray
+
+        from marl_core.distributed.dataset_server import DatasetClient, DatasetServer
+        from marl_core.distributed.settings import DatasetConfig
+        from marl_core.rollout.worker import Fragment, RolloutRequest
+
+        config, pool, learner, round = setup = self.setups[workers]
+        self.streams += 1
+        name = f"atari-dataset-{self.streams}"
+        server = ray.remote(num_cpus=0, max_concurrency=8)(DatasetServer).options(name=name).remote(DatasetConfig(capacity=4))
+        dataset = DatasetClient(server)
+        requests = [
+            RolloutRequest(roles=self.training.policy_mapping(config), learners=learner.specs(),
+                           fragment=Fragment(f"stream/{self.streams}/{w}", 0, config.steps_per_round),
+                           seed=(config.seed, 2, self.streams, w), weights_version=self.training.NEWEST, global_state=False)
+            for w in range(workers)
+        ]
+        learner.publish(pool, round)
+        streaming = threading.Thread(target=pool.stream, args=(requests, name))
+        streaming.start()
+        try:
+            dataset.take(workers, 0, 600.0)  # the streams' first fragments: copies reset, weights pulled
+            steps, started = 0, time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                steps += sum(fragment.item.env_steps for fragment in dataset.take(1, 0, 600.0))
+            rate = steps / (time.perf_counter() - started)
+        finally:
+            dataset.close()
+            streaming.join()
+            ray.kill(server)
+        return rate
 
     def close(self) -> None:
         import ray
@@ -151,7 +197,8 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     plain = PlainLoop()
     starts = {"ours": lambda: OurRollouts(args.envs, args.steps), "rllib": lambda: RLlibRollouts(python, args.envs)}
-    rates: dict[tuple[str, int], list[float]] = {(side, w): [] for side in starts for w in (0, 1, 2)}  # 0: the plain loop beside it
+    kinds = {"ours": ("rounds", "streaming"), "rllib": ("sample",)}
+    rates: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)  # (side, kind, workers); workers 0: the plain loop beside it
     for repeat in range(args.repeats):
         for side, start in starts.items():
             # One system at a time: the processes of the other, even idle, slowed it (docs/performance.md).
@@ -159,26 +206,30 @@ def main() -> None:
             try:
                 before = plain.window(args.seconds)
                 for w in (1, 2):
-                    rates[side, w].append(system.window(w, args.seconds))
-                rates[side, 0].append((before + plain.window(args.seconds)) / 2)
+                    for kind in kinds[side]:
+                        timed = system.stream_window if kind == "streaming" else system.window
+                        rates[side, kind, w].append(timed(w, args.seconds))
+                rates[side, "", 0].append((before + plain.window(args.seconds)) / 2)
             finally:
                 system.close()
-        print(f"round {repeat + 1}/{args.repeats}: " + ", ".join(f"{k[0]} {k[1]}: {v[-1]:.0f}" for k, v in rates.items()), flush=True)
+        print(f"round {repeat + 1}/{args.repeats}: " + ", ".join(f"{' '.join(map(str, k))}: {v[-1]:.0f}" for k, v in rates.items()), flush=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
     # Each ratio is taken within a round, against the plain-loop windows just before and after
     # (and against RLlib's windows of the same round); the median over rounds is printed.
     r = {key: np.array(values) for key, values in rates.items()}
     print(f"\nmedians over {args.repeats} rounds of {args.seconds:g}-second windows; ratios paired within a round")
-    print(f"{'':40s} {'steps/s':>8s} {'frames/s':>9s} {'x plain':>8s} {'x rllib':>8s}")
-    plain_all = np.concatenate([r["ours", 0], r["rllib", 0]])
-    print(f"{'plain loop (1 process, random actions)':40s} {np.median(plain_all):8.0f} {np.median(plain_all) * FRAME_SKIP:9.0f} {1:7.2f}x")
+    print(f"{'':48s} {'steps/s':>8s} {'frames/s':>9s} {'x plain':>8s} {'x rllib':>8s}")
+    plain_all = np.concatenate([r["ours", "", 0], r["rllib", "", 0]])
+    print(f"{'plain loop (1 process, random actions)':48s} {np.median(plain_all):8.0f} {np.median(plain_all) * FRAME_SKIP:9.0f} {1:7.2f}x")
     for w in (1, 2):
         for side in starts:
-            versus = f"{np.median(r[side, w] / r['rllib', w]):7.2f}x" if side == "ours" else ""
-            name = f"{side}, {w} worker(s) x {args.envs} copies"
-            print(f"{name:40s} {np.median(r[side, w]):8.0f} {np.median(r[side, w]) * FRAME_SKIP:9.0f} "
-                  f"{np.median(r[side, w] / r[side, 0]):7.2f}x {versus:>8s}")
+            for kind in kinds[side]:
+                values = r[side, kind, w]
+                versus = f"{np.median(values / r['rllib', 'sample', w]):7.2f}x" if side == "ours" else ""
+                name = f"{side} {kind}, {w} worker(s) x {args.envs} copies"
+                print(f"{name:48s} {np.median(values):8.0f} {np.median(values) * FRAME_SKIP:9.0f} "
+                      f"{np.median(values / r[side, '', 0]):7.2f}x {versus:>8s}")
 
 
 if __name__ == "__main__":
