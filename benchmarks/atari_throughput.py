@@ -124,7 +124,7 @@ class OurRollouts:
         from marl_core.distributed.settings import DatasetConfig
         from marl_core.rollout.worker import Fragment, RolloutRequest
 
-        config, pool, learner, round = setup = self.setups[workers]
+        config, pool, learner, round = self.setups[workers]
         self.streams += 1
         name = f"atari-dataset-{self.streams}"
         server = ray.remote(num_cpus=0, max_concurrency=8)(DatasetServer).options(name=name).remote(DatasetConfig(capacity=4))

@@ -83,28 +83,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    import ray
-    from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
     from ray.tune.registry import register_env
 
+    from rllib_common import local_ray, shared_policy_ppo  # benchmarks/, this script's directory
+
     register_env("pong", lambda _: ParallelPettingZooEnv(make_env()))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
-    try:
-        config = (
-            PPOConfig()
-            .environment("pong")
-            .framework("torch")
-            .env_runners(num_env_runners=args.workers, num_envs_per_env_runner=args.envs, num_cpus_per_env_runner=1)
-            .learners(num_learners=0)
-            .multi_agent(policies={"shared"}, policy_mapping_fn=lambda agent_id, *a, **k: "shared")
-            .rl_module(model_config=DefaultModelConfig(
-                conv_filters=[[32, [8, 8], 4], [64, [4, 4], 2], [64, [3, 3], 1]], conv_activation="relu",
-                head_fcnet_hiddens=[512], head_fcnet_activation="relu", vf_share_layers=True,
-            ))
-            .debugging(seed=args.seed)
-        )
+    with local_ray():
+        config = shared_policy_ppo("pong", args.workers, args.envs, args.seed).rl_module(model_config=DefaultModelConfig(
+            conv_filters=[[32, [8, 8], 4], [64, [4, 4], 2], [64, [3, 3], 1]], conv_activation="relu",
+            head_fcnet_hiddens=[512], head_fcnet_activation="relu", vf_share_layers=True,
+        ))
         algorithm = config.build_algo()
         group = algorithm.env_runner_group
 
@@ -127,8 +117,6 @@ def main() -> None:
                 steps += sample(runners, args.steps)
             print(json.dumps({"workers": runners, "joint_steps": steps, "seconds": time.perf_counter() - started}), flush=True)
         algorithm.stop()
-    finally:
-        ray.shutdown()
 
 
 if __name__ == "__main__":

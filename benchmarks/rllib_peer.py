@@ -59,13 +59,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    import ray
     import torch
     from pettingzoo.utils.conversions import aec_to_parallel_wrapper
-    from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
     from ray.tune.registry import register_env
+
+    from rllib_common import local_ray, shared_policy_ppo  # benchmarks/, this script's directory
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -77,18 +77,9 @@ def main() -> None:
     # PettingZoo's checking-only wrappers (marl_core.envs.pettingzoo_env._without_checking_wrappers).
     register_env("scenario", lambda _: ParallelPettingZooEnv(aec_to_parallel_wrapper(module.raw_env(continuous_actions=False))))
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
-    try:
+    with local_ray():
         config = (
-            PPOConfig()
-            .environment("scenario")
-            .framework("torch")
-            .env_runners(
-                num_env_runners=args.env_runners, num_envs_per_env_runner=args.envs_per_runner,
-                num_cpus_per_env_runner=1,
-            )
-            .learners(num_learners=0)
-            .multi_agent(policies={"shared"}, policy_mapping_fn=lambda agent_id, *a, **k: "shared")
+            shared_policy_ppo("scenario", args.env_runners, args.envs_per_runner, args.seed)
             .training(
                 train_batch_size_per_learner=args.batch,  # env steps (count_steps_by="env_steps")
                 minibatch_size=args.minibatch, num_epochs=4, lr=3e-4, gamma=0.99, lambda_=0.95,
@@ -99,7 +90,6 @@ def main() -> None:
                 fcnet_hiddens=args.hidden, fcnet_activation="tanh", vf_share_layers=False,
             ))
             .reporting(metrics_num_episodes_for_smoothing=max(1, args.batch // episode_length))
-            .debugging(seed=args.seed)
         )
         algorithm = config.build_algo()
         started = time.perf_counter()
@@ -117,8 +107,6 @@ def main() -> None:
                 "episodes": int(runners.get("num_episodes", 0)),
             }), flush=True)
         algorithm.stop()
-    finally:
-        ray.shutdown()
 
 
 if __name__ == "__main__":
