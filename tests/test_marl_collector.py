@@ -145,6 +145,8 @@ def _recorded(episode_ends: list[tuple[int, int]], steps: int = 4, envs: int = 2
             else:
                 step = TimeStep({"a": seen(t + 1, e)}, {"a": np.ones(2, bool)}, {"a": 0.0}, {"a": False}, {"a": False}, {"a": {}})
             record.step(t, e, step, np.zeros(1), np.zeros(0, np.float32), False, done, {})
+            if done:
+                final[:] = 0  # an environment that reuses its observation's buffer after the reset
         record.acted(t, {"a": np.stack([seen(t, e) for e in range(envs)])}, {"a": np.ones((envs, 2), bool)},
                      np.zeros((envs, 0), np.float32), {"a": np.zeros(envs, np.int64)}, {})
     return record.batch()

@@ -55,6 +55,9 @@ class FollowingObservations(Mapping):
             self._built[agent] = following
         return self._built[agent]
 
+    def __contains__(self, agent) -> bool:  # Mapping's would build the array to answer
+        return agent in self.obs
+
     def __iter__(self):
         return iter(self.obs)
 

@@ -120,8 +120,8 @@ class JointRecorder:
                 following = self._zeros[a] if raw is None else raw if hot is None else np.concatenate([raw, hot])
                 if last:
                     self.after_last[a][e] = following
-                else:
-                    self.ended[a].append((t, e, following))
+                else:  # a copy: an environment may reuse its observation's buffer after the reset
+                    self.ended[a].append((t, e, np.array(following, self.after_last[a].dtype)))
             # A truncated agent's final observation comes without a mask: every action counts as legal.
             self.next_mask[a][t, e] = step.action_masks.get(a, raw is not None)
         self.next_state[t, e] = next_state
