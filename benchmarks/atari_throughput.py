@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import subprocess
@@ -81,6 +82,28 @@ class PlainLoop:
         return steps / (time.perf_counter() - started)
 
 
+@dataclasses.dataclass
+class _Pool:
+    """One of our pools, its learner, and the round its fragment streams go on with."""
+
+    config: object
+    pool: object
+    learner: object
+    next_round: int = 1
+
+
+@dataclasses.dataclass
+class _Streamed:
+    """What `async_rounds.stream_rollouts` asks of the asynchronous learners: their workers'
+    build specs and the dataset server the fragments go to."""
+
+    learner: object
+    sink: str
+
+    def specs(self):
+        return self.learner.specs()
+
+
 class OurRollouts:
     """The MARL collection step on Ray: one pool of 1 worker and one of 2, started once."""
 
@@ -93,53 +116,46 @@ class OurRollouts:
 
         settings = yaml.safe_load((ROOT / "configs" / "marl" / "pong_ippo.yaml").read_text())
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
-        self.training, self.setups, self.streams = training, {}, 0
+        self.training, self.pools, self.streams = training, {}, 0
         for workers in (1, 2):
             config = MARLConfig(**{**settings, "workers": workers, "envs_per_worker": envs, "steps_per_round": steps})
             layout, spec = training.layout_and_spec(config)
             learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
             pool = WorkerPool(training.pool_config(config), on_ray=True)
             training.collect_rollouts(config, pool, learner, 0)  # warm-up: actors started, copies reset
-            self.setups[workers] = [config, pool, learner, 1]  # the next round: fragments follow on
+            self.pools[workers] = _Pool(config, pool, learner)
 
     def window(self, workers: int, seconds: float) -> float:
         """Synchronous rounds: every worker plays a fragment, the driver gathers them, again."""
-        config, pool, learner, round = setup = self.setups[workers]
+        ours = self.pools[workers]
         steps, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds:
-            steps += self.training.collect_rollouts(config, pool, learner, round).env_steps
-            round += 1
-        setup[3] = round
+            steps += self.training.collect_rollouts(ours.config, ours.pool, ours.learner, ours.next_round).env_steps
+            ours.next_round += 1
         return steps / (time.perf_counter() - started)
 
     def stream_window(self, workers: int, seconds: float) -> float:
-        """Streaming, the asynchronous learners' path: every worker plays fragment after
-        fragment into a dataset server (FIFO, 4 fragments) while the driver takes them as a
-        learner would; joint steps of the fragments the driver took."""
+        """Streaming, the asynchronous learners' path (`async_rounds.stream_rollouts`): every
+        worker plays fragment after fragment into a dataset server (FIFO, 4 fragments) while
+        the driver takes them as a learner would; joint steps of the fragments the driver took."""
         import threading
 
         import ray
 
         from marl_core.distributed.dataset_server import DatasetClient, DatasetServer
         from marl_core.distributed.settings import DatasetConfig
-        from marl_core.rollout.worker import Fragment, RolloutRequest
+        from marl_core.marl.async_rounds import stream_rollouts
 
-        config, pool, learner, round = self.setups[workers]
+        ours = self.pools[workers]
         self.streams += 1
         name = f"atari-dataset-{self.streams}"
         server = ray.remote(num_cpus=0, max_concurrency=8)(DatasetServer).options(name=name).remote(DatasetConfig(capacity=4))
         dataset = DatasetClient(server)
-        requests = [
-            RolloutRequest(roles=self.training.policy_mapping(config), learners=learner.specs(),
-                           fragment=Fragment(f"stream/{self.streams}/{w}", 0, config.steps_per_round),
-                           seed=(config.seed, 2, self.streams, w), weights_version=self.training.NEWEST, global_state=False)
-            for w in range(workers)
-        ]
-        learner.publish(pool, round)
-        streaming = threading.Thread(target=pool.stream, args=(requests, name))
+        ours.learner.publish(ours.pool, ours.next_round)
+        streaming = threading.Thread(target=stream_rollouts, args=(ours.config, ours.pool, _Streamed(ours.learner, name)))
         streaming.start()
         try:
-            dataset.take(workers, 0, 600.0)  # the streams' first fragments: copies reset, weights pulled
+            dataset.take(workers, 0, 600.0)  # the streams' first fragments: weights pulled
             steps, started = 0, time.perf_counter()
             while time.perf_counter() - started < seconds:
                 steps += sum(fragment.item.env_steps for fragment in dataset.take(1, 0, 600.0))
@@ -153,8 +169,8 @@ class OurRollouts:
     def close(self) -> None:
         import ray
 
-        for _, pool, _, _ in self.setups.values():
-            pool.close()
+        for ours in self.pools.values():
+            ours.pool.close()
         ray.shutdown()
 
 

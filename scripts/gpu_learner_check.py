@@ -57,10 +57,13 @@ def pong_batch(size: int, seed: int = 0) -> Experience:
     )
 
 
+def pong_config(name: str, seed: int = 0):
+    """The actor-critic of `configs/marl/pong_ippo.yaml`: Nature CNN, one 512-unit layer, one trunk."""
+    return ALGORITHMS[name].config(encoder="nature_cnn", hidden=(512,), shared_trunk=True, seed=seed)
+
+
 def one_update(name: str, device: str, batch: Experience) -> tuple[dict, dict, float, int]:
-    algorithm = ALGORITHMS[name]
-    config = algorithm.config(encoder="nature_cnn", hidden=(512,), shared_trunk=True, seed=0)
-    trainer = algorithm.trainer(OBS, ACTIONS, config)
+    trainer = ALGORITHMS[name].trainer(OBS, ACTIONS, pong_config(name))
     place(_Trainers(trainer), device)
     if device == "cuda":
         torch.cuda.synchronize()
@@ -91,7 +94,7 @@ def main() -> int:
         loss_gap = abs(gpu_metrics["loss"] - cpu_metrics["loss"]) / max(abs(cpu_metrics["loss"]), 1e-6)
         weight_gap = max(float((gpu_weights[k] - cpu_weights[k]).abs().max()) for k in cpu_weights)
         on_cpu = all(w.device.type == "cpu" for w in gpu_weights.values())
-        acting = ALGORITHMS[name].policy(OBS, ACTIONS, ALGORITHMS[name].config(encoder="nature_cnn", hidden=(512,), shared_trunk=True))
+        acting = ALGORITHMS[name].policy(OBS, ACTIONS, pong_config(name, seed=1))
         acting.set_weights(gpu_weights)
         actions, _ = acting.act(batch.obs[:8], batch.mask[:8], True, np.random.default_rng(0))
         ok = loss_gap < 1e-2 and weight_gap < 2 * lr * steps and on_cpu and actions.shape == (8,)
