@@ -1,9 +1,9 @@
 """The asynchronous learner against the synchronous one on MPE's simple_spread: wall time to the
 synchronous IPPO learner's final greedy return, and samples per second.
 
-- synchronous: `configs/marl/simple_spread_ippo.yaml` (IPPO; each round the worker plays, then
+- synchronous: `configs/marl/simple_spread/ippo.yaml` (IPPO; each round the worker plays, then
   the learner trains on what it played);
-- asynchronous: `configs/marl/simple_spread_appo.yaml` by default (APPO; the worker streams
+- asynchronous: `configs/marl/simple_spread/appo.yaml` by default (APPO; the worker streams
   fragments into the dataset server while the learner trains on the previous ones).
 
 Both run on a local Ray of two CPUs as `psro marl run` lays them out, without Prefect: the
@@ -88,8 +88,8 @@ def run_async(config, target: float) -> tuple[list[tuple[float, int, float]], fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sync-config", type=Path, default=ROOT / "configs/marl/simple_spread_ippo.yaml")
-    parser.add_argument("--async-config", type=Path, default=ROOT / "configs/marl/simple_spread_appo.yaml")
+    parser.add_argument("--sync-config", type=Path, default=ROOT / "configs/marl/simple_spread/ippo.yaml")
+    parser.add_argument("--async-config", type=Path, default=ROOT / "configs/marl/simple_spread/appo.yaml")
     parser.add_argument("--two-workers", action="store_true", help="also run the synchronous config with its copies over two workers")
     parser.add_argument("--target", type=float, help="skip the synchronous run and aim at this return (trying configs out)")
     args = parser.parse_args()

@@ -7,7 +7,7 @@ max-pool, 84x84 grayscale, 4 stacked frames, agent indicator):
   speed of the environment itself;
 - **this project's rollout system** with 1 and with 2 rollout workers (Ray actors, one CPU and
   one torch thread each) of `--envs` copies, acting with the untrained Nature-CNN actor-critic of
-  `configs/marl/pong_ippo.yaml` (one forward pass per step for both paddles of every copy), every
+  `configs/marl/pong/ippo.yaml` (one forward pass per step for both paddles of every copy), every
   fragment shipped back to the driver, two ways:
   - *rounds*: the synchronous MARL collection step (`training.collect_rollouts`, what
     `psro marl run` does each round for PPO): every worker plays a fragment, the driver joins
@@ -30,10 +30,10 @@ is printed beside them: time only on a quiet machine.
 Copies per worker: `--envs 16` by default, for both sides, with our fragments of `--steps 64`
 (1,024 joint steps per worker per round, as 8 copies x 128). One forward pass serves every copy
 of a worker, and the per-sample cost of the convolutions falls with the batch; figures for 8 and
-16 copies are in docs/performance.md. `configs/marl/pong_ippo.yaml` learns with 4 copies per
+16 copies are in docs/performance.md. `configs/marl/pong/ippo.yaml` learns with 4 copies per
 worker, as measured there.
 
-Learning is the README's run, `psro marl run --config configs/marl/pong_ippo.yaml`: its
+Learning is the README's run, `psro marl run --config configs/marl/pong/ippo.yaml`: its
 `eval_return/vs_uniform/<agent>` metrics are the return against a uniformly random paddle, a curve
 per agent in MLflow and a line each in `plots/episode_return.png`.
 
@@ -114,7 +114,7 @@ class OurRollouts:
         from marl_core.marl.training import MARLConfig
         from marl_core.rollout.pool import WorkerPool
 
-        settings = yaml.safe_load((ROOT / "configs" / "marl" / "pong_ippo.yaml").read_text())
+        settings = yaml.safe_load((ROOT / "configs" / "marl" / "pong" / "ippo.yaml").read_text())
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
         self.training, self.pools, self.streams = training, {}, 0
         for workers in (1, 2):

@@ -52,7 +52,7 @@ def reevaluate(tracking_uri: str, run_id: str, episodes: int) -> tuple[list[floa
     learner.load_state_dict(checkpoint.learners[best])
     pool = WorkerPool(training.pool_config(member))
     try:
-        returns = training.evaluate_policies(member, pool, training.LocalLearner(learner), last)
+        returns = training.evaluate_policies(member, pool, training.LocalLearner(learner), last).returns
     finally:
         pool.close()
     mean, stderr = training.summarize(returns, list(layout.agents), layout.groups)

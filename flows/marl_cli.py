@@ -1,6 +1,6 @@
 """`psro marl`: train a fixed set of multi-agent learners on one environment (MALib's MARL scenario).
 
-    psro marl run --config configs/marl/simple_spread_mappo.yaml
+    psro marl run --config configs/marl/simple_spread/mappo.yaml
     psro marl run --env pettingzoo:mpe2.simple_spread_v3 --algorithm ippo --rounds 50
     psro marl resume RUN_ID
 

@@ -58,7 +58,7 @@ def pong_batch(size: int, seed: int = 0) -> Experience:
 
 
 def pong_config(name: str, seed: int = 0):
-    """The actor-critic of `configs/marl/pong_ippo.yaml`: Nature CNN, one 512-unit layer, one trunk."""
+    """The actor-critic of `configs/marl/pong/ippo.yaml`: Nature CNN, one 512-unit layer, one trunk."""
     return ALGORITHMS[name].config(encoder="nature_cnn", hidden=(512,), shared_trunk=True, seed=seed)
 
 

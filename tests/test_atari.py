@@ -175,7 +175,7 @@ def test_self_play_on_pong_ships_frames_as_bytes_and_learns_from_them_as_floats(
     from marl_core.marl.training import MARLConfig
     from marl_core.rollout.pool import WorkerPool
 
-    settings = yaml.safe_load(open("configs/marl/pong_ippo.yaml"))
+    settings = yaml.safe_load(open("configs/marl/pong/ippo.yaml"))
     settings["settings"]["ppo"].update(hidden=[16], minibatch_size=8, epochs=1)
     config = MARLConfig(**{**settings, "workers": 1, "envs_per_worker": 2, "steps_per_round": 6})
     training.check(config)

@@ -199,18 +199,20 @@ def test_every_shipped_example_config_is_valid(path):
 
 
 
-MARL_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "marl").glob("*.yaml"))
+MARL_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "marl").glob("*/*.yaml"))
 
 
-@pytest.mark.parametrize("path", MARL_CONFIGS, ids=[path.stem for path in MARL_CONFIGS])
+@pytest.mark.parametrize("path", MARL_CONFIGS, ids=[f"{path.parent.name}/{path.stem}" for path in MARL_CONFIGS])
 def test_every_shipped_marl_config_is_valid(path):
-    """`psro marl run --config` examples: each loads as MARL settings, its algorithm's included."""
+    """`psro marl run --config` examples, `configs/marl/<task>/<algorithm>.yaml`: each loads as
+    MARL settings, its algorithm's included, and is the algorithm its name says."""
     import yaml
 
     from marl_core.marl.training import MARLConfig
 
     config = MARLConfig(**yaml.safe_load(path.read_text()))
-    assert config.algorithm_settings is not None and path.stem.endswith(config.algorithm)
+    assert config.algorithm_settings is not None and path.stem == config.algorithm
+    assert MARL_CONFIGS and not list(path.parent.parent.glob("*.yaml")), "MARL configs go in configs/marl/<task>/"
 
 
 LEAGUE_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "league").glob("*.yaml"))

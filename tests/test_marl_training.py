@@ -212,6 +212,26 @@ def test_evaluation_against_uniform_play_matches_the_two_step_games_expected_ret
     assert not np.array_equal(played, evaluation.returns)  # uniform partners, not the learners themselves
 
 
+def test_evaluation_against_uniform_play_where_agents_differ_in_shape():
+    """simple_adversary: the adversary sees 8 numbers, the good agents 10; each uniform player
+    gets a role of its own, since a role is one policy of one shape."""
+    from marl_core.marl import training
+    from marl_core.rollout.pool import WorkerPool
+
+    config = MARLConfig(
+        env="pettingzoo:mpe2.simple_adversary_v3", algorithm="ippo", agent_ids=False, envs_per_worker=2,
+        eval_episodes=4, eval_versus_uniform=True,
+    )
+    layout, spec = training.layout_and_spec(config)
+    learner = make_learner(config, layout, spec.state_size)
+    pool = WorkerPool(training.pool_config(config))
+    try:
+        evaluation = training.evaluate_policies(config, pool, training.LocalLearner(learner), round=0)
+    finally:
+        pool.close()
+    assert evaluation.versus_uniform.shape == (4, 3) and np.isfinite(evaluation.versus_uniform).all()
+
+
 def test_evaluation_against_uniform_play_is_refused_where_a_shared_policy_sees_agent_ids():
     from marl_core.marl import training
 

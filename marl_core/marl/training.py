@@ -389,7 +389,7 @@ class Evaluation:
     versus_uniform: Optional[np.ndarray] = None
 
 
-UNIFORM_ROLE = "uniform"  # the role of the agents that play uniformly at random in `versus_uniform`
+UNIFORM_ROLE = "uniform"  # `uniform/<agent>`: the role of an agent that plays uniformly at random in `versus_uniform`
 
 
 def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: int) -> Evaluation:
@@ -417,11 +417,13 @@ def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: i
 
     batches = [requests(mapping, specs, {}, 0)]
     if config.eval_versus_uniform:
-        uniform = {UNIFORM_ROLE: PolicyMixture((UniformPolicy(),), np.ones(1))}
         layout, _ = layout_and_spec(config)
+        uniform = PolicyMixture((UniformPolicy(),), np.ones(1))
         for k, agent in enumerate(layout.agents):
             alone = _AloneAgentAgainstUniform(agent, mapping(agent))
-            batches.append(requests(alone, {alone.policy: specs[alone.policy]}, uniform, k + 1))
+            # a role per uniform player: agents of different observation or action sizes cannot share one
+            others = {f"{UNIFORM_ROLE}/{other}": uniform for other in layout.agents if other != agent}
+            batches.append(requests(alone, {alone.policy: specs[alone.policy]}, others, k + 1))
     results = pool.collect([request for batch in batches for request in batch])
     returns, offset = [], 0
     for batch in batches:
@@ -438,7 +440,7 @@ class _AloneAgentAgainstUniform:
     policy: str
 
     def __call__(self, agent: str) -> str:
-        return self.policy if agent == self.agent else UNIFORM_ROLE
+        return self.policy if agent == self.agent else f"{UNIFORM_ROLE}/{agent}"
 
 
 @dataclasses.dataclass

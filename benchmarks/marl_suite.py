@@ -1,0 +1,379 @@
+"""The MPE benchmark suite: every MARL algorithm on five particle-environment tasks, over seeds.
+
+Each applicable (task, algorithm) pair trains for the same budget of joint environment steps
+from several seeds, through `iterate_marl_local` (the rollout engine and rounds the flows use).
+The figure is a greedy evaluation, before training and every so often during it:
+
+- a cooperative task (`simple_spread`, `simple_speaker_listener`): the team's return, the mean
+  over its agents of their episode returns, all agents playing their policies;
+- a competitive task (`simple_adversary`, `simple_tag`, `simple_push`): each role's return when
+  its agent plays its policy alone against uniformly random play by every other agent
+  (`eval_versus_uniform`), the mean over the role's agents. Self-play returns of two learning
+  sides say little about either.
+
+Uniform-random play is measured the same way, over `--uniform-episodes` episodes. VDN and QMIX
+learn one team value from one team reward, so they run on the cooperative tasks only.
+
+A pair's settings are `configs/marl/<task>/<algorithm>.yaml` where that file exists (the
+BenchMARL layout: a file only where a task needs its own settings) and the algorithm's defaults
+otherwise; its rollout shape (`steps_per_round`, `envs_per_worker`, `workers`) too. The suite
+sets the rounds from the budget, the seeds, the evaluations, and, on competitive tasks,
+`agent_ids: false` (an agent alone among uniform players has no teammates to be told apart from).
+
+Prints the table of final returns (mean ± standard error over seeds) beside uniform play and the
+untrained policies, and logs to MLflow (experiment `marl-suite`): one plot per task, return against
+joint steps, a line per algorithm (the mean over seeds) with a band over the seeds' spread (their
+minimum to maximum), uniform play dashed; the table; each pair's final figures as metrics.
+
+    python benchmarks/marl_suite.py [--budget 200000] [--seeds 3] [--jobs 2] [--tasks ...] [--algorithms ...]
+    python benchmarks/marl_suite.py --quick     # a smoke run: every pair, one short round, one seed
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from marl_core.marl import MARL_ALGORITHMS  # noqa: E402
+from marl_core.marl.training import MARLConfig  # noqa: E402
+
+CONFIGS = ROOT / "configs" / "marl"
+TEAM_REWARD_ONLY = ("vdn", "qmix")  # one value of one team reward: cooperative tasks only
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    env: str
+    cooperative: bool
+
+    def applies(self, algorithm: str) -> bool:
+        return self.cooperative or algorithm not in TEAM_REWARD_ONLY
+
+
+TASKS = {
+    task.name: task
+    for task in (
+        Task("simple_spread", "pettingzoo:mpe2.simple_spread_v3", cooperative=True),
+        Task("simple_speaker_listener", "pettingzoo:mpe2.simple_speaker_listener_v4", cooperative=True),
+        Task("simple_adversary", "pettingzoo:mpe2.simple_adversary_v3", cooperative=False),
+        Task("simple_tag", "pettingzoo:mpe2.simple_tag_v3", cooperative=False),
+        Task("simple_push", "pettingzoo:mpe2.simple_push_v3", cooperative=False),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    task: Task
+    algorithm: str
+    seed: int
+    budget: int  # joint environment steps (over every copy)
+    evaluations: int  # during training, besides the one before it
+    eval_episodes: int
+    configs: Path = CONFIGS  # <task>/<algorithm>.yaml files
+
+
+@dataclasses.dataclass
+class Curve:
+    """One seed's evaluations: joint steps, and per score ("team", or a role) its returns."""
+
+    job: Job
+    steps: list[int]
+    scores: dict[str, list[float]]
+    seconds: float
+
+
+def settings_with_seed(algorithm: str, settings: dict, seed: int) -> dict:
+    """`settings` with the learner's seed set, at whatever level its settings class keeps it
+    (IPPO's under `ppo`, MAPPO's at the top)."""
+    fields = MARL_ALGORITHMS.settings(algorithm).model_fields
+    if "seed" in fields:
+        return {**settings, "seed": seed}
+    out = dict(settings)
+    for name, field in fields.items():
+        nested = getattr(field.annotation, "model_fields", {})
+        if "seed" in nested:
+            out[name] = {**out.get(name, {}), "seed": seed}
+    return out
+
+
+def run_config(job: Job) -> MARLConfig:
+    """The pair's config file (or its defaults) with the suite's budget, seed and evaluations."""
+    path = job.configs / job.task.name / f"{job.algorithm}.yaml"
+    base = yaml.safe_load(path.read_text()) if path.exists() else {"env": job.task.env, "algorithm": job.algorithm}
+    if (base["env"], base["algorithm"]) != (job.task.env, job.algorithm):
+        raise ValueError(f"{path}: env {base['env']!r} / algorithm {base['algorithm']!r}, expected {job.task.env!r} / {job.algorithm!r}")
+    shape = MARLConfig(env=job.task.env, algorithm=job.algorithm, **{k: v for k, v in base.items() if k in ("steps_per_round", "envs_per_worker", "workers")})
+    rounds = max(1, round(job.budget / (shape.steps_per_round * shape.envs_per_worker * shape.workers)))
+    return shape.model_copy(update=dict(
+        settings=settings_with_seed(job.algorithm, base.get("settings", {}), job.seed),
+        agent_ids=base.get("agent_ids", True) and job.task.cooperative,
+        rounds=rounds, eval_every=max(1, rounds // job.evaluations), eval_episodes=job.eval_episodes,
+        eval_versus_uniform=not job.task.cooperative, checkpoint_every=rounds, seed=job.seed,
+    ))
+
+
+def scores(task: Task, returns: dict[str, float], groups: dict[str, tuple[str, ...]]) -> dict[str, float]:
+    """A cooperative task's team return, or each role's return against uniform play."""
+    if task.cooperative:
+        agents = [agent for members in groups.values() for agent in members]
+        return {"team": float(np.mean([returns[agent] for agent in agents]))}
+    return {role: float(np.mean([returns[f"vs_uniform/{agent}"] for agent in members])) for role, members in groups.items()}
+
+
+def train(job: Job) -> Curve:
+    """One seed of one pair: evaluated untrained, then after every `eval_every` rounds."""
+    import torch
+
+    from marl_core.marl import training
+    from marl_core.marl.rounds import iterate_marl_local
+    from marl_core.rollout.pool import WorkerPool
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    config = run_config(job)
+    layout, spec = training.layout_and_spec(config)
+    learner = training.make_learner(config, layout, spec.state_size)
+    # The untrained policies play the first evaluation's episodes, on a pool of their own: the
+    # training pool's workers keep the weights versions its rounds publish.
+    before = WorkerPool(training.pool_config(config))
+    try:
+        untrained = training.evaluate_policies(config, before, training.LocalLearner(learner), round=0)
+    finally:
+        before.close()
+    mean, _ = training.summarize(untrained.returns, list(layout.agents), layout.groups)
+    if untrained.versus_uniform is not None:
+        versus, _ = training.summarize(untrained.versus_uniform, list(layout.agents), {})
+        mean.update({f"vs_uniform/{agent}": value for agent, value in versus.items()})
+    curve = Curve(job, [0], {key: [value] for key, value in scores(job.task, mean, layout.groups).items()}, 0.0)
+    pool = WorkerPool(training.pool_config(config))
+    try:
+        for record, _ in iterate_marl_local(config, learner=learner, pool=pool):
+            if record.eval_returns:
+                curve.steps.append(record.env_steps)
+                for key, value in scores(job.task, record.eval_returns, layout.groups).items():
+                    curve.scores[key].append(value)
+    finally:
+        pool.close()
+    curve.seconds = time.perf_counter() - started
+    return curve
+
+
+def uniform_play(task: Task, episodes: int) -> dict[str, tuple[float, float]]:
+    """Every agent uniformly random: per score, the mean return and its standard error."""
+    from marl_core.marl.training import layout_and_spec
+    from marl_core.policies.base import UniformPolicy
+    from marl_core.rollout.pool import PoolConfig, WorkerPool
+    from marl_core.rollout.worker import PolicyMixture, RolloutRequest
+
+    layout, _ = layout_and_spec(MARLConfig(env=task.env))
+    pool = WorkerPool(PoolConfig(task.env, 1, 8))
+    try:
+        (result,) = pool.collect([RolloutRequest(
+            roles=_own_role, populations={agent: PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in layout.agents},
+            episodes=episodes, seed=(9, 9, 9), experience=False,
+        )])
+    finally:
+        pool.close()
+    returns = result.episode_returns  # [episodes, agents]
+    agents = list(layout.agents)
+    columns = {"team": agents} if task.cooperative else {role: list(members) for role, members in layout.groups.items()}
+    out = {}
+    for key, members in columns.items():
+        per_episode = returns[:, [agents.index(a) for a in members]].mean(axis=1)
+        out[key] = (float(per_episode.mean()), float(per_episode.std(ddof=1) / math.sqrt(len(per_episode))))
+    return out
+
+
+def _own_role(agent: str) -> str:
+    return agent  # agents of different shapes cannot share one
+
+
+@dataclasses.dataclass
+class Row:
+    task: str
+    score: str  # "team" or a role
+    algorithm: str
+    final: list[float]  # per seed
+    untrained: list[float]
+    uniform: tuple[float, float]
+    seconds: float
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.final))
+
+    @property
+    def stderr(self) -> float:
+        return float(np.std(self.final, ddof=1) / math.sqrt(len(self.final))) if len(self.final) > 1 else float("nan")
+
+    @property
+    def gain(self) -> tuple[float, float]:
+        """Final minus untrained return, seed by seed: mean and standard error."""
+        gains = np.subtract(self.final, self.untrained)
+        return float(gains.mean()), float(gains.std(ddof=1) / math.sqrt(len(gains))) if len(gains) > 1 else float("nan")
+
+    @property
+    def margin(self) -> float:
+        """Standard errors (of the difference) by which the final return beats uniform play."""
+        spread = math.hypot(self.stderr, self.uniform[1])
+        return (self.mean - self.uniform[0]) / spread if spread > 0 else float("nan")
+
+
+def rows(curves: list[Curve], uniform: dict[str, dict[str, tuple[float, float]]]) -> list[Row]:
+    out = {}
+    for curve in curves:
+        for key, values in curve.scores.items():
+            row = out.setdefault((curve.job.task.name, key, curve.job.algorithm), Row(
+                curve.job.task.name, key, curve.job.algorithm, [], [], uniform[curve.job.task.name][key], 0.0))
+            row.final.append(values[-1])
+            row.untrained.append(values[0])
+            row.seconds += curve.seconds if key == next(iter(curve.scores)) else 0.0
+    return list(out.values())
+
+
+def table(rows_: list[Row]) -> str:
+    lines = [
+        "| task | return of | algorithm | final (mean ± SE over seeds) | uniform play | margin over uniform (SE) "
+        "| untrained | gain over untrained | seconds |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows_:
+        gain, gain_stderr = row.gain
+        lines.append(
+            f"| {row.task} | {row.score} | {row.algorithm} | {row.mean:.2f} ± {row.stderr:.2f} "
+            f"| {row.uniform[0]:.2f} ± {row.uniform[1]:.2f} | {row.margin:.1f} | {np.mean(row.untrained):.2f} "
+            f"| {gain:+.2f} ± {gain_stderr:.2f} | {row.seconds:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def suite_plot(task: Task, curves: list[Curve], uniform: dict[str, tuple[float, float]]):
+    """One panel per score of the task: a line per algorithm (mean over seeds), a band from the
+    seeds' minimum to maximum, and uniform play dashed."""
+    from flows.tracking import plots
+
+    keys = list(uniform)
+    figure, axes = plots.plt.subplots(1, len(keys), figsize=(7 * len(keys), 4.2), squeeze=False)
+    for axis, key in zip(axes[0], keys):
+        for algorithm in sorted({c.job.algorithm for c in curves}):
+            seeds = [c for c in curves if c.job.algorithm == algorithm]
+            length = min(len(c.steps) for c in seeds)
+            steps = seeds[0].steps[:length]
+            values = np.array([c.scores[key][:length] for c in seeds])
+            (line,) = axis.plot(steps, values.mean(axis=0), label=algorithm, lw=1.6)
+            axis.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.15)
+        axis.axhline(uniform[key][0], color="black", ls="--", lw=1, label="uniform play")
+        axis.set_xlabel("joint environment steps")
+        axis.set_ylabel("greedy evaluation return" + ("" if task.cooperative else " against uniform play"))
+        axis.set_title(f"{task.name}: {key}")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def log_to_mlflow(tracking_uri: str, args, curves: list[Curve], uniform, rows_: list[Row], text: str) -> str:
+    import mlflow
+
+    from flows.tracking import plots
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment("marl-suite")
+    with mlflow.start_run(run_name="quick" if args.quick else f"budget {args.budget}") as run:
+        mlflow.log_params(dict(budget=args.budget, seeds=args.seeds, tasks=",".join(args.tasks),
+                               algorithms=",".join(args.algorithms), eval_episodes=args.eval_episodes))
+        for name in args.tasks:
+            task_curves = [c for c in curves if c.job.task.name == name]
+            if task_curves:
+                figure = suite_plot(TASKS[name], task_curves, uniform[name])
+                mlflow.log_figure(figure, f"plots/{name}.png")
+                plots.close(figure)
+        for row in rows_:
+            mlflow.log_metrics({f"{row.task}/{row.score}/{row.algorithm}/final": row.mean,
+                                f"{row.task}/{row.score}/{row.algorithm}/margin": row.margin})
+        mlflow.log_text(text, "table.md")
+        return run.info.run_id
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--algorithms", nargs="+", default=sorted(MARL_ALGORITHMS), choices=sorted(MARL_ALGORITHMS))
+    parser.add_argument("--budget", type=int, default=200_000, help="joint environment steps per run")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--evaluations", type=int, default=10, help="evaluations during a run, besides the one before it")
+    parser.add_argument("--eval-episodes", type=int, default=100)
+    parser.add_argument("--uniform-episodes", type=int, default=2000)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at once, each in a process of its own (0: here)")
+    parser.add_argument("--configs", type=Path, default=CONFIGS, help="a folder of <task>/<algorithm>.yaml files to run instead")
+    parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one seed, one round a run, few episodes")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.budget, args.seeds, args.evaluations, args.eval_episodes, args.uniform_episodes = 1, 1, 1, 2, 16
+    for name, value in (("--budget", args.budget), ("--seeds", args.seeds), ("--evaluations", args.evaluations),
+                        ("--eval-episodes", args.eval_episodes), ("--uniform-episodes", args.uniform_episodes)):
+        if value < (2 if name in ("--eval-episodes", "--uniform-episodes") else 1):
+            parser.error(f"{name} {value}: must be at least {2 if 'episodes' in name else 1}")
+    jobs = [Job(TASKS[name], algorithm, seed, args.budget, args.evaluations, args.eval_episodes, args.configs)
+            for name in args.tasks for algorithm in args.algorithms if TASKS[name].applies(algorithm)
+            for seed in range(args.seeds)]
+    for job in {(j.task.name, j.algorithm): j for j in jobs}.values():
+        run_config(job)  # a broken config file fails here, before any run starts
+    started = time.perf_counter()
+    print(f"{len(jobs)} runs ({args.seeds} seeds, {args.budget:,} joint steps each), {max(args.jobs, 1)} at a time; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    uniform = {name: uniform_play(TASKS[name], args.uniform_episodes) for name in args.tasks}
+    curves = []
+    if args.jobs == 0:
+        for job in jobs:
+            curves.append(train(job))
+            report(curves[-1], len(curves), len(jobs))
+    else:
+        # SIGTERM ends the suite as Ctrl-C does: its runs' processes are terminated, none left behind
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        pool = multiprocessing.get_context("spawn").Pool(args.jobs)
+        try:
+            for curve in pool.imap_unordered(train, jobs):
+                curves.append(curve)
+                report(curve, len(curves), len(jobs))
+        finally:
+            pool.terminate()
+            pool.join()
+    order = {(j.task.name, j.algorithm, j.seed): k for k, j in enumerate(jobs)}
+    curves.sort(key=lambda c: order[(c.job.task.name, c.job.algorithm, c.job.seed)])
+    rows_ = rows(curves, uniform)
+    elapsed = time.perf_counter() - started
+    text = (f"{table(rows_)}\n\n{len(jobs)} runs, {args.seeds} seeds, {args.budget:,} joint steps each, "
+            f"{args.eval_episodes} evaluation episodes; {elapsed / 60:.1f} minutes with {max(args.jobs, 1)} at a time; "
+            f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(text)
+    run_id = log_to_mlflow(args.tracking_uri, args, curves, uniform, rows_, text)
+    print(f"MLflow run {run_id} ({args.tracking_uri}, experiment marl-suite)")
+    return 0
+
+
+def report(curve: Curve, done: int, total: int) -> None:
+    finals = ", ".join(f"{key} {values[0]:.2f} -> {values[-1]:.2f}" for key, values in curve.scores.items())
+    print(f"[{done}/{total}] {curve.job.task.name} {curve.job.algorithm} seed {curve.job.seed}: {finals} "
+          f"({curve.seconds:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""benchmarks/marl_suite.py: its smoke run (`--quick`) end to end, and how it builds a pair's run.
+
+The suite's figures are learning results over minutes to hours (docs/marl.md); here it runs one
+short round a pair, to check that every piece a full run needs works: the per-task configs, the
+seeds, uniform play, the table and what goes to MLflow.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import marl_suite  # noqa: E402
+
+
+def test_a_quick_run_tables_every_applicable_pair_and_logs_a_plot_per_task(tmp_path, capsys):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    assert marl_suite.main(["--quick", "--jobs", "0", "--tasks", "simple_spread", "simple_push",
+                            "--algorithms", "ippo", "qmix", "--tracking-uri", store]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| simple_")]
+    assert [tuple(cell.strip() for cell in row.split("|")[1:4]) for row in rows] == [
+        ("simple_spread", "team", "ippo"), ("simple_spread", "team", "qmix"),  # cooperative: the team's return
+        ("simple_push", "adversary", "ippo"), ("simple_push", "agent", "ippo"),  # competitive: each role against uniform play
+    ]  # and QMIX, which needs one team reward, not on simple_push
+    client = mlflow.MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("marl-suite").experiment_id])
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {"plots/simple_spread.png", "plots/simple_push.png"}
+    assert "| simple_push | agent | ippo |" in mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/table.md")
+    assert set(run.data.metrics) >= {"simple_spread/team/qmix/final", "simple_push/adversary/ippo/margin"}
+
+
+def test_a_pair_runs_its_tasks_config_with_the_suites_budget_seed_and_evaluations():
+    """simple_spread/ippo.yaml: 256 steps x 8 copies a round; the seed reaches the learner's
+    settings at the level its class keeps it (IPPO's under `ppo`, MAPPO's at the top)."""
+    task = marl_suite.TASKS["simple_spread"]
+    config = marl_suite.run_config(marl_suite.Job(task, "ippo", seed=4, budget=20_480, evaluations=5, eval_episodes=10))
+    assert (config.rounds, config.eval_every, config.steps_per_round, config.envs_per_worker) == (10, 2, 256, 8)
+    assert config.seed == 4 and config.algorithm_settings.ppo.seed == 4
+    assert config.algorithm_settings.ppo.lr == 3e-4 and config.agent_ids and not config.eval_versus_uniform
+
+    competitive = marl_suite.run_config(marl_suite.Job(marl_suite.TASKS["simple_tag"], "mappo", 2, 1, 1, 10))
+    assert competitive.algorithm_settings.seed == 2 and competitive.eval_versus_uniform and not competitive.agent_ids
+
+
+def test_a_config_file_for_another_task_is_refused_before_any_run(tmp_path):
+    (tmp_path / "simple_push").mkdir()
+    (tmp_path / "simple_push" / "ippo.yaml").write_text("env: pettingzoo:mpe2.simple_tag_v3\nalgorithm: ippo\n")
+    with pytest.raises(ValueError, match="simple_push/ippo.yaml: env 'pettingzoo:mpe2.simple_tag_v3'"):
+        marl_suite.main(["--quick", "--tasks", "simple_push", "--algorithms", "ippo", "--configs", str(tmp_path)])
