@@ -156,10 +156,7 @@ def train(job: Job) -> Curve:
         untrained = training.evaluate_policies(config, before, training.LocalLearner(learner), round=0)
     finally:
         before.close()
-    mean, _ = training.summarize(untrained.returns, list(layout.agents), layout.groups)
-    if untrained.versus_uniform is not None:
-        versus, _ = training.summarize(untrained.versus_uniform, list(layout.agents), {})
-        mean.update({f"vs_uniform/{agent}": value for agent, value in versus.items()})
+    mean, _ = training.summarize_evaluation(untrained, layout)
     curve = Curve(job, [0], {key: [value] for key, value in scores(job.task, mean, layout.groups).items()}, 0.0)
     pool = WorkerPool(training.pool_config(config))
     try:
@@ -176,7 +173,7 @@ def train(job: Job) -> Curve:
 
 def uniform_play(task: Task, episodes: int) -> dict[str, tuple[float, float]]:
     """Every agent uniformly random: per score, the mean return and its standard error."""
-    from marl_core.marl.training import layout_and_spec
+    from marl_core.marl.training import layout_and_spec, summarize
     from marl_core.policies.base import UniformPolicy
     from marl_core.rollout.pool import PoolConfig, WorkerPool
     from marl_core.rollout.worker import PolicyMixture, RolloutRequest
@@ -190,14 +187,10 @@ def uniform_play(task: Task, episodes: int) -> dict[str, tuple[float, float]]:
         )])
     finally:
         pool.close()
-    returns = result.episode_returns  # [episodes, agents]
     agents = list(layout.agents)
-    columns = {"team": agents} if task.cooperative else {role: list(members) for role, members in layout.groups.items()}
-    out = {}
-    for key, members in columns.items():
-        per_episode = returns[:, [agents.index(a) for a in members]].mean(axis=1)
-        out[key] = (float(per_episode.mean()), float(per_episode.std(ddof=1) / math.sqrt(len(per_episode))))
-    return out
+    groups = {"team": tuple(agents)} if task.cooperative else layout.groups
+    mean, stderr = summarize(result.episode_returns, agents, groups)
+    return {key: (mean[f"policy/{key}"], stderr[f"policy/{key}"]) for key in groups}
 
 
 def _own_role(agent: str) -> str:

@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/maddpg_simple_adversary.py --minutes 20 --plot maddpg_adversary.png
 
-Trains `marl_core.marl.maddpg` with the paper's settings (`MADDPGConfig` defaults) by the MARL
+Trains `marl_core.marl.maddpg` with the paper's settings (`MADDPGConfig` defaults, and the paper's
+warm-up of 25,600 joint steps and an update every 100, `PAPER`) by the MARL
 loop in this process (`iterate_marl_local`), agents mapped by role: adversary_0 -> "adversary",
 agent_0 and agent_1 -> "agent" (one shared actor and critic), or with `--separate` one policy
 per agent as in the paper (adversary_0 -> "adversary", agent_0 -> "agent_0", agent_1 ->
@@ -42,6 +43,7 @@ from marl_core.rollout.worker import RolloutRequest
 
 ENV = "pettingzoo:mpe2.simple_adversary_v3"
 SEPARATE = {"adversary_": "adversary", "agent_0": "agent_0", "agent_1": "agent_1"}  # the paper: no sharing
+PAPER = {"learning_starts": 25_600, "train_every": 100}  # where MADDPGConfig's defaults start and update sooner
 
 
 def main() -> None:
@@ -66,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    settings = {"seed": args.seed}
+    settings = {"seed": args.seed, **PAPER}
     for item in args.setting:
         name, _, value = item.partition("=")
         settings[name] = ast.literal_eval(value)  # numbers and tuples, e.g. critic_hidden=(128,128)

@@ -495,12 +495,18 @@ def evaluate_when_due(config: MARLConfig, round: int, runner, pool, learner, lay
         return None, None, 0.0
     started = time.perf_counter()
     evaluation = runner.result(runner.submit("evaluate-policies", config, pool, learner, round))
+    return (*summarize_evaluation(evaluation, layout), time.perf_counter() - started)
+
+
+def summarize_evaluation(evaluation: Evaluation, layout) -> tuple[dict[str, float], dict[str, float]]:
+    """An evaluation's mean returns and their standard errors, per agent and policy, and per
+    agent against uniform play (`vs_uniform/<agent>`) where it played that."""
     mean, stderr = summarize(evaluation.returns, list(layout.agents), layout.groups)
     if evaluation.versus_uniform is not None:
         versus, versus_stderr = summarize(evaluation.versus_uniform, list(layout.agents), {})
         mean.update({f"vs_uniform/{agent}": value for agent, value in versus.items()})
         stderr.update({f"vs_uniform/{agent}": value for agent, value in versus_stderr.items()})
-    return mean, stderr, time.perf_counter() - started
+    return mean, stderr
 
 
 def checkpoint_due(config: MARLConfig, round: int) -> bool:
