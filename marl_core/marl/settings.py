@@ -44,10 +44,10 @@ class IAPPOConfig(BaseModel):
     asynchronous: AsyncConfig = Field(default_factory=AsyncConfig, description="the dataset server and distributed strategy")
 
 
-# DQN's own defaults are CartPole's: a 256x256 network and a gradient step every 2 transitions,
-# which on MPE's simple_spread took 511 s for 100,000 joint steps and fell below uniform play.
-# These follow VDN and QMIX's below, counted in the transitions of one policy id (3 a joint step
-# when 3 agents share it).
+# DQN's own defaults are CartPole's (a 256x256 network, a gradient step every 2 transitions): on
+# MPE they were several times slower and did not learn (docs/marl.md, "The MPE suite"). These
+# follow VDN and QMIX's below, counted in the transitions of one policy id (3 a joint step when
+# 3 agents share it).
 MULTI_AGENT_DQN = DQNConfig(
     hidden=(128, 128), lr=5e-4, batch_size=256, buffer_size=100_000, learning_starts=5_000, train_every=8,
     target_update_interval=500, epsilon_end=0.05, epsilon_decay_steps=100_000,
@@ -181,8 +181,8 @@ class MADDPGConfig(_ReplaySettings):
     minibatches of 1024 from a buffer of a million transitions, Polyak averaging at tau 0.01,
     gradient-norm clip 0.5 and a 1e-3 penalty on the squared actor logits; except that updates
     start after 5,000 steps and come every 50, where the paper waits for 1024 episodes of 25
-    steps (25,600) and updates every 100: with the paper's, the good agents of simple_adversary
-    were still at uniform play's level after 100,000 joint steps (docs/marl.md, the MPE suite).
+    steps (25,600) and updates every 100: with the paper's, simple_adversary's good agents had
+    not learned within the MPE suite's budget (docs/marl.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
