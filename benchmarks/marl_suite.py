@@ -2,29 +2,35 @@
 
 Each applicable (task, algorithm) pair trains for the same budget of joint environment steps
 from several seeds, through `iterate_marl_local` (the rollout engine and rounds the flows use).
-The figure is a greedy evaluation, before training and every so often during it: on a
-cooperative task (`simple_spread`, `simple_speaker_listener`) the team's return, the mean over
-its agents of their episode returns; on a competitive one (`simple_adversary`, `simple_tag`,
-`simple_push`) each role's, the mean over the agents of that role.
+The figure is a greedy evaluation, before training and every so often during it, beside
+uniform-random play scored the same way (`--uniform-episodes` episodes):
 
-Its baseline is uniform-random play in the same seats: after training, the agents of a score
-play uniformly at random while every other agent plays its trained policy, for each seed. On a
-cooperative task that is every agent uniform; on a competitive one it asks whether a role's
-policy does better than chance against the opponents it trained with, seed by seed. The margin
-over the baseline is the mean over seeds of the final return minus the seed's baseline, in
-standard errors of that difference. VDN and QMIX learn one team value from one team reward, so
-they run on the cooperative tasks only.
+- a cooperative task (`simple_spread`, `simple_speaker_listener`): the team's return, the mean
+  over its agents of their episode returns, every agent playing its policy; uniform play: every
+  agent uniformly random;
+- a competitive task (`simple_adversary`, `simple_tag`, `simple_push`): each role's return when
+  one of its agents plays its policy alone against uniformly random play by every other agent
+  (`eval_versus_uniform`), the mean over the role's agents; uniform play: that agent random too.
+  Two sides that learn together can both improve while their self-play returns stand still.
+  The table adds, per role, the final self-play return and that of uniform play in the role's
+  seats against the trained others: whether the role beats chance against the opponents it
+  trained with, where they may have learned to exploit it.
+
+The margin is the final return's mean over seeds minus uniform play's, in standard errors of
+that difference. VDN and QMIX learn one team value from one team reward, so they run on the
+cooperative tasks only.
 
 A pair's settings are `configs/marl/<task>/<algorithm>.yaml` where that file exists (the
 BenchMARL layout: a file only where a task needs its own settings) and the algorithm's defaults
 otherwise; its rollout shape (`steps_per_round`, `envs_per_worker`, `workers`) too. The suite
-sets the rounds from the budget, the seeds (of the environments and of the networks) and the
-evaluations.
+sets the rounds from the budget, the seeds (of the environments and of the networks), the
+evaluations, and, on competitive tasks, `agent_ids: false` (an agent alone among uniform players
+has no teammates to be told apart from).
 
-Prints the table of final returns (mean ± standard error over seeds) beside the baseline and the
+Prints the table of final returns (mean ± standard error over seeds) beside uniform play and the
 untrained policies, and logs to MLflow (experiment `marl-suite`): one plot per task, return
 against joint steps, a line per algorithm (the mean over seeds) in a band over the seeds'
-spread (their minimum to maximum), the baseline dashed; the table; each pair's final return and
+spread (their minimum to maximum), uniform play dashed; the table; each pair's final return and
 margin as metrics.
 
     python benchmarks/marl_suite.py [--budget 100000] [--seeds 3] [--jobs 2] [--tasks ...] [--algorithms ...]
@@ -88,7 +94,6 @@ class Job:
     budget: int  # joint environment steps (over every copy)
     evaluations: int  # during training, besides the one before it
     eval_episodes: int
-    baseline_episodes: int = 200
     configs: Path = CONFIGS  # <task>/<algorithm>.yaml files
 
 
@@ -99,8 +104,10 @@ class Curve:
     job: Job
     steps: list[int]
     scores: dict[str, list[float]]
-    baseline: dict[str, float]  # per score: uniform play in its seats, against the trained others
     seconds: float
+    # competitive tasks, per role after training: self-play, and uniform play in its seats against the trained others
+    self_play: dict[str, float] = dataclasses.field(default_factory=dict)
+    in_seats: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def settings_with_seed(algorithm: str, settings: dict, seed: int) -> dict:
@@ -127,8 +134,9 @@ def run_config(job: Job) -> MARLConfig:
     rounds = max(1, round(job.budget / (shape.steps_per_round * shape.envs_per_worker * shape.workers)))
     return shape.model_copy(update=dict(
         settings=settings_with_seed(job.algorithm, base.get("settings", {}), job.seed),
-        agent_ids=base.get("agent_ids", True), rounds=rounds, eval_every=max(1, rounds // job.evaluations),
-        eval_episodes=job.eval_episodes, checkpoint_every=rounds, seed=job.seed,
+        agent_ids=base.get("agent_ids", True) and job.task.cooperative, rounds=rounds,
+        eval_every=max(1, rounds // job.evaluations), eval_episodes=job.eval_episodes,
+        eval_versus_uniform=not job.task.cooperative, checkpoint_every=rounds, seed=job.seed,
     ))
 
 
@@ -140,9 +148,12 @@ def score_groups(task: Task, groups: dict[str, tuple[str, ...]]) -> dict[str, tu
     return dict(groups)
 
 
-def scores(task: Task, returns: dict[str, float], groups: dict[str, tuple[str, ...]]) -> dict[str, float]:
-    """Each score's return: the mean over its agents of their mean episode returns."""
-    return {key: float(np.mean([returns[agent] for agent in members])) for key, members in score_groups(task, groups).items()}
+def scores(task: Task, returns: dict[str, float], groups: dict[str, tuple[str, ...]], self_play: bool = False) -> dict[str, float]:
+    """Each score's return, the mean over its agents: a team's, or a role's against uniform play
+    (`self_play`: against the trained others)."""
+    column = "{}" if task.cooperative or self_play else "vs_uniform/{}"
+    return {key: float(np.mean([returns[column.format(agent)] for agent in members]))
+            for key, members in score_groups(task, groups).items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +222,7 @@ def train(job: Job) -> Curve:
     finally:
         before.close()
     mean, _ = training.summarize_evaluation(untrained, layout)
-    curve = Curve(job, [0], {key: [value] for key, value in scores(job.task, mean, layout.groups).items()}, {}, 0.0)
+    curve = Curve(job, [0], {key: [value] for key, value in scores(job.task, mean, layout.groups).items()}, 0.0)
     pool = WorkerPool(training.pool_config(config))
     try:
         for record, _ in iterate_marl_local(config, learner=learner, pool=pool):
@@ -219,11 +230,36 @@ def train(job: Job) -> Curve:
                 curve.steps.append(record.env_steps)
                 for key, value in scores(job.task, record.eval_returns, layout.groups).items():
                     curve.scores[key].append(value)
+                final = record.eval_returns
     finally:
         pool.close()
-    curve.baseline = uniform_in_seats(config, job.task, learner, job.baseline_episodes)
+    if not job.task.cooperative:
+        curve.self_play = scores(job.task, final, layout.groups, self_play=True)
+        curve.in_seats = uniform_in_seats(config, job.task, learner, job.eval_episodes)
     curve.seconds = time.perf_counter() - started
     return curve
+
+
+def uniform_play(task: Task, episodes: int) -> dict[str, tuple[float, float]]:
+    """Every agent uniformly random: per score, the mean return and its standard error."""
+    from marl_core.marl.training import layout_and_spec, summarize
+    from marl_core.policies.base import UniformPolicy
+    from marl_core.rollout.pool import PoolConfig, WorkerPool
+    from marl_core.rollout.worker import PolicyMixture, RolloutRequest
+
+    layout, _ = layout_and_spec(MARLConfig(env=task.env))
+    everyone = frozenset(layout.agents)
+    pool = WorkerPool(PoolConfig(task.env, 1, 8))
+    try:
+        (result,) = pool.collect([RolloutRequest(
+            roles=UniformInSeats(everyone, str), episodes=episodes, seed=(9, 9, 9), experience=False,
+            populations={f"uniform/{agent}": PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in everyone},
+        )])
+    finally:
+        pool.close()
+    groups = score_groups(task, layout.groups)
+    mean, stderr = summarize(result.episode_returns, list(layout.agents), groups)
+    return {key: (mean[f"policy/{key}"], stderr[f"policy/{key}"]) for key in groups}
 
 
 @dataclasses.dataclass
@@ -233,20 +269,19 @@ class Row:
     task: str
     score: str  # "team" or a role
     algorithm: str
-    final: list[float]  # per seed
-    untrained: list[float]
-    baseline: list[float]
-    seconds: float  # all seeds together
-
-    def paired(self, other: list[float]) -> tuple[float, float]:
-        """Final minus `other`, seed by seed: the mean and its standard error."""
-        return mean_and_stderr(np.subtract(self.final, other))
+    uniform: tuple[float, float]  # uniform play: mean, standard error
+    final: list[float] = dataclasses.field(default_factory=list)  # per seed
+    untrained: list[float] = dataclasses.field(default_factory=list)
+    self_play: list[float] = dataclasses.field(default_factory=list)  # competitive tasks
+    in_seats: list[float] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0  # all seeds together
 
     @property
     def margin(self) -> float:
-        """Standard errors by which the final return beats the baseline."""
-        mean, stderr = self.paired(self.baseline)
-        return mean / stderr if stderr > 0 else float("nan")
+        """Standard errors (of the difference) by which the final return beats uniform play."""
+        mean, stderr = mean_and_stderr(self.final)
+        spread = math.hypot(stderr, self.uniform[1])
+        return (mean - self.uniform[0]) / spread if spread > 0 else float("nan")
 
 
 def mean_and_stderr(values) -> tuple[float, float]:
@@ -254,40 +289,46 @@ def mean_and_stderr(values) -> tuple[float, float]:
     return float(values.mean()), float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else float("nan")
 
 
-def rows(curves: list[Curve]) -> list[Row]:
+def rows(curves: list[Curve], uniform: dict[str, dict[str, tuple[float, float]]]) -> list[Row]:
     out = {}
     for curve in curves:
+        task, algorithm = curve.job.task.name, curve.job.algorithm
         for key, values in curve.scores.items():
-            row = out.setdefault((curve.job.task.name, key, curve.job.algorithm), Row(
-                curve.job.task.name, key, curve.job.algorithm, [], [], [], 0.0))
+            row = out.setdefault((task, key, algorithm), Row(task, key, algorithm, uniform[task][key]))
             row.final.append(values[-1])
             row.untrained.append(values[0])
-            row.baseline.append(curve.baseline[key])
-        out[(curve.job.task.name, next(iter(curve.scores)), curve.job.algorithm)].seconds += curve.seconds
+            if key in curve.self_play:
+                row.self_play.append(curve.self_play[key])
+                row.in_seats.append(curve.in_seats[key])
+        out[(task, next(iter(curve.scores)), algorithm)].seconds += curve.seconds
     return list(out.values())
 
 
 def table(rows_: list[Row]) -> str:
     lines = [
-        "| task | return of | algorithm | final | uniform in its seats | margin (SE) | untrained | gain over untrained | seconds |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| task | return of | algorithm | final | uniform play | margin (SE) | untrained | gain over untrained "
+        "| self-play | uniform in its seats against the trained | seconds |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows_:
         final, final_stderr = mean_and_stderr(row.final)
-        gain, gain_stderr = row.paired(row.untrained)
+        gain, gain_stderr = mean_and_stderr(np.subtract(row.final, row.untrained))
+        against_trained = "| | |" if not row.self_play else (
+            f"| {np.mean(row.self_play):.2f} | {np.mean(row.in_seats):.2f} |")
         lines.append(
-            f"| {row.task} | {row.score} | {row.algorithm} | {final:.2f} ± {final_stderr:.2f} | {np.mean(row.baseline):.2f} "
-            f"| {row.margin:.1f} | {np.mean(row.untrained):.2f} | {gain:+.2f} ± {gain_stderr:.2f} | {row.seconds:.0f} |"
+            f"| {row.task} | {row.score} | {row.algorithm} | {final:.2f} ± {final_stderr:.2f} "
+            f"| {row.uniform[0]:.2f} ± {row.uniform[1]:.2f} | {row.margin:.1f} | {np.mean(row.untrained):.2f} "
+            f"| {gain:+.2f} ± {gain_stderr:.2f} {against_trained} {row.seconds:.0f} |"
         )
     return "\n".join(lines)
 
 
-def suite_plot(task: Task, curves: list[Curve]):
+def suite_plot(task: Task, curves: list[Curve], uniform: dict[str, tuple[float, float]]):
     """One panel per score of the task: a line per algorithm (the mean over seeds) in a band from
-    the seeds' minimum to maximum, and its baseline (the mean over seeds) dashed in its colour."""
+    the seeds' minimum to maximum, and uniform play dashed."""
     from flows.tracking import plots
 
-    keys = list(curves[0].scores)
+    keys = list(uniform)
     figure, axes = plots.plt.subplots(1, len(keys), figsize=(7 * len(keys), 4.2), squeeze=False)
     for axis, key in zip(axes[0], keys):
         for algorithm in sorted({c.job.algorithm for c in curves}):
@@ -297,17 +338,17 @@ def suite_plot(task: Task, curves: list[Curve]):
             values = np.array([c.scores[key][:length] for c in seeds])
             (line,) = axis.plot(steps, values.mean(axis=0), label=algorithm, lw=1.6)
             axis.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.15)
-            axis.axhline(np.mean([c.baseline[key] for c in seeds]), color=line.get_color(), ls="--", lw=0.8)
+        axis.axhline(uniform[key][0], color="black", ls="--", lw=1, label="uniform play")
         axis.set_xlabel("joint environment steps")
-        axis.set_ylabel("greedy evaluation return")
-        axis.set_title(f"{task.name}: {key} (dashed: uniform play in its seats)")
+        axis.set_ylabel("greedy evaluation return" + ("" if task.cooperative else " against uniform play"))
+        axis.set_title(f"{task.name}: {key}")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()
     return figure
 
 
-def log_to_mlflow(tracking_uri: str, args, curves: list[Curve], rows_: list[Row], text: str) -> str:
+def log_to_mlflow(tracking_uri: str, args, curves: list[Curve], uniform, rows_: list[Row], text: str) -> str:
     import mlflow
 
     from flows.tracking import plots
@@ -320,7 +361,7 @@ def log_to_mlflow(tracking_uri: str, args, curves: list[Curve], rows_: list[Row]
         for name in args.tasks:
             task_curves = [c for c in curves if c.job.task.name == name]
             if task_curves:
-                figure = suite_plot(TASKS[name], task_curves)
+                figure = suite_plot(TASKS[name], task_curves, uniform[name])
                 mlflow.log_figure(figure, f"plots/{name}.png")
                 plots.close(figure)
         for row in rows_:
@@ -338,19 +379,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--evaluations", type=int, default=8, help="evaluations during a run, besides the one before it")
     parser.add_argument("--eval-episodes", type=int, default=50)
-    parser.add_argument("--baseline-episodes", type=int, default=200, help="episodes of each seed's uniform play in its seats")
+    parser.add_argument("--uniform-episodes", type=int, default=2000)
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at once, each in a process of its own (0: here)")
     parser.add_argument("--configs", type=Path, default=CONFIGS, help="a folder of <task>/<algorithm>.yaml files to run instead")
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     parser.add_argument("--quick", action="store_true", help="a smoke run: one seed, one round a run, few episodes")
     args = parser.parse_args(argv)
     if args.quick:
-        args.budget, args.seeds, args.evaluations, args.eval_episodes, args.baseline_episodes = 1, 1, 1, 2, 2
+        args.budget, args.seeds, args.evaluations, args.eval_episodes, args.uniform_episodes = 1, 1, 1, 2, 16
     for name, value in (("--budget", args.budget), ("--seeds", args.seeds), ("--evaluations", args.evaluations),
-                        ("--eval-episodes", args.eval_episodes), ("--baseline-episodes", args.baseline_episodes)):
+                        ("--eval-episodes", args.eval_episodes), ("--uniform-episodes", args.uniform_episodes)):
         if value < (2 if "episodes" in name else 1):
             parser.error(f"{name} {value}: must be at least {2 if 'episodes' in name else 1}")
-    jobs = [Job(TASKS[name], algorithm, seed, args.budget, args.evaluations, args.eval_episodes, args.baseline_episodes, args.configs)
+    jobs = [Job(TASKS[name], algorithm, seed, args.budget, args.evaluations, args.eval_episodes, args.configs)
             for name in args.tasks for algorithm in args.algorithms if TASKS[name].applies(algorithm)
             for seed in range(args.seeds)]
     for job in {(j.task.name, j.algorithm): j for j in jobs}.values():
@@ -358,6 +399,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     print(f"{len(jobs)} runs ({args.seeds} seeds, {args.budget:,} joint steps each), {max(args.jobs, 1)} at a time; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    uniform = {name: uniform_play(TASKS[name], args.uniform_episodes) for name in args.tasks}
     curves = []
     if args.jobs == 0:
         for job in jobs:
@@ -376,20 +418,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             pool.join()
     order = {(j.task.name, j.algorithm, j.seed): k for k, j in enumerate(jobs)}
     curves.sort(key=lambda c: order[(c.job.task.name, c.job.algorithm, c.job.seed)])
-    rows_ = rows(curves)
+    rows_ = rows(curves, uniform)
     elapsed = time.perf_counter() - started
     text = (f"{table(rows_)}\n\n{len(jobs)} runs, {args.seeds} seeds, {args.budget:,} joint steps each, "
             f"{args.eval_episodes} evaluation episodes; {elapsed / 60:.1f} minutes with {max(args.jobs, 1)} at a time; "
             f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(text)
-    run_id = log_to_mlflow(args.tracking_uri, args, curves, rows_, text)
+    run_id = log_to_mlflow(args.tracking_uri, args, curves, uniform, rows_, text)
     print(f"MLflow run {run_id} ({args.tracking_uri}, experiment marl-suite)")
     return 0
 
 
 def report(curve: Curve, done: int, total: int) -> None:
-    finals = "; ".join(f"{key} {' '.join(f'{v:.2f}' for v in values)} (uniform in its seats {curve.baseline[key]:.2f})"
-                       for key, values in curve.scores.items())
+    finals = "; ".join(f"{key} {' '.join(f'{v:.2f}' for v in values)}" for key, values in curve.scores.items())
     print(f"[{done}/{total}] {curve.job.task.name} {curve.job.algorithm} seed {curve.job.seed}: {finals} "
           f"({curve.seconds:.0f} s)", flush=True)
 
