@@ -2,16 +2,19 @@
 
 Each applicable (task, algorithm) pair trains for the same budget of joint environment steps
 from several seeds, through `iterate_marl_local` (the rollout engine and rounds the flows use).
-The figure is a greedy evaluation, before training and every so often during it, beside
-uniform-random play scored the same way (`--uniform-episodes` episodes):
+The figure is an evaluation, before training and every so often during it, beside uniform-random
+play scored the same way (`--uniform-episodes` episodes):
 
 - a cooperative task (`simple_spread`, `simple_speaker_listener`): the team's return, the mean
-  over its agents of their episode returns, every agent playing its policy; uniform play: every
-  agent uniformly random;
+  over its agents of their episode returns, every agent playing its policy greedily; uniform
+  play: every agent uniformly random;
 - a competitive task (`simple_adversary`, `simple_tag`, `simple_push`): each role's return when
   one of its agents plays its policy alone against uniformly random play by every other agent
   (`eval_versus_uniform`), the mean over the role's agents; uniform play: that agent random too.
   Two sides that learn together can both improve while their self-play returns stand still.
+  The policies play as they learned to, sampling their actions (`eval_greedy: false`): a
+  competitive policy may be a mixed strategy, and its most likely action repeated can be a poor
+  one (a prey that always flees the same way leaves the field and pays for it).
   The table adds, per role, the final self-play return and that of uniform play in the role's
   seats against the trained others: whether the role beats chance against the opponents it
   trained with, where they may have learned to exploit it.
@@ -136,7 +139,7 @@ def run_config(job: Job) -> MARLConfig:
         settings=settings_with_seed(job.algorithm, base.get("settings", {}), job.seed),
         agent_ids=base.get("agent_ids", True) and job.task.cooperative, rounds=rounds,
         eval_every=max(1, rounds // job.evaluations), eval_episodes=job.eval_episodes,
-        eval_versus_uniform=not job.task.cooperative, checkpoint_every=rounds, seed=job.seed,
+        eval_greedy=job.task.cooperative, eval_versus_uniform=not job.task.cooperative, checkpoint_every=rounds, seed=job.seed,
     ))
 
 
@@ -170,7 +173,7 @@ class UniformInSeats:
 
 def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> dict[str, float]:
     """Per score: its agents' return when they play uniformly at random and every other agent
-    plays its trained policy greedily (on a pool of its own, as the untrained evaluation)."""
+    plays its trained policy as the evaluations do (on a pool of its own, as the untrained evaluation)."""
     from marl_core.marl import training
     from marl_core.policies.base import UniformPolicy
     from marl_core.rollout.pool import WorkerPool
@@ -188,7 +191,7 @@ def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> 
             requests.append(RolloutRequest(
                 roles=roles, populations={f"uniform/{agent}": PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in members},
                 learners={policy: handle.specs()[policy] for policy in playing}, episodes=episodes,
-                seed=(config.seed, 5, len(keys)), explore=False, agent_ids=config.agent_ids, experience=False,
+                seed=(config.seed, 5, len(keys)), explore=not config.eval_greedy, agent_ids=config.agent_ids, experience=False,
             ))
             keys.append(key)
         results = pool.collect(requests)
