@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from marl_core.marl import MARL_ALGORITHMS  # noqa: E402
-from marl_core.marl.training import MARLConfig  # noqa: E402
+from marl_core.marl.training import UNIFORM_ROLE, MARLConfig  # noqa: E402
 
 CONFIGS = ROOT / "configs" / "marl"
 TEAM_REWARD_ONLY = ("vdn", "qmix")  # one value of one team reward: cooperative tasks only
@@ -168,7 +168,7 @@ class UniformInSeats:
     policy_of: Callable[[str], str]
 
     def __call__(self, agent: str) -> str:
-        return f"uniform/{agent}" if agent in self.seats else self.policy_of(agent)
+        return f"{UNIFORM_ROLE}/{agent}" if agent in self.seats else self.policy_of(agent)
 
 
 def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> dict[str, float]:
@@ -187,9 +187,9 @@ def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> 
         requests, keys = [], []
         for key, members in score_groups(task, layout.groups).items():
             roles = UniformInSeats(frozenset(members), training.policy_mapping(config))
-            playing = {roles(agent) for agent in layout.agents} - {f"uniform/{agent}" for agent in members}
+            playing = {roles(agent) for agent in layout.agents if agent not in members}
             requests.append(RolloutRequest(
-                roles=roles, populations={f"uniform/{agent}": PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in members},
+                roles=roles, populations={roles(agent): PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in members},
                 learners={policy: handle.specs()[policy] for policy in playing}, episodes=episodes,
                 seed=(config.seed, 5, len(keys)), explore=not config.eval_greedy, agent_ids=config.agent_ids, experience=False,
             ))
@@ -251,12 +251,12 @@ def uniform_play(task: Task, episodes: int) -> dict[str, tuple[float, float]]:
     from marl_core.rollout.worker import PolicyMixture, RolloutRequest
 
     layout, _ = layout_and_spec(MARLConfig(env=task.env))
-    everyone = frozenset(layout.agents)
+    roles = UniformInSeats(frozenset(layout.agents), str)  # every seat
     pool = WorkerPool(PoolConfig(task.env, 1, 8))
     try:
         (result,) = pool.collect([RolloutRequest(
-            roles=UniformInSeats(everyone, str), episodes=episodes, seed=(9, 9, 9), experience=False,
-            populations={f"uniform/{agent}": PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in everyone},
+            roles=roles, episodes=episodes, seed=(9, 9, 9), experience=False,
+            populations={roles(agent): PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in layout.agents},
         )])
     finally:
         pool.close()
