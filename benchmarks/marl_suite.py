@@ -343,7 +343,7 @@ def suite_plot(task: Task, curves: list[Curve], uniform: dict[str, tuple[float, 
             axis.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.15)
         axis.axhline(uniform[key][0], color="black", ls="--", lw=1, label="uniform play")
         axis.set_xlabel("joint environment steps")
-        axis.set_ylabel("greedy evaluation return" + ("" if task.cooperative else " against uniform play"))
+        axis.set_ylabel("greedy evaluation return" if task.cooperative else "sampled return against uniform opponents")
         axis.set_title(f"{task.name}: {key}")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
