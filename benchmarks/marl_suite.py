@@ -36,6 +36,10 @@ against joint steps, a line per algorithm (the mean over seeds) in a band over t
 spread (their minimum to maximum), uniform play dashed; the table; each pair's final return and
 margin as metrics.
 
+Each finished run is saved under `--results` (one JSON file a run, with the config it ran): a
+suite stopped by Ctrl-C, SIGTERM or a crash, run again with the same arguments, reruns only the
+runs that did not finish, and any whose config has changed since.
+
     python benchmarks/marl_suite.py [--budget 100000] [--seeds 3] [--jobs 2] [--tasks ...] [--algorithms ...]
     python benchmarks/marl_suite.py --quick     # a smoke run: every pair, one short round, one seed
 """
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import multiprocessing
 import os
@@ -111,6 +116,47 @@ class Curve:
     # competitive tasks, per role after training: self-play, and uniform play in its seats against the trained others
     self_play: dict[str, float] = dataclasses.field(default_factory=dict)
     in_seats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def result_path(results: Path, job: Job) -> Path:
+    return results / job.task.name / f"{job.algorithm}-seed{job.seed}.json"
+
+
+def run_identity(job: Job) -> dict:
+    """What a saved run must match to stand for `job`: its whole config, the algorithm's
+    settings with their defaults resolved, and the suite's evaluation settings."""
+    config = run_config(job)
+    return {"config": config.model_dump(mode="json"), "settings": config.algorithm_settings.model_dump(mode="json"),
+            "evaluations": job.evaluations}
+
+
+def save(results: Path, curve: Curve) -> None:
+    path = result_path(results, curve.job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"identity": run_identity(curve.job), "steps": curve.steps, "scores": curve.scores, "seconds": curve.seconds,
+              "self_play": curve.self_play, "in_seats": curve.in_seats, "commit": commit(), "finished": time.time()}
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(record))
+    temporary.replace(path)  # whole or absent, whenever the suite is stopped
+
+
+def commit() -> Optional[str]:
+    """The code a run ran, for the record: a resumed suite may join runs of several commits."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def load(results: Path, job: Job) -> Optional[Curve]:
+    """The saved run of `job`, or None where there is none or it ran another config."""
+    path = result_path(results, job)
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record["identity"] != run_identity(job):
+        return None
+    return Curve(job, record["steps"], record["scores"], record["seconds"], record["self_play"], record["in_seats"])
 
 
 def settings_with_seed(algorithm: str, settings: dict, seed: int) -> dict:
@@ -385,6 +431,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--uniform-episodes", type=int, default=2000)
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at once, each in a process of its own (0: here)")
     parser.add_argument("--configs", type=Path, default=CONFIGS, help="a folder of <task>/<algorithm>.yaml files to run instead")
+    parser.add_argument("--results", type=Path, default=Path("marl-suite-runs"), help="where each finished run is saved")
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     parser.add_argument("--quick", action="store_true", help="a smoke run: one seed, one round a run, few episodes")
     args = parser.parse_args(argv)
@@ -402,20 +449,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     print(f"{len(jobs)} runs ({args.seeds} seeds, {args.budget:,} joint steps each), {max(args.jobs, 1)} at a time; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    curves = [curve for curve in (load(args.results, job) for job in jobs) if curve is not None]
+    if curves:
+        print(f"{len(curves)} of them finished before, in {args.results}", flush=True)
+    done = {(c.job.task.name, c.job.algorithm, c.job.seed) for c in curves}
+    todo = [job for job in jobs if (job.task.name, job.algorithm, job.seed) not in done]
     uniform = {name: uniform_play(TASKS[name], args.uniform_episodes) for name in args.tasks}
-    curves = []
+
+    def finished(curve: Curve) -> None:
+        save(args.results, curve)
+        curves.append(curve)
+        report(curve, len(curves), len(jobs))
+
     if args.jobs == 0:
-        for job in jobs:
-            curves.append(train(job))
-            report(curves[-1], len(curves), len(jobs))
-    else:
+        for job in todo:
+            finished(train(job))
+    elif todo:
         # SIGTERM ends the suite as Ctrl-C does: its runs' processes are terminated, none left behind
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         pool = multiprocessing.get_context("spawn").Pool(args.jobs)
         try:
-            for curve in pool.imap_unordered(train, jobs):
-                curves.append(curve)
-                report(curve, len(curves), len(jobs))
+            for curve in pool.imap_unordered(train, todo):
+                finished(curve)
         finally:
             pool.terminate()
             pool.join()
@@ -424,7 +479,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows_ = rows(curves, uniform)
     elapsed = time.perf_counter() - started
     text = (f"{table(rows_)}\n\n{len(jobs)} runs, {args.seeds} seeds, {args.budget:,} joint steps each, "
-            f"{args.eval_episodes} evaluation episodes; {elapsed / 60:.1f} minutes with {max(args.jobs, 1)} at a time; "
+            f"{args.eval_episodes} evaluation episodes; {sum(c.seconds for c in curves) / 60:.1f} minutes of runs, "
+            f"{elapsed / 60:.1f} minutes of this invocation with {max(args.jobs, 1)} at a time; "
             f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(text)
     run_id = log_to_mlflow(args.tracking_uri, args, curves, uniform, rows_, text)

@@ -7,6 +7,7 @@ seeds, uniform play, the table and what goes to MLflow.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -19,9 +20,11 @@ import marl_suite  # noqa: E402
 
 def test_a_quick_run_tables_every_applicable_pair_and_logs_a_plot_per_task(tmp_path, capsys):
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    assert marl_suite.main(["--quick", "--jobs", "0", "--tasks", "simple_spread", "simple_push",
-                            "--algorithms", "ippo", "qmix", "--tracking-uri", store]) == 0
+    arguments = ["--quick", "--jobs", "0", "--tasks", "simple_spread", "simple_push", "--algorithms", "ippo", "qmix",
+                 "--results", str(tmp_path / "runs"), "--tracking-uri", store]
+    assert marl_suite.main(arguments) == 0
     out = capsys.readouterr().out
+    assert out.count("] simple_") == 3  # a line per run as it finishes
     rows = [line for line in out.splitlines() if line.startswith("| simple_")]
     assert [tuple(cell.strip() for cell in row.split("|")[1:4]) for row in rows] == [
         ("simple_spread", "team", "ippo"), ("simple_spread", "team", "qmix"),  # cooperative: the team's return
@@ -32,6 +35,22 @@ def test_a_quick_run_tables_every_applicable_pair_and_logs_a_plot_per_task(tmp_p
     assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {"plots/simple_spread.png", "plots/simple_push.png"}
     assert "| simple_push | agent | ippo |" in mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/table.md")
     assert set(run.data.metrics) >= {"simple_spread/team/qmix/final", "simple_push/adversary/ippo/margin"}
+
+    # run again, as after Ctrl-C: the finished runs are read back, none trains again, the table is the same
+    assert marl_suite.main(arguments) == 0
+    again = capsys.readouterr().out
+    assert "3 of them finished before" in again and "] simple_" not in again
+    assert [line for line in again.splitlines() if line.startswith("| simple_")] == rows
+
+
+def test_a_saved_run_stands_only_for_the_config_it_ran(tmp_path):
+    task = marl_suite.TASKS["simple_spread"]
+    job = marl_suite.Job(task, "ippo", seed=0, budget=2048, evaluations=1, eval_episodes=4)
+    marl_suite.save(tmp_path, marl_suite.Curve(job, [0, 2048], {"team": [-30.0, -25.0]}, 1.0))
+    assert marl_suite.load(tmp_path, job).scores == {"team": [-30.0, -25.0]}
+    assert marl_suite.load(tmp_path, dataclasses.replace(job, eval_episodes=8)) is None  # another evaluation
+    assert marl_suite.load(tmp_path, dataclasses.replace(job, budget=4096)) is None  # more rounds
+    assert marl_suite.load(tmp_path, dataclasses.replace(job, seed=1)) is None  # never ran
 
 
 def test_a_pair_runs_its_tasks_config_with_the_suites_budget_seed_and_evaluations():
