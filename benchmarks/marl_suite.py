@@ -56,7 +56,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from collections.abc import Callable
 from typing import Optional
 
 import numpy as np
@@ -66,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from marl_core.marl import MARL_ALGORITHMS  # noqa: E402
-from marl_core.marl.training import UNIFORM_ROLE, MARLConfig  # noqa: E402
+from marl_core.marl.training import MARLConfig  # noqa: E402
 
 CONFIGS = ROOT / "configs" / "marl"
 TEAM_REWARD_ONLY = ("vdn", "qmix")  # one value of one team reward: cooperative tasks only
@@ -205,25 +204,12 @@ def scores(task: Task, returns: dict[str, float], groups: dict[str, tuple[str, .
             for key, members in score_groups(task, groups).items()}
 
 
-@dataclasses.dataclass(frozen=True)
-class UniformInSeats:
-    """Agent -> role: the agents of `seats` play uniformly at random, each under a role of its
-    own (agents of different shapes cannot share one), the others their policies."""
-
-    seats: frozenset
-    policy_of: Callable[[str], str]
-
-    def __call__(self, agent: str) -> str:
-        return f"{UNIFORM_ROLE}/{agent}" if agent in self.seats else self.policy_of(agent)
-
-
 def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> dict[str, float]:
     """Per score: its agents' return when they play uniformly at random and every other agent
     plays its trained policy as the evaluations do (on a pool of its own, as the untrained evaluation)."""
     from marl_core.marl import training
-    from marl_core.policies.base import UniformPolicy
     from marl_core.rollout.pool import WorkerPool
-    from marl_core.rollout.worker import PolicyMixture, RolloutRequest
+    from marl_core.rollout.worker import RolloutRequest
 
     layout, _ = training.layout_and_spec(config)
     handle = training.LocalLearner(learner)
@@ -232,10 +218,10 @@ def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> 
         handle.publish(pool, 0)
         requests, keys = [], []
         for key, members in score_groups(task, layout.groups).items():
-            roles = UniformInSeats(frozenset(members), training.policy_mapping(config))
+            roles = training.UniformInSeats(tuple(members), training.policy_mapping(config))
             playing = {roles(agent) for agent in layout.agents if agent not in members}
             requests.append(RolloutRequest(
-                roles=roles, populations={roles(agent): PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in members},
+                roles=roles, populations=roles.populations(),
                 learners={policy: handle.specs()[policy] for policy in playing}, episodes=episodes,
                 seed=(config.seed, 5, len(keys)), explore=not config.eval_greedy, agent_ids=config.agent_ids, experience=False,
             ))
@@ -291,18 +277,16 @@ def train(job: Job) -> Curve:
 
 def uniform_play(task: Task, episodes: int) -> dict[str, tuple[float, float]]:
     """Every agent uniformly random: per score, the mean return and its standard error."""
-    from marl_core.marl.training import layout_and_spec, summarize
-    from marl_core.policies.base import UniformPolicy
+    from marl_core.marl.training import UniformInSeats, layout_and_spec, summarize
     from marl_core.rollout.pool import PoolConfig, WorkerPool
-    from marl_core.rollout.worker import PolicyMixture, RolloutRequest
+    from marl_core.rollout.worker import RolloutRequest
 
     layout, _ = layout_and_spec(MARLConfig(env=task.env))
-    roles = UniformInSeats(frozenset(layout.agents), str)  # every seat
+    roles = UniformInSeats(tuple(layout.agents), str)  # every seat
     pool = WorkerPool(PoolConfig(task.env, 1, 8))
     try:
         (result,) = pool.collect([RolloutRequest(
-            roles=roles, episodes=episodes, seed=(9, 9, 9), experience=False,
-            populations={roles(agent): PolicyMixture((UniformPolicy(),), np.ones(1)) for agent in layout.agents},
+            roles=roles, populations=roles.populations(), episodes=episodes, seed=(9, 9, 9), experience=False,
         )])
     finally:
         pool.close()

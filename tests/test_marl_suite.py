@@ -71,7 +71,9 @@ def test_a_pair_runs_its_tasks_config_with_the_suites_budget_seed_and_evaluation
 def test_uniform_play_in_a_roles_seats_faces_the_trained_opponents():
     """simple_push: uniform play in the adversary's seat faces the agent's policy, and in the
     agent's seat the adversary's; a cooperative task's one score is the whole team's."""
-    seats = marl_suite.UniformInSeats(frozenset({"adversary_0"}), lambda agent: agent.split("_")[0])
+    from marl_core.marl.training import UniformInSeats
+
+    seats = UniformInSeats(("adversary_0",), lambda agent: agent.split("_")[0])
     assert (seats("adversary_0"), seats("agent_0")) == ("uniform/adversary_0", "agent")
     push = {"adversary": ("adversary_0",), "agent": ("agent_0",)}
     assert marl_suite.score_groups(marl_suite.TASKS["simple_push"], push) == push

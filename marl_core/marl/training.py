@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import numpy as np
@@ -396,8 +397,7 @@ def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: i
     """`eval_episodes` whole episodes from fresh resets (greedy unless `eval_greedy` is off),
     split over the workers, and as many per agent against uniform play when asked. Each copy
     plays an exact share, so which episodes count never depends on their outcome or length."""
-    from marl_core.policies.base import UniformPolicy
-    from marl_core.rollout.worker import PolicyMixture, RolloutRequest
+    from marl_core.rollout.worker import RolloutRequest
 
     learner.publish(pool, round + 1)
     specs = learner.specs()
@@ -418,12 +418,9 @@ def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: i
     batches = [requests(mapping, specs, {}, 0)]
     if config.eval_versus_uniform:
         layout, _ = layout_and_spec(config)
-        uniform = PolicyMixture((UniformPolicy(),), np.ones(1))
         for k, agent in enumerate(layout.agents):
-            alone = _AloneAgentAgainstUniform(agent, mapping(agent))
-            # a role per uniform player: agents of different observation or action sizes cannot share one
-            others = {f"{UNIFORM_ROLE}/{other}": uniform for other in layout.agents if other != agent}
-            batches.append(requests(alone, {alone.policy: specs[alone.policy]}, others, k + 1))
+            alone = UniformInSeats(tuple(other for other in layout.agents if other != agent), mapping)
+            batches.append(requests(alone, {mapping(agent): specs[mapping(agent)]}, alone.populations(), k + 1))
     results = pool.collect([request for batch in batches for request in batch])
     returns, offset = [], 0
     for batch in batches:
@@ -435,12 +432,24 @@ def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: i
 
 
 @dataclasses.dataclass(frozen=True)
-class _AloneAgentAgainstUniform:
-    agent: str
-    policy: str
+class UniformInSeats:
+    """Agent -> role: the agents in `seats` play uniformly at random, each under a role of its
+    own (agents of different observation or action sizes cannot share one), the others the
+    policies `policy_of` maps them to."""
+
+    seats: tuple[str, ...]  # in the layout's order: the populations', and so the draws', order
+    policy_of: Callable[[str], str]
 
     def __call__(self, agent: str) -> str:
-        return self.policy if agent == self.agent else f"{UNIFORM_ROLE}/{agent}"
+        return f"{UNIFORM_ROLE}/{agent}" if agent in self.seats else self.policy_of(agent)
+
+    def populations(self) -> dict:
+        """Role -> uniform play, for a request's `populations`."""
+        from marl_core.policies.base import UniformPolicy
+        from marl_core.rollout.worker import PolicyMixture
+
+        uniform = PolicyMixture((UniformPolicy(),), np.ones(1))
+        return {self(agent): uniform for agent in self.seats}
 
 
 @dataclasses.dataclass
