@@ -12,7 +12,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from marl_core.distributed.settings import AsyncConfig
-from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig
+from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig, over_defaults
 
 
 class IPPOConfig(BaseModel):
@@ -65,7 +65,7 @@ class IQLConfig(BaseModel):
     @field_validator("dqn", mode="before")
     @classmethod
     def _override_multi_agent_defaults(cls, value):
-        return {**MULTI_AGENT_DQN.model_dump(), **value} if isinstance(value, dict) else value
+        return over_defaults(MULTI_AGENT_DQN, value)
 
 
 class IA2CConfig(BaseModel):

@@ -14,7 +14,7 @@ from marl_core.empirical_game.meta_solvers import check_meta_solver
 from marl_core.psro.game import is_openspiel_name, psro_game_of
 from marl_core.psro.oracles import ORACLES, get_oracle
 from marl_core.rl import ALGORITHMS
-from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig
+from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig, over_defaults
 
 
 class ConfigError(ValueError):
@@ -46,9 +46,7 @@ class WithAlgorithmSections(BaseModel):
     @field_validator(*GAME_DEFAULTS, mode="before", check_fields=False)
     @classmethod
     def _override_game_defaults(cls, value, info):
-        if isinstance(value, dict):
-            return {**GAME_DEFAULTS[info.field_name].model_dump(), **value}
-        return value
+        return over_defaults(GAME_DEFAULTS[info.field_name], value)
 
 
 class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):

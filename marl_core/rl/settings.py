@@ -11,6 +11,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+def over_defaults(defaults: BaseModel, given):
+    """A settings section given as a mapping overrides `defaults` one setting at a time (the rest
+    keep those defaults, not the class's); a settings object stands as it is. For a pydantic
+    `field_validator(mode="before")` of a section whose defaults differ from its class's."""
+    return {**defaults.model_dump(), **given} if isinstance(given, dict) else given
+
+
 class DQNConfig(BaseModel):
     """DQN hyperparameters. The defaults are RL Baselines3 Zoo's tuned CartPole-v1 values, adapted
     to counting in environment and gradient steps (tests/test_rl.py learns CartPole with them)."""
