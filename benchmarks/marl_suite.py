@@ -5,16 +5,18 @@ from several seeds, through `iterate_marl_local` (the rollout engine and rounds 
 The figure is an evaluation, before training and every so often during it, beside uniform-random
 play scored the same way (`--uniform-episodes` episodes):
 
-- a cooperative task (`simple_spread`, `simple_speaker_listener`): the team's return, the mean
-  over its agents of their episode returns, every agent playing its policy greedily; uniform
-  play: every agent uniformly random;
-- a competitive task (`simple_adversary`, `simple_tag`, `simple_push`): each role's return when
+- a cooperative task (`simple_spread`, `simple_speaker_listener`, `simple_tag`): the team's
+  return, the mean over its agents of their episode returns, every agent playing its policy
+  greedily; uniform play: every agent uniformly random. simple_tag's predators hunt a scripted
+  prey (`marl_core.envs.predator_prey`), as in EPyMARL's and JaxMARL's tables: a prey that
+  learns with its predators can end worse than chance against others;
+- a competitive task (`simple_adversary`, `simple_push`): each role's return when
   one of its agents plays its policy alone against uniformly random play by every other agent
   (`eval_versus_uniform`), the mean over the role's agents; uniform play: that agent random too.
   Two sides that learn together can both improve while their self-play returns stand still.
   The policies play as they learned to, sampling their actions (`eval_greedy: false`): a
   competitive policy may be a mixed strategy, and its most likely action repeated can be a poor
-  one (a prey that always flees the same way leaves the field and pays for it).
+  one (an agent that always moves the same way may leave the field).
   The table adds, per role, the final self-play return and that of uniform play in the role's
   seats against the trained others: whether the role beats chance against the opponents it
   trained with, where they may have learned to exploit it.
@@ -87,7 +89,7 @@ TASKS = {
         Task("simple_spread", "pettingzoo:mpe2.simple_spread_v3", cooperative=True),
         Task("simple_speaker_listener", "pettingzoo:mpe2.simple_speaker_listener_v4", cooperative=True),
         Task("simple_adversary", "pettingzoo:mpe2.simple_adversary_v3", cooperative=False),
-        Task("simple_tag", "pettingzoo:mpe2.simple_tag_v3", cooperative=False),
+        Task("simple_tag", "pettingzoo:marl_core.envs.predator_prey", cooperative=True),
         Task("simple_push", "pettingzoo:mpe2.simple_push_v3", cooperative=False),
     )
 }

@@ -62,7 +62,7 @@ def test_a_pair_runs_its_tasks_config_with_the_suites_budget_seed_and_evaluation
     assert config.seed == 4 and config.algorithm_settings.ppo.seed == 4 and config.algorithm_settings.ppo.lr == 3e-4
     assert config.agent_ids and config.eval_greedy and not config.eval_versus_uniform  # cooperative: the team, greedy
 
-    competitive = marl_suite.run_config(marl_suite.Job(marl_suite.TASKS["simple_tag"], "mappo", 2, 1, 1, 10))
+    competitive = marl_suite.run_config(marl_suite.Job(marl_suite.TASKS["simple_adversary"], "mappo", 2, 1, 1, 10))
     assert competitive.algorithm_settings.seed == 2 and competitive.rounds == 1  # MAPPO's defaults: no file
     assert competitive.eval_versus_uniform and not competitive.agent_ids  # each agent alone among uniform players,
     assert not competitive.eval_greedy  # sampling from its policy: a mixed strategy stays mixed
