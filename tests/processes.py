@@ -17,7 +17,9 @@ T = TypeVar("T")
 
 
 def pids_with_env(entry: str) -> list[int]:
-    """Live (not zombie) processes whose environment holds ``entry``."""
+    """Live (not zombie) processes whose environment holds ``entry`` (``KEY=value``)."""
+    if "=" not in entry:  # a bare value matches no entry, and every check on it would pass
+        raise ValueError(f"entry={entry!r}: an environment entry is KEY=value")
     found = []
     for proc in Path("/proc").iterdir():
         try:

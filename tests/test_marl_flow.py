@@ -52,7 +52,7 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     killed = subprocess.run([PSRO, "marl", "run", "--config", "run.yaml"], cwd=tmp_path,
                             env=_env(home, **{KILL_BEFORE_COMMIT: "3"}), capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
-    assert_all_exited(str(home))
+    assert_all_exited(f"PREFECT_HOME={home}")
     # its output is no terminal: a plain progress line as training starts, before round 0 ends
     lines = killed.stdout.splitlines()
     shown = [i for i, line in enumerate(lines) if re.fullmatch(r"impala training: \d+/1200 steps.*", line)]
@@ -68,7 +68,7 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
                              env=_env(home), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming run" in resumed.stdout and "round    2" in resumed.stdout and "round    1 " not in resumed.stdout
-    assert_all_exited(str(home))
+    assert_all_exited(f"PREFECT_HOME={home}")
 
     run = client.get_run(run.info.run_id)
     assert run.info.status == "FINISHED" and run.data.tags[layout.MARL_COMMITTED_TAG] == "5"

@@ -49,7 +49,7 @@ def test_a_killed_pbt_run_resumes_from_its_commit_without_duplicate_versions(tmp
     killed = subprocess.run([PSRO, "pbt", "run", "--config", "pbt.yaml"], cwd=tmp_path,
                             env=_env(home, **{KILL_BEFORE_COMMIT: "3"}), capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stdout[-3000:] + killed.stderr[-3000:]
-    assert_all_exited(str(home))
+    assert_all_exited(f"PREFECT_HOME={home}")
     assert "member 1 (" in killed.stdout and "copies member 0" in killed.stdout, killed.stdout  # at round 1
 
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
@@ -62,7 +62,7 @@ def test_a_killed_pbt_run_resumes_from_its_commit_without_duplicate_versions(tmp
     resumed = subprocess.run([PSRO, "pbt", "resume", run.info.run_id, "--tracking-uri", store], cwd=tmp_path,
                              env=_env(home), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert_all_exited(str(home))
+    assert_all_exited(f"PREFECT_HOME={home}")
     assert "resuming run" in resumed.stdout and "round    2" in resumed.stdout and "round    1 " not in resumed.stdout
 
     run = client.get_run(run.info.run_id)
