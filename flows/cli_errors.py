@@ -71,4 +71,7 @@ def with_services(config, environment: str, console: Console, body) -> None:
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     with stop_on_sigterm(), services_starting(config.ray_address, config.num_cpus, environment) as services:
         console.print(services.ui_line, highlight=False, soft_wrap=True)
+        from flows.patches import driver_keeps_sigterm
+
+        driver_keeps_sigterm()  # Prefect's own SIGTERM handler would not end a wait on Ray
         body(services)

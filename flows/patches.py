@@ -2,7 +2,7 @@
 
 None of it is public API, so pyproject.toml pins those packages and `tests/test_patch_canaries.py`
 fails, naming the patch, when an upgrade moves what a patch relies on (a patch that stops
-applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Six
+applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Seven
 calls apply them, each in the processes that need its part, so that none pays for another's
 imports (the server's database layer alone is some 270 modules a Ray worker never uses):
 
@@ -17,6 +17,8 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
 - `ray_without_cluster_services()`: around the `ray.init` that starts a run's own local Ray
   (`flows.runtime.start_ray`).
 - `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.runtime.start_ray`).
+- `driver_keeps_sigterm()`: in a run's driver started from the command line
+  (`flows.cli_errors.with_services`), before its flow runs.
 
 What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6.0):
 
@@ -59,6 +61,15 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   stopped its Ray, a thread still finishing a failed run's work would start one that outlives
   the run (found left behind by a failed run in CI). Off, those calls raise instead. Ray reads
   `RAY_ENABLE_AUTO_CONNECT` once, at import, so the module's flag is turned off.
+- `prefect.flow_engine.capture_sigterm` (`driver_keeps_sigterm`): every flow run, each subflow
+  included, swaps SIGTERM's handler for Prefect's, which raises `TerminationSignal`. A driver
+  spends its time in `ray.get`, and raised there, inside Ray, that exception became a
+  SystemError (`psro marl run` exited with status 1) or was lost (`psro league run` went on
+  waiting for minutes): SIGTERM did not stop a run as Ctrl-C does. With the swap off, the
+  driver's own handler (`flows.runtime.stop_on_sigterm`) stays; it raises KeyboardInterrupt,
+  which ends Ray's wait as Ctrl-C does, and Prefect marks the flow runs crashed as on Ctrl-C.
+  Prefect's swap serves a runner that cancels a flow run it started (a deployment's run), so
+  only drivers started from the command line turn it off.
 - Ray's loggers (`quiet_ray_notices`): the notice that token authentication is on, and the one
   that Ray set no SIGTERM handler when it starts off the main thread (`psro run` starts it on a
   thread; its main thread handles signals, `flows.runtime.stop_on_sigterm`).
@@ -115,6 +126,22 @@ def no_ray_auto_init() -> None:
     from ray._private import auto_init_hook
 
     auto_init_hook.enable_auto_connect = False
+
+
+def driver_keeps_sigterm() -> None:
+    """Prefect's flow runs leave SIGTERM's handler as the driver set it (see the module
+    docstring): call it in a command-line driver, before its flow runs."""
+    from prefect import flow_engine
+
+    if getattr(flow_engine.capture_sigterm, "_leaves_sigterm", False):
+        return
+
+    @contextlib.contextmanager
+    def leave_sigterm() -> Iterator[None]:
+        yield
+
+    leave_sigterm._leaves_sigterm = True
+    flow_engine.capture_sigterm = leave_sigterm
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -287,17 +288,42 @@ def ray_to_use(config_address: str | None, api_url: str) -> tuple[str | None, di
 
 @contextlib.contextmanager
 def stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM ends the run as Ctrl-C does: by an exception in the main thread, so every context
-    unwinds (Ray, the Prefect server, the MLflow run marked failed) and the run stays resumable."""
+    """SIGTERM ends the run as Ctrl-C does, so every context unwinds (Ray, the Prefect server,
+    the MLflow run marked failed) and the run stays resumable; the process then exits with
+    SIGTERM's status, 143.
+
+    The handler raises Ctrl-C's own exception: a main thread waiting in `ray.get` runs signal
+    handlers from inside Ray, which ends the wait on a KeyboardInterrupt as on Ctrl-C. A
+    SystemExit raised there instead ended a bare `ray.get` with status 1, and left `psro league
+    run` waiting on its generation's tasks for minutes (tests/test_stop_on_sigterm.py)."""
+    terminated = False
 
     def handler(signum, frame):
-        raise SystemExit(128 + signum)
+        nonlocal terminated
+        terminated = True
+        raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except KeyboardInterrupt:
+        if terminated:
+            raise SystemExit(128 + signal.SIGTERM) from None
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def rearm_sigterm_handler() -> None:
+    """Put Python's SIGTERM handler back where the operating system calls it. Ray's driver,
+    started on another thread, installs its own failure handler for SIGTERM there: it printed a
+    stack trace, and the process, though it unwound as on Ctrl-C, ended by SIGABRT (status 134).
+    Python still reports its own handler, which setting it again reinstates. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is not None:  # None: a handler not set from Python, left as it is
+        signal.signal(signal.SIGTERM, handler)
 
 
 @contextlib.contextmanager
@@ -319,8 +345,13 @@ def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-start") as thread:
         started = thread.submit(start)
+
+        def wait_for_ray() -> None:
+            started.result()
+            rearm_sigterm_handler()
+
         try:
-            yield started.result
+            yield wait_for_ray
         finally:
             with contextlib.suppress(Exception):
                 started.result()  # never shut down under a start still in flight

@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -304,6 +305,30 @@ def test_rays_token_notice_logger_still_has_the_quieted_name():
     assert source.is_file() and "logging.getLogger(__name__)" in source.read_text(), (
         f"{RAY_TOKEN_NOTICE_LOGGER} no longer logs under its module name: flows/patches.py quiets a logger nothing uses"
     )
+
+
+def test_every_flow_run_enters_the_sigterm_swap_a_driver_turns_off(monkeypatch):
+    """`driver_keeps_sigterm` replaces `prefect.flow_engine.capture_sigterm`: the engine must still
+    look it up there around its sync and its async flow runs, and Prefect's version must still
+    swap SIGTERM's handler for its own (else the patch turns off nothing, or something else)."""
+    from prefect import flow_engine
+    from prefect.utilities import engine
+
+    from flows.patches import driver_keeps_sigterm
+
+    assert inspect.getsource(flow_engine).count("with capture_sigterm():") == 2, (
+        "prefect's flow engine no longer enters capture_sigterm() around its sync and async runs: recheck driver_keeps_sigterm"
+    )
+    assert flow_engine.capture_sigterm is engine.capture_sigterm or flow_engine.capture_sigterm._leaves_sigterm  # (a CLI test ran here)
+    assert re.search(r"signal\.signal\(\s*signal\.SIGTERM,\s*_prefect_sigterm_handler", inspect.getsource(engine.capture_sigterm))
+    monkeypatch.setattr(flow_engine, "capture_sigterm", engine.capture_sigterm)  # put back after the test
+    driver_keeps_sigterm()
+    patched = flow_engine.capture_sigterm
+    driver_keeps_sigterm()
+    assert flow_engine.capture_sigterm is patched and patched._leaves_sigterm
+    handler = signal.getsignal(signal.SIGTERM)
+    with patched():
+        assert signal.getsignal(signal.SIGTERM) is handler
 
 
 def test_rays_notice_of_no_sigterm_handler_is_the_one_quieted():

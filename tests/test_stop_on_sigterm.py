@@ -1,0 +1,106 @@
+"""SIGTERM stops a run the way Ctrl-C does (`flows.runtime.stop_on_sigterm`), even while its main
+thread waits on Ray, where a scenario's driver spends most of its time (`ray.get` on a round's or
+generation's tasks), and leaves it resumable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from processes import assert_all_exited, mlflow_store, prefect_home, wait_until
+
+WAITS_ON_RAY = """
+import sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import ray
+from prefect import flow_engine
+from flows.patches import driver_keeps_sigterm
+from flows.runtime import rearm_sigterm_handler, stop_on_sigterm
+from processes import start_bare_ray
+
+# as a run's driver does: Ray starts on a thread that lives on (Ray's processes die with it), flows run here
+with stop_on_sigterm(), ThreadPoolExecutor(1) as thread:
+    thread.submit(start_bare_ray, Path(sys.argv[1])).result()
+    try:
+        rearm_sigterm_handler()
+        driver_keeps_sigterm()
+        with flow_engine.capture_sigterm():  # what the engine wraps every flow run in
+            sleeper = ray.remote(lambda: time.sleep(300)).remote()
+            print("waiting", flush=True)
+            ray.get(sleeper)
+    finally:
+        ray.shutdown()
+        print("shut down", flush=True)
+"""
+
+
+def test_sigterm_ends_a_wait_on_ray_unwinds_and_exits_143(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("ray")  # short: Ray's socket paths must fit in 107 characters
+    marker = f"SIGTERM_TEST={tmp_path}"
+    env = {**os.environ, "SIGTERM_TEST": str(tmp_path)}
+    process = subprocess.Popen([sys.executable, "-c", WAITS_ON_RAY, str(tmp_path), str(Path(__file__).parent)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert process.stdout.readline() == "waiting\n", process.stderr.read()[-3000:]
+        process.send_signal(signal.SIGTERM)
+        code = wait_until(lambda: process.poll() is not None and [process.returncode], 60, "the process to exit")[0]
+        rest = process.stdout.read()
+        assert code == 143 and "shut down" in rest, (code, rest, process.stderr.read()[-3000:])
+        assert_all_exited(marker)  # Ray's processes too
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+MARL_RUN = """\
+env: pettingzoo:mpe2.simple_spread_v3
+algorithm: ippo
+settings: {{ppo: {{hidden: [16]}}}}
+rounds: 100
+steps_per_round: 25
+envs_per_worker: 2
+eval_every: 100
+checkpoint_every: 1
+num_cpus: 2
+tracking_uri: {store}
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_marl_run_as_ctrl_c_does_and_leaves_its_commits(tmp_path):
+    """Between rounds and inside them the driver waits on Ray, where Prefect's own SIGTERM
+    handler did not end the wait (flows/patches.py, `driver_keeps_sigterm`); and Ray's
+    failure handler, under Python's, ended the process by SIGABRT."""
+    import mlflow
+
+    from flows.tracking import layout
+
+    store = mlflow_store(tmp_path)
+    (tmp_path / "run.yaml").write_text(MARL_RUN.format(store=store))
+    home = prefect_home(tmp_path / "prefect-home")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_", "MARL_"))}
+    output = tmp_path / "output.txt"
+    with output.open("w") as sink:
+        process = subprocess.Popen([str(Path(sys.executable).with_name("psro")), "marl", "run", "--config", "run.yaml"],
+                                   cwd=tmp_path, env={**env, "PREFECT_HOME": str(home)}, stdout=sink, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        wait_until(lambda: "round    1 " in output.read_text() or process.poll() is not None, 300, "round 1")
+        assert process.poll() is None, output.read_text()[-3000:]
+        process.send_signal(signal.SIGTERM)
+        code = wait_until(lambda: process.poll() is not None and [process.returncode], 60, "the run to stop")[0]
+        printed = output.read_text()
+        assert code == 143 and "SIGTERM received" not in printed, printed[-3000:]
+        assert_all_exited(f"PREFECT_HOME={home}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    client = mlflow.MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("marl").experiment_id])
+    assert run.info.status == "FAILED" and int(run.data.tags[layout.MARL_COMMITTED_TAG]) >= 1  # `psro marl resume` goes on from it
