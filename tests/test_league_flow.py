@@ -1,6 +1,6 @@
 """`psro league run` end to end: generations as Prefect flow runs on Ray, the match table,
 ratings and snapshots in MLflow, snapshots registered as weights; and a run killed by SIGKILL
-in its second and last generation (its tracker between registering generation 2's snapshots and
+while its next generation trains (its tracker between registering generation 2's snapshots and
 committing them) resumes to exactly the league an uninterrupted run computes (PBT's lineage
 between its main agents included), with no registry version twice."""
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 PSRO = str(Path(sys.executable).with_name("psro"))
 SETTINGS = dict(
-    game="kuhn_poker", generations=2, episodes=100, episodes_per_round=50, eval_episodes=40, num_cpus=2,
+    game="kuhn_poker", generations=3, episodes=100, episodes_per_round=50, eval_episodes=40, num_cpus=2,
     rollout={"workers": 2, "envs_per_worker": 8},
     league={"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
     # PBT between the two main agents at every generation: its settings and lineage resume too
@@ -48,7 +48,7 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
                             env=_env(home, **{KILL_BEFORE_COMMIT: "2"}), capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert_all_exited(f"PREFECT_HOME={home}")
-    assert "gen   1" in killed.stdout and "gen   2" not in killed.stdout, killed.stdout
+    assert "gen   1" in killed.stdout and "gen   3" not in killed.stdout, killed.stdout
 
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("league").experiment_id])
@@ -60,7 +60,7 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
     resumed = subprocess.run([PSRO, "league", "resume", run.info.run_id, "--tracking-uri", store], cwd=tmp_path,
                              env=_env(home), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "after generation 1" in resumed.stdout and "gen   1" not in resumed.stdout and "gen   2" in resumed.stdout
+    assert "after generation 1" in resumed.stdout and "gen   2" in resumed.stdout and "gen   3" in resumed.stdout
     assert_all_exited(f"PREFECT_HOME={home}")
 
     # The league an uninterrupted run computes, in this process.
@@ -69,8 +69,8 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
 
     *_, (last, expected) = iterate_league_local(build_league_config(SETTINGS))
     run = client.get_run(run.info.run_id)
-    assert run.info.status == "FINISHED" and run.data.tags[layout.LEAGUE_COMMITTED_TAG] == "2"
-    folder = Path(client.download_artifacts(run.info.run_id, layout.league_generation_path(2), str(tmp_path)))
+    assert run.info.status == "FINISHED" and run.data.tags[layout.LEAGUE_COMMITTED_TAG] == "3"
+    folder = Path(client.download_artifacts(run.info.run_id, layout.league_generation_path(3), str(tmp_path)))
     table = pd.read_csv(folder / "match_table.csv")
     pd.testing.assert_frame_equal(table, pd.DataFrame(expected.league.table.rows()), check_exact=False, rtol=1e-12)
     ratings = pd.read_csv(folder / "ratings.csv")
@@ -78,7 +78,7 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
     assert list(ratings["mu"]) == pytest.approx([row["mu"] for row in expected.ratings.table()])
     assert run.data.metrics["main_agent_0/exploitability"] == pytest.approx(last.measured["main_agent_0/exploitability"])
     lineage = json.loads((folder / "lineage.json").read_text())
-    assert len(lineage) == 2 and lineage == [dataclasses.asdict(e) for e in expected.lineage]  # one copy per generation
+    assert len(lineage) == 3 and lineage == [dataclasses.asdict(e) for e in expected.lineage]  # one copy per generation
     assert run.data.metrics[f"hp/{lineage[-1]['member']}/lr"] == pytest.approx(lineage[-1]["after"]["lr"])
 
     # every snapshot registered once per role, as weights
@@ -89,7 +89,7 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
     assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {
         layout.RATINGS_PLOT, layout.WIN_RATE_HEATMAP, layout.EXPLOITABILITY_PLOT
     }
-    assert {m.step for m in client.get_metric_history(run.info.run_id, "rating/main_agent_0/mu")} == {1, 2}
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "rating/main_agent_0/mu")} == {1, 2, 3}
 
     # `psro ratings`: the run's ratings as committed, and registry members rated after playing
     from typer.testing import CliRunner
@@ -98,7 +98,7 @@ def test_a_killed_league_resumes_to_the_league_an_uninterrupted_run_has(tmp_path
 
     shown = CliRunner().invoke(app, ["ratings", "--run", run.info.run_id, "--tracking-uri", store], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
-    assert "ratings after generation 2" in " ".join(shown.output.split())  # the title may wrap
+    assert "ratings after generation 3" in " ".join(shown.output.split())  # the title may wrap
     for row in expected.ratings.table():
         assert f"{row['player']} " in shown.output and f"{row['mu']:.2f} ± {row['sigma']:.2f}" in shown.output
     members = [f"{names[0]}/1", f"{names[0]}/2", f"{names[1]}/1"]
