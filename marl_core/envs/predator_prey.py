@@ -17,8 +17,6 @@ takes predators that close in from different sides or pin it against an obstacle
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from pettingzoo import ParallelEnv
 
@@ -56,11 +54,9 @@ class ScriptedPreyEnv(ParallelEnv):
     def agents(self) -> list[str]:
         return [a for a in self.env.agents if a not in self.prey]
 
-    @functools.lru_cache(maxsize=None)
     def observation_space(self, agent):
         return self.env.observation_space(agent)
 
-    @functools.lru_cache(maxsize=None)
     def action_space(self, agent):
         return self.env.action_space(agent)
 
