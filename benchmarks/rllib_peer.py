@@ -74,7 +74,7 @@ def main() -> None:
     agents, episode_length = probe.possible_agents, probe.unwrapped.max_cycles
     probe.close()
     # The environment this project's adapter steps: MPE's raw AEC env converted to parallel, without
-    # PettingZoo's checking-only wrappers (marl_core.envs.pettingzoo_env._without_checking_wrappers).
+    # PettingZoo's checking-only wrappers (marl_core.envs.pettingzoo_env.without_checking_wrappers).
     register_env("scenario", lambda _: ParallelPettingZooEnv(aec_to_parallel_wrapper(module.raw_env(continuous_actions=False))))
 
     with local_ray():

@@ -154,7 +154,7 @@ class PettingZooAECEnv(MultiAgentEnv):
 _CHECKING_WRAPPERS = (OrderEnforcingWrapper, AssertOutOfBoundsWrapper)
 
 
-def _without_checking_wrappers(env: ParallelEnv) -> ParallelEnv:
+def without_checking_wrappers(env: ParallelEnv) -> ParallelEnv:
     """A parallel env converted from an AEC env (`parallel_wrapper_fn`, as MPE's `parallel_env()`)
     rebuilt on the raw AEC env when every wrapper in between only checks: the adapter itself checks
     each action against the agent's mask (`check_actions`) and calls reset and step in order, and
@@ -177,7 +177,7 @@ class PettingZooParallelEnv(MultiAgentEnv):
     """A parallel PettingZoo env: every live agent acts in every step."""
 
     def __init__(self, env: ParallelEnv):
-        self.env = env = _without_checking_wrappers(env)
+        self.env = env = without_checking_wrappers(env)
         self.spec, self._spaces = _spec(str(env.unwrapped), env, simultaneous=True)
         self._has_own_state = _own_state_size(env) > 0
         self._masks: dict[AgentID, np.ndarray] = {}

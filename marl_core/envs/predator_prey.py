@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from pettingzoo import ParallelEnv
 
-from marl_core.envs.pettingzoo_env import _without_checking_wrappers
+from marl_core.envs.pettingzoo_env import without_checking_wrappers
 
 # simple_tag's discrete moves: no-op, left, right, down, up
 MOVES = np.array([[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]])
@@ -45,7 +45,7 @@ class ScriptedPreyEnv(ParallelEnv):
     def __init__(self, env: ParallelEnv):
         self.env = env
         self.world = env.unwrapped.world
-        self.prey = tuple(a for a in env.possible_agents if not a.startswith("adversary"))
+        self.prey = tuple(a.name for a in self.world.agents if not a.adversary)
         self.possible_agents = [a for a in env.possible_agents if a not in self.prey]
         self.metadata = {**env.metadata, "name": "predator_prey"}
         self.state_space = env.state_space
@@ -66,7 +66,7 @@ class ScriptedPreyEnv(ParallelEnv):
 
     def step(self, actions):
         predators = np.array([a.state.p_pos for a in self.world.agents if a.adversary])
-        prey_moves = {a.name: flee(a.state.p_pos, predators) for a in self.world.agents if a.name in self.prey}
+        prey_moves = {a.name: flee(a.state.p_pos, predators) for a in self.world.agents if not a.adversary}
         results = self.env.step({**actions, **prey_moves})
         return tuple(self._predators(part) for part in results)
 
@@ -84,4 +84,4 @@ def parallel_env(**kwargs) -> ScriptedPreyEnv:
     """simple_tag_v3's parallel env (its keyword arguments) with a scripted prey."""
     from mpe2 import simple_tag_v3
 
-    return ScriptedPreyEnv(_without_checking_wrappers(simple_tag_v3.parallel_env(**kwargs)))
+    return ScriptedPreyEnv(without_checking_wrappers(simple_tag_v3.parallel_env(**kwargs)))
