@@ -30,6 +30,7 @@ import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 import numpy as np
 import torch
@@ -164,53 +165,98 @@ def collect_experience(call: OracleCall, timeouts: StreamTimeouts = StreamTimeou
     return served
 
 
+class ResponseLearner:
+    """A learned response in progress: its trainer, and what the rounds it learned from gave.
+
+    The sequential oracle (`learn_best_response`) feeds it every round of one response; Pipeline
+    PSRO (`marl_core.psro.pipeline`) keeps one per active level and role, feeding it rounds
+    window by window against a mixture that changes between windows. Both ask the rounds by
+    index, so a response learned in one go or in windows against the same mixture is the same.
+    """
+
+    def __init__(self, call: OracleCall):
+        torch.set_num_threads(1)
+        self.started = time.perf_counter()
+        self.call, config = call, call.config
+        self.rounds = Rounds.of(call)
+        game = self.rounds.game
+        self.algorithm_name = config.oracle
+        # Each response starts from its own reproducible network initialisation.
+        seed = int(np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0])
+        self.algorithm_config = config.oracle_settings.model_copy(update={"seed": seed})
+        self.trainer = ALGORITHMS[config.oracle].trainer(game.obs_size[self.rounds.role], game.num_actions[self.rounds.role], self.algorithm_config)
+        if call.trainer_state is not None:  # a league player goes on, under its settings now (PBT may change them)
+            load_keeping_hyperparameters(self.trainer, call.trainer_state)
+        # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
+        # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.
+        self.spec = LearnerSpec(key=f"{self.rounds.stream}/{uuid.uuid4().hex[:8]}", build=AlgorithmPolicy(config.oracle, self.algorithm_config))
+        self.rounds_learned = self.episodes = self.env_steps = 0
+        self.returns, self.draws, self.episode_returns = [], [], []  # one entry per request, in order
+
+    @property
+    def done(self) -> bool:
+        """Every round of its budget learned."""
+        return self.rounds_learned >= self.rounds.count
+
+    def push(self, pool) -> RoundAsk:
+        """Publish the weights that play the next round; the ask for that round."""
+        pool.push(self.spec.key, self.rounds_learned, self.trainer.policy.get_weights())
+        return RoundAsk(self.rounds_learned, self.spec)
+
+    def learn(self, batch: RoundExperience) -> None:
+        self.trainer.learn(Experience.concat(batch.experience))
+        self.rounds_learned += 1
+        self.episodes += sum(len(r) for r in batch.returns)
+        self.env_steps += batch.env_steps
+        self.returns.extend(batch.returns)
+        self.draws.extend(batch.draws)
+        self.episode_returns.extend(batch.episode_returns)
+
+    def play_and_learn(self, pool, rounds: Optional["Rounds"] = None) -> None:
+        """One round played by the pool's workers straight from here (no collector between),
+        against `rounds`' mixture (default the call's)."""
+        rounds = rounds or self.rounds
+        ask = self.push(pool)
+        results = pool.collect(rounds.requests(ask.learner, ask.round, pool.size), progress=rounds.stream)
+        self.learn(RoundExperience.of(results, rounds))
+
+    def recent_return(self) -> float:
+        """The mean return over the last tenth of its training."""
+        return float(np.concatenate(self.returns[-max(1, len(self.returns) // 10):]).mean())
+
+    def member(self, table: Optional[np.ndarray] = None) -> NeuralPolicy:
+        """The network as it is now, as a population member (with `table`, its tabular form, if given)."""
+        return NeuralPolicy.of(self.algorithm_name, self.algorithm_config, self.trainer.policy, table)
+
+    def response(self, call: Optional[OracleCall] = None) -> BestResponse:
+        """The response as it stands, valued against `call`'s mixture (default its own)."""
+        call = call or self.call
+        game = self.rounds.game
+        metrics = {"episodes": float(self.episodes), "env_steps": float(self.env_steps), "training_return": self.recent_return()}
+        table, value = None, None
+        if game.has_tree:  # reported wherever a tree exists; the member keeps its table if asked to
+            table, value, gap = _tabular_form(call.config.game, call, self.trainer.policy)
+            metrics.update(value=value, gap_to_exact=gap)  # gap: how far from a true best response it stayed
+            if not call.config.tabularize:
+                table = None
+        metrics["seconds"] = time.perf_counter() - self.started
+        member = self.member(table)
+        if not call.report_training:
+            return BestResponse(role=call.role, policy=member, value=value, metrics=metrics)
+        games = TrainingGames(np.concatenate(self.draws), np.concatenate(self.episode_returns))
+        return BestResponse(call.role, member, value, metrics, trainer_state=self.trainer.state_dict(), games=games)
+
+
 def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeouts()) -> BestResponse:
     """Train a network round by round on the experience its collector answers with."""
-    torch.set_num_threads(1)
-    started = time.perf_counter()
-    config, pool = call.config, call.pool
-    rounds = Rounds.of(call)
-    game = rounds.game
-    algorithm = ALGORITHMS[config.oracle]
-    # Each response starts from its own reproducible network initialisation.
-    seed = int(np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0])
-    algorithm_config = config.oracle_settings.model_copy(update={"seed": seed})
-    trainer = algorithm.trainer(game.obs_size[rounds.role], game.num_actions[rounds.role], algorithm_config)
-    if call.trainer_state is not None:  # a league player goes on, under its settings now (PBT may change them)
-        load_keeping_hyperparameters(trainer, call.trainer_state)
-    # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
-    # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.
-    learner = LearnerSpec(key=f"{rounds.stream}/{uuid.uuid4().hex[:8]}", build=AlgorithmPolicy(config.oracle, algorithm_config))
-    episodes = env_steps = 0
-    returns, draws, episode_returns = [], [], []
+    learner, pool = ResponseLearner(call), call.pool
     try:
-        with pool.tracking(rounds.work), ExperienceStream(pool.store, rounds.stream, LEARNER, timeouts) as stream:
-            for round_index in range(rounds.count):
-                pool.push(learner.key, round_index, trainer.policy.get_weights())
-                batch = stream.request(RoundAsk(round_index, learner))
-                trainer.learn(Experience.concat(batch.experience))
-                episodes += sum(len(r) for r in batch.returns)
-                env_steps += batch.env_steps
-                returns.extend(batch.returns)
-                draws.extend(batch.draws)
-                episode_returns.extend(batch.episode_returns)
+        with pool.tracking(learner.rounds.work), ExperienceStream(pool.store, learner.rounds.stream, LEARNER, timeouts) as stream:
+            while not learner.done:
+                learner.learn(stream.request(learner.push(pool)))
     finally:
-        pool.drop(learner.key)
-
-    recent = np.concatenate(returns[-max(1, len(returns) // 10):])
-    metrics = {"episodes": float(episodes), "env_steps": float(env_steps), "training_return": float(recent.mean())}
-    table, value = None, None
-    if game.has_tree:  # reported wherever a tree exists; the member keeps its table if asked to
-        table, value, gap = _tabular_form(config.game, call, trainer.policy)
-        metrics.update(value=value, gap_to_exact=gap)  # gap: how far from a true best response it stayed
-        if not config.tabularize:
-            table = None
-    metrics["seconds"] = time.perf_counter() - started
-    member = NeuralPolicy.of(config.oracle, algorithm_config, trainer.policy, table)
-    if not call.report_training:
-        return BestResponse(role=call.role, policy=member, value=value, metrics=metrics)
-    games = TrainingGames(np.concatenate(draws), np.concatenate(episode_returns))
-    return BestResponse(call.role, member, value, metrics, trainer_state=trainer.state_dict(), games=games)
+        pool.drop(learner.spec.key)
+    return learner.response()
 
 
 def train_best_response(call: OracleCall) -> BestResponse:
