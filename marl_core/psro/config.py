@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, create_model, field_validator, model_validator
 
 from marl_core.games.openspiel import is_zero_sum, load_game
-from marl_core.psro.settings import ApproxExploitability, BestResponseTraining, RolloutSettings
+from marl_core.psro.settings import ApproxExploitability, BestResponseTraining, PipelineSettings, RolloutSettings
 from marl_core.empirical_game.meta_solvers import check_meta_solver
 from marl_core.psro.game import is_openspiel_name, psro_game_of
 from marl_core.psro.oracles import ORACLES, get_oracle
@@ -76,6 +76,7 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
     best_response: BestResponseTraining = Field(default_factory=BestResponseTraining)
     tabularize: bool = Field(True, description="learned members also get their table where a game tree exists (exact payoffs and NashConv)")
     approx_exploitability: ApproxExploitability = Field(default_factory=ApproxExploitability)
+    pipeline: Optional[PipelineSettings] = Field(None, description="Pipeline PSRO: several learned best responses per role at once (learned oracles)")
 
     @property
     def oracle_settings(self) -> BaseModel:
@@ -136,6 +137,9 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
             if self.eval == "exact" and oracle.learns and not self.tabularize:
                 raise ValueError("eval 'exact' needs tables of the learned members: set tabularize true or use eval 'sampled'")
         check_meta_solver(self.meta_solver, played.num_roles, zero_sum)
+        if self.pipeline is not None and not oracle.learns:
+            learned = ", ".join(sorted(ALGORITHMS))
+            raise ValueError(f"pipeline: oracle {self.oracle!r} computes each best response at once; a pipeline needs a learned oracle ({learned})")
         return self
 
     @property

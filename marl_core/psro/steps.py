@@ -356,10 +356,14 @@ STEPS: dict[str, Callable] = {
 }
 
 
-def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runner: Runner, pool=None, run_started: float = 0.0) -> tuple[IterationRecord, PSROState]:
+def run_iteration(
+    config: PSROConfig, previous: PSROState, iteration: int, runner: Runner, pool=None, run_started: float = 0.0,
+    given: Optional[list[BestResponse]] = None,
+) -> tuple[IterationRecord, PSROState]:
     """Every step of one iteration, submitted at once, then collected in order; iteration 0 only
-    evaluates the first populations. Returns the record and the new state; `previous` is left as
-    it was."""
+    evaluates the first populations. `given`: the iteration's best responses, learned elsewhere
+    (Pipeline PSRO's frozen level), instead of the oracle's. Returns the record and the new
+    state; `previous` is left as it was."""
     clock = StageClock()
     game = psro_game_of(config)
     state = dataclasses.replace(previous, payoffs=previous.payoffs.copy())
@@ -367,9 +371,11 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
     populations = runner.share(state.populations)
     responses, collectors = [], []
     with contextlib.ExitStack() as shown:  # long work in progress, from the moment it is asked for
-        if iteration > 0 and pool is not None and get_oracle(config.oracle).learns:
+        if given is not None:
+            responses = runner.share(given)
+        elif iteration > 0 and pool is not None and get_oracle(config.oracle).learns:
             shown.enter_context(_responses_shown(config, state, iteration, pool))
-        if iteration > 0:
+        if iteration > 0 and given is None:
             meta_strategy = runner.share(state.meta_strategy)
             responses = [runner.submit("train-best-response", config, r, populations, meta_strategy, iteration, pool) for r in range(game.num_roles)]
             if get_oracle(config.oracle).learns:
@@ -388,7 +394,7 @@ def run_iteration(config: PSROConfig, previous: PSROState, iteration: int, runne
         if approximation_due(config, iteration):
             approx = [runner.submit("approximate-best-response", config, r, populations, responses, meta_game, iteration, pool) for r in range(game.num_roles)]
         if iteration > 0:
-            responses = [runner.result(response) for response in responses]
+            responses = given if given is not None else [runner.result(response) for response in responses]
             state.populations = expand_population(state.populations, responses)
             clock.lap("best_response")
         for evaluation in evaluations:
