@@ -59,11 +59,6 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 def preflight(config) -> None:
     """Raise ConfigError for the first setting that points at something unusable."""
-    if getattr(config, "pipeline", None) is not None:  # until the flow runs it: never run sequential PSRO in its place
-        raise ConfigError(
-            "pipeline: the psro flow does not run Pipeline PSRO yet; "
-            "marl_core.psro.pipeline.iterate_pipeline_local runs it in one process"
-        )
     check_ray_address(config.ray_address)
     check_tracking_store(config.tracking_uri, config.experiment)
     check_export_dir(config.export)

@@ -84,6 +84,28 @@ def _iteration_work(config: PSROConfig, iteration: int, previous: PSROState, run
     return psro.run_iteration(config, previous, iteration, RayTaskSteps(), pool, run_started)
 
 
+@fresh_every_call
+@flow(name="psro-iteration", task_runner=FastRayTaskRunner(), validate_parameters=False, persist_result=False)
+def pipeline_iteration(config: PSROConfig, iteration: int, run_started: float, pool, handoff: str):
+    """Pipeline PSRO's iteration: the levels learn until the lowest one freezes (`train-levels`,
+    the learning done by the levels' actors), then its responses join as in a PSRO iteration.
+    The handoff's inbox holds (state, pipeline); its outbox gets (record, state, pipeline)."""
+    from marl_core.psro.pipeline import with_training_time
+
+    handoff = Handoff.take(handoff)
+    previous, pipeline = handoff.inbox.result()
+    try:
+        runner = RayTaskSteps()
+        learning = time.perf_counter()
+        responses, pipeline = runner.submit_driving_actors("train-levels", pipeline, runner.share(previous)).result()
+        trained = time.perf_counter() - learning
+        record, state = psro.run_iteration(config, previous, iteration, runner, pool, run_started, given=responses)
+        handoff.outbox.set_result((with_training_time(record, trained), state, pipeline))
+    except BaseException as error:
+        handoff.outbox.set_exception(error)
+        raise
+
+
 class RayTaskSteps:
     """The flow's `Runner`: every step is a Prefect task on Ray, all submitted at once.
 
@@ -108,6 +130,10 @@ class RayTaskSteps:
         """The step only waits on its partner and on actors, so it holds no CPU slot: it starts
         at once beside its partner however busy the cores are. (Holding one, it would wait until
         Ray lent it the slot of a task blocked in `ray.get`, such as its learner's first wait.)"""
+        return self.submit_driving_actors(step, *args)
+
+    def submit_driving_actors(self, step: str, *args):
+        """A step whose work is done by actors it waits on holds no CPU slot (see `submit_beside`)."""
         from prefect_ray.context import remote_options
 
         with remote_options(num_cpus=0):
@@ -176,7 +202,8 @@ def psro_flow(
         if pool is not None:
             stack.enter_context(watching(pool.progress, progress or PlainLines(get_run_logger().info, plain_interval())))
         tracker = stack.enter_context(RunTracker(config, resume=checkpoint, tags={FLOW_RUN_TAG: str(flow_run.id)}))
-        state, record = _run_iterations(config, state, first, run_started, pool, tracker, on_iteration)
+        run = _run_pipeline if config.pipeline is not None else _run_iterations
+        state, record = run(config, state, first, run_started, pool, tracker, on_iteration)
         tracker.finish(state)
     if config.export:
         _write_export(config, state, record, time.perf_counter() - run_started)
@@ -237,6 +264,43 @@ def _run_iterations(config, state, first, run_started, pool, tracker, on_iterati
         raise
     threads.shutdown()
     return state, record
+
+
+def _run_pipeline(config, state, first, run_started, pool, tracker, on_iteration) -> tuple[PSROState, Optional[IterationRecord]]:
+    """Pipeline PSRO: iteration 0 as in PSRO, then one `psro-iteration` subflow per freeze. The
+    levels' learners are Ray actors of this process, started between iterations, stopped with
+    the run; a resumed run starts its levels afresh above the iterations it committed."""
+    from marl_core.psro.pipeline import Pipeline
+
+    record = None
+    if first == 0:
+        handoff = Handoff()
+        handoff.inbox.set_result(state)
+        psro_iteration(config, 0, run_started, pool, handoff.key)
+        record, state = _logged(handoff.outbox.result(), tracker, on_iteration)
+    pipeline = Pipeline(config, state, pool, on_ray=True)
+    try:
+        while pipeline.levels and not (record and psro.should_stop(config, record)):
+            handoff = Handoff()
+            handoff.inbox.set_result((state, pipeline))
+            try:
+                pipeline_iteration(config, state.iteration + 1, run_started, pool, handoff.key)
+            finally:
+                Handoff._open.pop(handoff.key, None)  # a subflow that never started never took it
+            record, state, pipeline = handoff.outbox.result()
+            _logged((record, state), tracker, on_iteration)
+            pipeline.start_levels(state)
+    finally:
+        pipeline.close()
+    return state, record
+
+
+def _logged(result: tuple[IterationRecord, PSROState], tracker, on_iteration) -> tuple[IterationRecord, PSROState]:
+    record, state = result
+    tracker.log_iteration(record, state)
+    if on_iteration:
+        on_iteration(record, state)
+    return record, state
 
 
 def _earlier_attempt(config: PSROConfig) -> Optional[str]:

@@ -6,6 +6,7 @@ from tasks.psro_tasks import (
     measure_exploitability,
     solve_meta_game,
     train_best_response,
+    train_levels,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "measure_exploitability",
     "solve_meta_game",
     "train_best_response",
+    "train_levels",
 ]

@@ -80,6 +80,14 @@ def collect_experience(config, role: int, populations, meta_strategy, iteration:
     return steps.STEPS["collect-experience"](config, role, populations, meta_strategy, iteration, pool)
 
 
+@task(name="train-levels", **_options)
+def train_levels(pipeline, state):
+    """Pipeline PSRO's learning between two freezes. Not retried: its learners (Ray actors) went
+    on from where a failed attempt left them, which a retry's copy of the pipeline does not know."""
+    _log_ray_node()
+    return steps.STEPS["train-levels"](pipeline, state)
+
+
 @task(name="evaluate-payoffs", **_retrying)
 def evaluate_payoffs(config, populations, responses, profiles, pool=None, progress=None):
     _log_ray_node()
@@ -108,6 +116,7 @@ def approximate_best_response(config, role: int, populations, responses, meta_ga
 TASKS = {
     "train-best-response": train_best_response,
     "collect-experience": collect_experience,
+    "train-levels": train_levels,
     "evaluate-payoffs": evaluate_payoffs,
     "solve-meta-game": solve_meta_game,
     "measure-exploitability": measure_exploitability,

@@ -166,3 +166,38 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
     for name, tensor in expected.items():
         assert torch.equal(weights[name], tensor), name
 
+
+
+def test_pipeline_flow_and_local_loop_agree(services):
+    """Pipeline PSRO's flow (levels as Ray actors, a `train-levels` task per freeze) computes
+    what its in-process loop computes, freeze for freeze."""
+    from flows.psro_flow import run_psro
+    from marl_core.psro.pipeline import iterate_pipeline_local
+
+    api, tracking_uri = services
+    config = PSROConfig(
+        game="kuhn_poker", oracle="dqn", iterations=3, seed=3, tracking_uri=tracking_uri, num_cpus=2,
+        best_response={"episodes": 1200, "episodes_per_round": 200}, rollout={"workers": 2, "envs_per_worker": 8},
+        dqn={"learning_starts": 100, "epsilon_decay_steps": 800},
+        pipeline={"active_levels": 2, "window": 400, "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800}},
+    )
+    expected = [(record, _snapshot(state)) for record, state in iterate_pipeline_local(config)]
+    earlier = {run.id for run in _iteration_flow_runs(api[0])}
+    seen = []
+    run_psro(config, lambda record, state: seen.append((record, _snapshot(state))))
+
+    assert [r.iteration for r, _ in seen] == [r.iteration for r, _ in expected] == [0, 1, 2, 3]
+    for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(seen, expected):
+        np.testing.assert_array_equal(payoffs, local_payoffs, err_msg=f"iteration {record.iteration}")
+        for a, b in zip(populations, local_populations):
+            np.testing.assert_array_equal(a, b, err_msg=f"iteration {record.iteration}")
+        assert record.report.nash_conv == local_record.report.nash_conv
+        assert record.oracle_metrics.get("player_0/oracle_episodes") == local_record.oracle_metrics.get("player_0/oracle_episodes")
+    assert any(record.oracle_metrics["player_0/oracle_episodes"] < 1200 for record, _ in seen[1:]), "no level froze at its plateau"
+
+    runs = [run for run in _iteration_flow_runs(api[0]) if run.id not in earlier]
+    assert sorted(run.state.type.value for run in runs) == ["COMPLETED"] * 4
+    tasks = _task_runs(api[0], [run.id for run in runs])
+    trained = [t for t in tasks if t.name.rsplit("-", 1)[0] == "train-levels"]
+    assert len(trained) == 3 and {t.state.type.value for t in trained} == {"COMPLETED"}
+    assert not [t for t in tasks if t.name.rsplit("-", 1)[0] == "train-best-response"]

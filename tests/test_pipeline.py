@@ -106,9 +106,3 @@ def test_two_levels_learn_at_once_and_freeze_in_order_at_their_plateau():
     assert seen[0][0][1][1] == 0  # at the start, the upper level had learned nothing yet
     assert records[-1][0].exploitability < records[0][0].exploitability
 
-
-def test_the_flow_refuses_a_pipeline_it_does_not_run_yet_before_any_work():
-    from flows.preflight import preflight
-
-    with pytest.raises(ConfigError, match="^pipeline: the psro flow does not run Pipeline PSRO yet"):
-        preflight(build_config({**QUICK, "pipeline": {"active_levels": 2}}))

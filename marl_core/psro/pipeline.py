@@ -26,7 +26,7 @@ import dataclasses
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.population import Population
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.game import psro_game_of
-from marl_core.psro.learned_oracle import ResponseLearner, mixtures
+from marl_core.psro.learned_oracle import ResponseLearner, Rounds, mixtures
 from marl_core.psro.oracle_call import BestResponse, OracleCall
 from marl_core.psro.settings import Plateau
 from marl_core.rollout.worker import PolicyMixture
@@ -55,46 +55,111 @@ def plateaued(returns: np.ndarray, rule: Optional[Plateau], window: int) -> bool
     return bool(gain < rule.threshold)
 
 
+class LevelLearner:
+    """One role's response at one level, where it learns: in this process, or as a Ray actor
+    (`start_learner`) that keeps its trainer between windows while the driver only sees returns."""
+
+    def __init__(self, call: OracleCall):
+        self.learner, self.pool = ResponseLearner(call), call.pool
+
+    def train(self, opponents: dict[str, PolicyMixture], rounds: int) -> np.ndarray:
+        """Learn `rounds` rounds against `opponents`; the training return of each of their episodes."""
+        against = dataclasses.replace(self.learner.rounds, opponents=opponents)
+        first = len(self.learner.returns)
+        for _ in range(rounds):
+            self.learner.play_and_learn(self.pool, against)
+        return np.concatenate([np.zeros(0), *self.learner.returns[first:]])
+
+    def member(self, tree_game: Optional[str]) -> NeuralPolicy:
+        """The network as it stands, as a member; with its table where `tree_game` names the tree."""
+        if tree_game is None:
+            return self.learner.member()
+        from marl_core.games.tabularize import tabularize
+        from marl_core.games.tree import build_tree
+
+        return self.learner.member(tabularize(self.learner.trainer.policy, build_tree(tree_game), self.learner.call.role))
+
+    def response(self, call: OracleCall) -> BestResponse:
+        return self.learner.response(call)
+
+    def close(self) -> None:
+        self.pool.drop(self.learner.spec.key)
+
+
+def start_learner(call: OracleCall, on_ray: bool):
+    """A level learner in this process, or a Ray actor holding one. The actor reserves no CPU slot:
+    every level learns at once however many cores there are (as the rollout workers do)."""
+    if not on_ray:
+        return LevelLearner(call)
+    import ray
+
+    return ray.remote(num_cpus=0)(LevelLearner).remote(call)
+
+
+def _run_all(calls: list[tuple]) -> list:
+    """Call `(learner, method, *args)` for every entry at once; their results in order."""
+    if not calls:
+        return []
+    import ray
+
+    if isinstance(calls[0][0], ray.actor.ActorHandle):
+        return ray.get([getattr(learner, method).remote(*args) for learner, method, *args in calls])
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="pipeline-level") as threads:
+        futures = [threads.submit(getattr(learner, method), *args) for learner, method, *args in calls]
+        return [future.result() for future in futures]
+
+
 @dataclasses.dataclass
 class Level:
     """One level: a response in progress per role, for the iteration it becomes when frozen."""
 
     iteration: int
-    learners: list[ResponseLearner]  # one per role, in role order
+    learners: list  # per role, in role order: a `LevelLearner` or its actor
+    rounds: int  # its budget in rounds
+    returns: list[np.ndarray]  # per role: the training return of each episode so far
+    work: list[str]  # per role: its id in the pool's progress
+    rounds_learned: int = 0
 
     @property
     def episodes(self) -> int:
-        return min(learner.episodes for learner in self.learners)
+        return len(self.returns[0])
 
-    def returns(self) -> np.ndarray:
-        """[roles, episodes] each role's training return per episode, in order."""
-        length = self.episodes
-        return np.stack([np.concatenate([np.zeros(0), *learner.returns])[:length] for learner in self.learners])
+    @property
+    def done(self) -> bool:
+        return self.rounds_learned >= self.rounds
 
 
 class Pipeline:
-    """The active levels of a run. `state` is the fixed population (a `PSROState`) that their
-    mixtures are built on; `pool` the rollout workers; `parallel` runs a list of thunks at once
-    and returns their results (default: one thread each)."""
+    """The active levels of a run, built on the fixed population `state` (a `PSROState`), their
+    rounds played by `pool`. Small and picklable (learners on Ray are actor handles), so a
+    flow's task can train it and hand it back."""
 
-    def __init__(self, config: PSROConfig, state, pool, parallel: Optional[Callable] = None):
+    def __init__(self, config: PSROConfig, state, pool, on_ray: bool = False):
         if config.pipeline is None:
             raise ValueError("Pipeline needs a config with a pipeline section")
-        self.config, self.pool = config, pool
-        self.game = psro_game_of(config)
-        self.parallel = parallel or _in_threads
+        self.config, self.pool, self.on_ray = config, pool, on_ray
         self.window_rounds = math.ceil(config.pipeline.window / config.best_response.episodes_per_round)
         self.levels: list[Level] = []
-        self._fill(state)
+        self.start_levels(state)
 
-    def _fill(self, state) -> None:
-        """New levels on top until `active_levels` learn (none past the run's last iteration)."""
+    @property
+    def game(self):
+        return psro_game_of(self.config)
+
+    def start_levels(self, state) -> None:
+        """New levels on top until `active_levels` learn (none past the run's last iteration),
+        each shown as open work in the pool's progress."""
         while len(self.levels) < self.config.pipeline.active_levels:
             iteration = self.levels[-1].iteration + 1 if self.levels else state.iteration + 1
             if iteration > self.config.iterations:
                 return
             calls = [self._call(state, role, iteration) for role in range(self.game.num_roles)]
-            self.levels.append(Level(iteration, [ResponseLearner(call) for call in calls]))
+            works = [Rounds.of(call).work for call in calls]
+            for work in works:
+                self.pool.store.begin(work)
+            learners = [start_learner(call, self.on_ray) for call in calls]
+            rounds = Rounds.of(calls[0]).count
+            self.levels.append(Level(iteration, learners, rounds, [np.zeros(0) for _ in calls], [work.id for work in works]))
 
     def _call(self, state, role: int, iteration: int) -> OracleCall:
         """The oracle call of level `iteration`'s response for `role`: what a sequential PSRO
@@ -115,32 +180,29 @@ class Pipeline:
         while not self._frozen(self.levels[0]):
             self.train_window(state)
         lowest = self.levels.pop(0)
-        responses = [learner.response(self._call(state, role, lowest.iteration)) for role, learner in enumerate(lowest.learners)]
-        for learner in lowest.learners:
-            self.pool.drop(learner.spec.key)
+        calls = [self._call(state, role, lowest.iteration) for role in range(self.game.num_roles)]
+        responses = _run_all([(learner, "response", call) for learner, call in zip(lowest.learners, calls)])
+        self._close(lowest)
         return responses
 
-    def start_levels(self, state) -> None:
-        """After an iteration: new levels on top, built on its state."""
-        self._fill(state)
-
     def _frozen(self, level: Level) -> bool:
-        if any(learner.done for learner in level.learners):
+        if level.done:
             return True
         window, rule = self.config.pipeline.window, self.config.pipeline.plateau
-        return all(plateaued(role_returns, rule, window) for role_returns in level.returns())
+        return all(plateaued(returns, rule, window) for returns in level.returns)
 
     def train_window(self, state) -> None:
         """Every level learns one window at once, each against its restricted game's mixture as
         the lower levels' weights stand now."""
-        opponents = self.level_mixtures(state)
-        jobs = []
-        for level, level_opponents in zip(self.levels, opponents):
-            for role, learner in enumerate(level.learners):
-                rounds = dataclasses.replace(learner.rounds, opponents=level_opponents[role])
-                count = min(self.window_rounds, learner.rounds.count - learner.rounds_learned)
-                jobs.append(lambda learner=learner, rounds=rounds, count=count: _learn_rounds(learner, self.pool, rounds, count))
-        self.parallel(jobs)
+        calls, counts = [], []
+        for level, opponents in zip(self.levels, self.level_mixtures(state)):
+            count = min(self.window_rounds, level.rounds - level.rounds_learned)
+            counts.append(count)
+            calls += [(learner, "train", opponents[role], count) for role, learner in enumerate(level.learners)]
+        returns = iter(_run_all(calls))
+        for level, count in zip(self.levels, counts):
+            level.returns = [np.concatenate([before, next(returns)]) for before in level.returns]
+            level.rounds_learned += count
 
     # --- the restricted games ----------------------------------------------------------------
 
@@ -152,9 +214,11 @@ class Pipeline:
         fixed = [mixtures(state.populations, state.meta_strategy, game, skip=role) for role in range(game.num_roles)]
         if len(self.levels) == 1:
             return [fixed]
-        snapshots = [self._snapshot(level) for level in self.levels[:-1]]
+        tree_game = self.config.game if self.config.eval == "exact" else None
+        snapshots = _run_all([(learner, "member", tree_game) for level in self.levels[:-1] for learner in level.learners])
         populations = list(state.populations)
-        for members in snapshots:
+        for j in range(len(self.levels) - 1):
+            members = snapshots[j * game.num_roles : (j + 1) * game.num_roles]
             populations = [population.added(member) for population, member in zip(populations, members)]
         payoffs = self._restricted_payoffs(state, populations)
         solver = get_meta_solver(self.config.meta_solver)
@@ -165,16 +229,6 @@ class Pipeline:
             meta = solver.solve(payoffs.mean[(slice(None), *(slice(0, size) for size in sizes))])
             result.append([mixtures(restricted, meta, game, skip=role) for role in range(game.num_roles)])
         return result
-
-    def _snapshot(self, level: Level) -> list[NeuralPolicy]:
-        """A level's networks as they stand, as members (with their tables where payoffs are exact)."""
-        if self.config.eval != "exact":
-            return [learner.member() for learner in level.learners]
-        from marl_core.games.tabularize import tabularize
-        from marl_core.games.tree import build_tree
-
-        tree = build_tree(self.config.game)
-        return [learner.member(tabularize(learner.trainer.policy, tree, role)) for role, learner in enumerate(level.learners)]
 
     def _restricted_payoffs(self, state, populations):
         """The run's payoff table grown by the snapshots, their profiles evaluated."""
@@ -187,21 +241,28 @@ class Pipeline:
         payoffs.record(profiles, evaluation.mean, evaluation.stderr, evaluation.episodes)
         return payoffs
 
-    def close(self) -> None:
-        for level in self.levels:
+    def _close(self, level: Level) -> None:
+        _run_all([(learner, "close") for learner in level.learners])
+        for work in level.work:
+            self.pool.store.end_work(work)
+        if self.on_ray:
+            import ray
+
             for learner in level.learners:
-                self.pool.drop(learner.spec.key)
+                ray.kill(learner)
+
+    def close(self) -> None:
+        """Stop every level still learning (a run that ends or stops)."""
+        for level in self.levels:
+            self._close(level)
         self.levels = []
 
 
-def _learn_rounds(learner: ResponseLearner, pool, rounds, count: int) -> None:
-    for _ in range(count):
-        learner.play_and_learn(pool, rounds)
-
-
-def _in_threads(jobs: list[Callable]) -> list:
-    with ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="pipeline-level") as threads:
-        return [future.result() for future in [threads.submit(job) for job in jobs]]
+def train_levels(pipeline: Pipeline, state) -> tuple[list[BestResponse], Pipeline]:
+    """The `train-levels` step: the levels learn until the lowest freezes. Returns its responses
+    and the pipeline as it now stands (a step on Ray trains a copy)."""
+    responses = pipeline.train_until_frozen(state)
+    return responses, pipeline
 
 
 # --- one process, no orchestration -----------------------------------------------------------
@@ -221,7 +282,7 @@ def iterate_pipeline_local(config: PSROConfig) -> Iterator[tuple["IterationRecor
     try:
         while pipeline.levels and not should_stop(config, record):
             learning = time.perf_counter()
-            responses = pipeline.train_until_frozen(state)
+            responses, pipeline = train_levels(pipeline, state)
             trained = time.perf_counter() - learning
             record, state = run_iteration(config, state, state.iteration + 1, runner, pool, started, given=responses)
             yield with_training_time(record, trained), state
