@@ -106,3 +106,67 @@ def test_two_levels_learn_at_once_and_freeze_in_order_at_their_plateau():
     assert seen[0][0][1][1] == 0  # at the start, the upper level had learned nothing yet
     assert records[-1][0].exploitability < records[0][0].exploitability
 
+
+
+@pytest.mark.slow  # two `psro` runs, each with its own Prefect server and local Ray
+def test_a_killed_pipeline_run_resumes_keeping_every_frozen_member_and_registering_none_twice(tmp_path):
+    """SIGKILL after iteration 2's members are registered and before its commit; `psro resume`
+    keeps the committed freezes exactly, redoes iteration 2 with levels started afresh, and
+    finishes with every member registered once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import mlflow
+    import yaml
+
+    from flows.tracking.layout import COMMITTED_TAG, FINAL_PAYOFFS
+    from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
+    from marl_core.empirical_game.payoffs import PayoffTable
+    from mlflow_reads import registered_members
+    from processes import assert_all_exited, mlflow_store, prefect_home
+
+    iterations, killed_at = 3, 2
+    store = mlflow_store(tmp_path)
+    settings = {
+        **QUICK, "iterations": iterations, "tracking_uri": store, "experiment": "piped", "num_cpus": 2,
+        "best_response": {"episodes": 1200, "episodes_per_round": 200},
+        "pipeline": {"active_levels": 2, "window": 400, "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800}},
+    }
+    (tmp_path / "piped.yaml").write_text(yaml.safe_dump(settings))
+    home = prefect_home(tmp_path / "prefect-home")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+    env["PREFECT_HOME"] = str(home)
+    psro = str(Path(sys.executable).with_name("psro"))
+
+    crashed = subprocess.run([psro, "run", "--config", "piped.yaml"], cwd=tmp_path, env={**env, KILL_BEFORE_COMMIT: str(killed_at)},
+                             capture_output=True, text=True, timeout=600)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("piped").experiment_id])
+    assert run.data.tags[COMMITTED_TAG] == str(killed_at - 1)
+    for role in ("player_0", "player_1"):
+        assert registered_members(client, "piped", role) == [(member, member) for member in range(killed_at + 1)]
+    assert_all_exited(f"PREFECT_HOME={home}", timeout=60)
+
+    resumed = subprocess.run([psro, "resume", run.info.run_id, "--tracking-uri", store], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    for role in ("player_0", "player_1"):  # each member exactly once, the redone iteration's included
+        assert registered_members(client, "piped", role) == [(member, member) for member in range(iterations + 1)]
+
+    # The committed freezes are kept as they were: their payoffs are those of a run nothing
+    # interrupted (the pipeline is deterministic), up to the last committed iteration.
+    import io
+
+    import pandas as pd
+
+    final = PayoffTable.from_frame(pd.read_csv(io.StringIO(Path(client.download_artifacts(run.info.run_id, FINAL_PAYOFFS)).read_text())))
+    *_, (_, uninterrupted) = iterate_pipeline_local(build_config({**settings, "tracking_uri": "sqlite:///unused.db"}))
+    kept = (slice(None), slice(0, killed_at), slice(0, killed_at))
+    assert final.sizes == (iterations + 1, iterations + 1)
+    np.testing.assert_array_equal(final.mean[kept], uninterrupted.payoffs.mean[kept])
+    assert_all_exited(f"PREFECT_HOME={home}")
