@@ -241,8 +241,12 @@ class Pipeline:
         payoffs.record(profiles, evaluation.mean, evaluation.stderr, evaluation.episodes)
         return payoffs
 
-    def _close(self, level: Level) -> None:
-        _run_all([(learner, "close") for learner in level.learners])
+    def _close(self, level: Level, stopping: bool = False) -> None:
+        """A frozen level's learners drop their weights from the store and end; when the run is
+        stopping, actors are ended at once: one may still be learning a window, and the store
+        ends with the run."""
+        if not (stopping and self.on_ray):
+            _run_all([(learner, "close") for learner in level.learners])
         for work in level.work:
             self.pool.store.end_work(work)
         if self.on_ray:
@@ -254,7 +258,7 @@ class Pipeline:
     def close(self) -> None:
         """Stop every level still learning (a run that ends or stops)."""
         for level in self.levels:
-            self._close(level)
+            self._close(level, stopping=True)
         self.levels = []
 
 
