@@ -1,8 +1,8 @@
 """Prefect tasks: thin wrappers that give each PSRO step a name, a state and a place on Ray.
 
 Caching is off: inputs are whole populations, and hashing them on every call would cost more
-than most steps. Every task computes through `marl_core.psro.steps`, so the flow and the local loop
-cannot drift apart.
+than most steps. Every task computes through `marl_core.psro.steps` (Pipeline PSRO's `train-levels`
+through `marl_core.psro.pipeline`), so the flow and the local loop cannot drift apart.
 
 Retries: a worker process that dies under a task is retried by Ray itself; what reaches Prefect
 is a failure Ray could not hide (a rollout actor out of restarts, a lost object, a dropped
@@ -84,8 +84,10 @@ def collect_experience(config, role: int, populations, meta_strategy, iteration:
 def train_levels(pipeline, state):
     """Pipeline PSRO's learning between two freezes. Not retried: its learners (Ray actors) went
     on from where a failed attempt left them, which a retry's copy of the pipeline does not know."""
+    from marl_core.psro import pipeline as pipelines
+
     _log_ray_node()
-    return steps.STEPS["train-levels"](pipeline, state)
+    return pipelines.train_levels(pipeline, state)
 
 
 @task(name="evaluate-payoffs", **_retrying)

@@ -189,13 +189,16 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
 
 def test_the_shipped_example_configs_exist():
-    assert {path.name for path in CONFIGS} >= {"simple_adversary_ppo.yaml", "connect_four_dqn.yaml"}
+    assert {path.name for path in CONFIGS} >= {"simple_adversary_ppo.yaml", "connect_four_dqn.yaml", "leduc_dqn.yaml"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[path.stem for path in CONFIGS])
 def test_every_shipped_example_config_is_valid(path):
     config = build_config(load_config_file(path))
-    assert config.eval == "sampled" and config.approx_exploitability.every > 0  # PettingZoo examples: approximate measures
+    if config.psro_game.has_tree:  # exact payoffs and NashConv where the tree fits
+        assert config.eval == "exact" and config.approx_exploitability.every == 0
+    else:  # the rest measure approximately
+        assert config.eval == "sampled" and config.approx_exploitability.every > 0
 
 
 

@@ -346,15 +346,8 @@ def _approximate(config, role, populations, responses, meta_game, iteration, poo
     return approximate_best_response(config, role, expand_population(populations, responses), meta_game, iteration, pool)
 
 
-def _train_levels(pipeline, state):
-    from marl_core.psro.pipeline import train_levels
-
-    return train_levels(pipeline, state)
-
-
 STEPS: dict[str, Callable] = {
     "train-best-response": _learn_beside_collector,
-    "train-levels": _train_levels,
     "collect-experience": collect_experience,
     "evaluate-payoffs": _evaluate_new_profiles,
     "solve-meta-game": solve_meta_game,
