@@ -60,6 +60,11 @@ class LevelLearner:
     (`start_learner`) that keeps its trainer between windows while the driver only sees returns."""
 
     def __init__(self, call: OracleCall):
+        self.restart(call)
+
+    def restart(self, call: OracleCall) -> None:
+        """Learn `call`'s response from scratch: a frozen level's learner serves the next level
+        (an actor's process, with torch imported, outlives the level it learned for)."""
         self.learner, self.pool = ResponseLearner(call), call.pool
 
     def train(self, opponents: dict[str, PolicyMixture], rounds: int) -> np.ndarray:
@@ -140,6 +145,7 @@ class Pipeline:
         self.config, self.pool, self.on_ray = config, pool, on_ray
         self.window_rounds = math.ceil(config.pipeline.window / config.best_response.episodes_per_round)
         self.levels: list[Level] = []
+        self.idle: list = []  # learners of frozen levels, for the next levels to reuse
         self.start_levels(state)
 
     @property
@@ -157,7 +163,13 @@ class Pipeline:
             works = [Rounds.of(call).work for call in calls]
             for work in works:
                 self.pool.store.begin(work)
-            learners = [start_learner(call, self.on_ray) for call in calls]
+            reused = [(self.idle.pop(), call) for call in calls[: len(self.idle)]]
+            if self.on_ray:  # each in its own process
+                _run_all([(learner, "restart", call) for learner, call in reused])
+            else:  # one after another: a network's seeded initialisation uses torch's global generator
+                for learner, call in reused:
+                    learner.restart(call)
+            learners = [learner for learner, _ in reused] + [start_learner(call, self.on_ray) for call in calls[len(reused):]]
             rounds = Rounds.of(calls[0]).count
             self.levels.append(Level(iteration, learners, rounds, [np.zeros(0) for _ in calls], [work.id for work in works]))
 
@@ -241,25 +253,28 @@ class Pipeline:
         payoffs.record(profiles, evaluation.mean, evaluation.stderr, evaluation.episodes)
         return payoffs
 
-    def _close(self, level: Level, stopping: bool = False) -> None:
-        """A frozen level's learners drop their weights from the store and end; when the run is
-        stopping, actors are ended at once: one may still be learning a window, and the store
-        ends with the run."""
-        if not (stopping and self.on_ray):
-            _run_all([(learner, "close") for learner in level.learners])
+    def _close(self, level: Level) -> None:
+        """A frozen level's learners drop their weights from the store and wait for a next level."""
+        _run_all([(learner, "close") for learner in level.learners])
         for work in level.work:
             self.pool.store.end_work(work)
+        self.idle.extend(level.learners)
+
+    def close(self) -> None:
+        """Stop every learner (a run that ends or stops). Actors are ended at once: one may still
+        be learning a window, and the store ends with the run."""
+        learners = [learner for level in self.levels for learner in level.learners] + self.idle
+        for level in self.levels:
+            for work in level.work:
+                self.pool.store.end_work(work)
         if self.on_ray:
             import ray
 
-            for learner in level.learners:
+            for learner in learners:
                 ray.kill(learner)
-
-    def close(self) -> None:
-        """Stop every level still learning (a run that ends or stops)."""
-        for level in self.levels:
-            self._close(level, stopping=True)
-        self.levels = []
+        else:
+            _run_all([(learner, "close") for learner in learners])
+        self.levels, self.idle = [], []
 
 
 def train_levels(pipeline: Pipeline, state) -> tuple[list[BestResponse], Pipeline]:
