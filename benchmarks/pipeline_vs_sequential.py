@@ -26,11 +26,9 @@ from pathlib import Path
 
 import yaml
 
+from psro_vs_openspiel import load  # the load average as both benchmarks print it
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def first_times(records: list[tuple[float, float]], thresholds) -> dict[float, float | None]:

@@ -212,10 +212,9 @@ class ResponseLearner:
         self.draws.extend(batch.draws)
         self.episode_returns.extend(batch.episode_returns)
 
-    def play_and_learn(self, pool, rounds: Optional["Rounds"] = None) -> None:
+    def play_and_learn(self, pool, rounds: "Rounds") -> None:
         """One round played by the pool's workers straight from here (no collector between),
-        against `rounds`' mixture (default the call's)."""
-        rounds = rounds or self.rounds
+        against `rounds`' mixture."""
         ask = self.push(pool)
         results = pool.collect(rounds.requests(ask.learner, ask.round, pool.size), progress=rounds.stream)
         self.learn(RoundExperience.of(results, rounds))
