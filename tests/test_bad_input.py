@@ -63,7 +63,7 @@ ROWS = [
     Row("unknown game", ("--game", "no_such_game"), "unknown game 'no_such_game'; run `psro games` to list games"),
     Row("unknown meta-solver", ("--meta-solver", "best"),
         "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform"),
-    Row("unknown oracle", ("--oracle", "sarsa"), "unknown oracle 'sarsa'; choose one of: a2c, appo, dqn, exact, impala, ppo"),
+    Row("unknown oracle", ("--oracle", "sarsa"), "unknown oracle 'sarsa'; choose one of: a2c, appo, dqn, exact, impala, ppo, tabular_q"),
     Row("unknown evaluator", ("--eval", "approximate"), "eval='approximate': Input should be 'exact' or 'sampled'"),
     # wrong types
     Row("flag of wrong type", ("--iterations", "abc"),
@@ -89,6 +89,9 @@ ROWS = [
         "use eval 'sampled' and a learned oracle"),
     Row("exact oracle on a PettingZoo env", ("--game", "pettingzoo:mpe2.simple_spread_v3"),
         "oracle 'exact' walks a game tree; 'pettingzoo:mpe2.simple_spread_v3' has none: use a learned oracle (a2c, appo, dqn, impala, ppo)"),
+    Row("tabular oracle on a PettingZoo env", ("--game", "pettingzoo:mpe2.simple_spread_v3", "--oracle", "tabular_q"),
+        "oracle 'tabular_q' keeps a table row per information state; 'pettingzoo:mpe2.simple_spread_v3' has none: "
+        "use a network oracle (a2c, appo, dqn, impala, ppo)"),
     # config files
     Row("missing config file", ("--config", "absent.yaml"), "cannot read config file 'absent.yaml': No such file or directory"),
     Row("malformed YAML", (), "config file 'run.yaml' is not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'", config="game: [kuhn_poker\n"),
@@ -269,7 +272,7 @@ algorithm: impala
 settings: {{asynchronous: {}}}
 """
 OTHER_COMMANDS = [
-    ("league run", ("--algorithm", "sarsa"), None, "algorithm='sarsa': unknown RL algorithm; choose one of: a2c, appo, dqn, impala, ppo"),
+    ("league run", ("--algorithm", "sarsa"), None, "algorithm='sarsa': unknown RL algorithm; choose one of: a2c, appo, dqn, impala, ppo, tabular_q"),
     ("league run", ("--game", "kuhn_poker(players=3)"), None,
      "game 'kuhn_poker(players=3)' has 3 roles ['player_0', 'player_1', 'player_2']; a league plays two-sided games "
      "(map agents to two roles with `roles`)"),

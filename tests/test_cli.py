@@ -15,7 +15,7 @@ CASES = [
     (["--game", "no_such_game"], "unknown game 'no_such_game'; run `psro games` to list games"),
     (["--game", "kuhn_poker(players=)"], "cannot load game 'kuhn_poker(players=)'"),
     (["--meta-solver", "best"], "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform"),
-    (["--oracle", "sarsa"], "unknown oracle 'sarsa'; choose one of: a2c, appo, dqn, exact, impala, ppo"),
+    (["--oracle", "sarsa"], "unknown oracle 'sarsa'; choose one of: a2c, appo, dqn, exact, impala, ppo, tabular_q"),
     (["--iterations", "0"], "iterations=0: Input should be greater than 0"),
     (["--iterations", "-5"], "iterations=-5: Input should be greater than 0"),
     (["--episodes", "1"], "episodes=1: Input should be greater than or equal to 2"),

@@ -14,7 +14,7 @@ from marl_core.empirical_game.meta_solvers import check_meta_solver
 from marl_core.psro.game import is_openspiel_name, psro_game_of
 from marl_core.psro.oracles import ORACLES, get_oracle
 from marl_core.rl import ALGORITHMS
-from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig, over_defaults
+from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig, TabularQConfig, over_defaults
 
 
 class ConfigError(ValueError):
@@ -36,7 +36,8 @@ GAME_PPO = PPOConfig(gamma=1.0, lr=1e-3, epochs=8, entropy_coef=0.001)
 GAME_A2C = A2CConfig(gamma=1.0)  # the rest: A2C's own defaults
 GAME_IMPALA = IMPALAConfig(gamma=1.0)
 GAME_APPO = APPOConfig(gamma=1.0)
-GAME_DEFAULTS = {"dqn": GAME_DQN, "ppo": GAME_PPO, "a2c": GAME_A2C, "impala": GAME_IMPALA, "appo": GAME_APPO}  # RL algorithm name -> its game defaults
+GAME_TABULAR_Q = TabularQConfig(gamma=1.0)
+GAME_DEFAULTS = {"dqn": GAME_DQN, "ppo": GAME_PPO, "a2c": GAME_A2C, "impala": GAME_IMPALA, "appo": GAME_APPO, "tabular_q": GAME_TABULAR_Q}  # RL algorithm name -> its game defaults
 
 
 class WithAlgorithmSections(BaseModel):
@@ -125,9 +126,11 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
                 )
             zero_sum = is_zero_sum(game)
         else:
+            networks = ", ".join(name for name in sorted(ALGORITHMS) if not ALGORITHMS.settings(name).keyed_by_observation)
             if not oracle.learns:
-                learned = ", ".join(sorted(ALGORITHMS))
-                raise ValueError(f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle ({learned})")
+                raise ValueError(f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle ({networks})")
+            if ALGORITHMS.settings(self.oracle).keyed_by_observation:
+                raise ValueError(f"oracle {self.oracle!r} keeps a table row per information state; {self.game!r} has none: use a network oracle ({networks})")
             zero_sum = False
         played = psro_game_of(self)  # makes the environment once: a bad name or role table fails here
         if self.eval == "exact" or self.oracle == "exact":

@@ -6,7 +6,7 @@ command does before anything starts) never imports torch.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,11 +18,19 @@ def over_defaults(defaults: BaseModel, given):
     return {**defaults.model_dump(), **given} if isinstance(given, dict) else given
 
 
-class DQNConfig(BaseModel):
-    """DQN hyperparameters. The defaults are RL Baselines3 Zoo's tuned CartPole-v1 values, adapted
-    to counting in environment and gradient steps (tests/test_rl.py learns CartPole with them)."""
+class AlgorithmSettings(BaseModel):
+    """What every algorithm's settings share."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # A table row per distinct observation: only for environments with few, exactly repeating
+    # observations (OpenSpiel games' information states), which configs check before a run.
+    keyed_by_observation: ClassVar[bool] = False
+
+
+class DQNConfig(AlgorithmSettings):
+    """DQN hyperparameters. The defaults are RL Baselines3 Zoo's tuned CartPole-v1 values, adapted
+    to counting in environment and gradient steps (tests/test_rl.py learns CartPole with them)."""
 
     hidden: tuple[int, ...] = Field((256, 256), min_length=1, description="Q-network hidden layer widths")
     lr: float = Field(2.3e-3, gt=0, description="Adam learning rate")
@@ -51,10 +59,8 @@ class DQNConfig(BaseModel):
         return self
 
 
-class ActorCriticNetworkConfig(BaseModel):
+class ActorCriticNetworkConfig(AlgorithmSettings):
     """The network of every actor-critic here (PPO, A2C, IMPALA, APPO): `ppo.ActorCriticPolicy`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="hidden layer widths of actor and critic")
     shared_trunk: bool = Field(False, description="actor and critic share the hidden layers")
@@ -124,3 +130,20 @@ class APPOConfig(IMPALAConfig):
     minibatch_size: int = Field(256, gt=0, description="transitions per gradient step")
     max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip")
     normalize_advantages: bool = Field(True, description="standardise advantages per minibatch")
+
+
+class TabularQConfig(AlgorithmSettings):
+    """Tabular Q-learning settings. The table has a row per distinct observation, so it suits
+    environments whose observations repeat exactly and are few: small games' information states
+    (Leduc poker: under a thousand per player), not images or continuous vectors. The
+    exploration schedule has DQN's names and meaning."""
+
+    keyed_by_observation: ClassVar[bool] = True
+
+    gamma: float = Field(0.99, ge=0, le=1, description="discount factor")
+    epsilon_start: float = Field(1.0, ge=0, le=1, description="exploration rate at the first step")
+    epsilon_end: float = Field(0.05, ge=0, le=1, description="exploration rate after the decay")
+    epsilon_decay_steps: int = Field(40_000, gt=0, description="environment steps of the linear decay")
+    epsilon_eval: float = Field(0.0, ge=0, le=1, description="exploration rate of the policy the table stands for (0: greedy)")
+    max_states: int = Field(200_000, gt=0, description="distinct observations the table may hold; more is refused")
+    seed: int = Field(0, description="unused by the learner, which draws nothing; kept so every algorithm's responses are seeded alike")
