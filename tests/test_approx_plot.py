@@ -15,7 +15,7 @@ from matplotlib.container import ErrorbarContainer
 
 from flows.tracking import layout, plots
 from flows.tracking.resume import load_checkpoint
-from flows.tracking.run_tracker import RunTracker
+from flows.tracking.run_tracker import RunTracker, running_seconds
 from marl_core.empirical_game.payoffs import PayoffTable
 from marl_core.games.exploitability import nash_conv
 from marl_core.games.tree import build_tree
@@ -66,7 +66,7 @@ def _iterations(config: PSROConfig, approx_every: int, count: int):
 def figures(monkeypatch):
     """Every figure the tracker makes, by the plots function that made it."""
     made: dict[str, list] = {}
-    for name in ("exploitability_curve", "approx_exploitability_curve"):
+    for name in ("exploitability_curve", "exploitability_against_time", "approx_exploitability_curve"):
         original = getattr(plots, name)
 
         def capture(*args, _original=original, _name=name, **kwargs):
@@ -138,7 +138,11 @@ def test_a_resumed_tree_game_run_plots_every_approx_point_beside_the_exact_curve
     run_id = _track(config, iterations[3:], resume=load_checkpoint(uri, run_id))
     client = mlflow.MlflowClient(tracking_uri=uri)
 
-    assert _plots(client, run_id) == {layout.EXPLOITABILITY_PLOT, layout.APPROX_EXPLOITABILITY_PLOT, layout.PAYOFF_HEATMAP}
+    assert _plots(client, run_id) == {layout.EXPLOITABILITY_PLOT, layout.EXPLOITABILITY_TIME_PLOT, layout.APPROX_EXPLOITABILITY_PLOT, layout.PAYOFF_HEATMAP}
+    (timed,) = figures["exploitability_against_time"]
+    (line,) = timed.axes[0].get_lines()
+    np.testing.assert_allclose(line.get_xdata(), [0.1 * (i + 1) for i in range(6)])
+    np.testing.assert_array_equal(line.get_ydata(), [_history(client, run_id, "exploitability")[s] for s in range(6)])
     (figure,) = figures["approx_exploitability_curve"]
     assert sorted(_history(client, run_id, "approx_exploitability")) == [0, 2, 4]
     _check_figure(figure, client, run_id)
@@ -149,6 +153,11 @@ def test_a_resumed_tree_game_run_plots_every_approx_point_beside_the_exact_curve
     assert sorted(exact) == list(range(6))
     image = _logged_png(client, run_id, tmp_path)
     assert image.ndim == 3 and image.shape[0] > 100 and image.std() > 0  # a real picture, not a blank
+
+
+def test_a_resumed_process_counts_on_from_where_the_last_one_stopped():
+    assert running_seconds([2.0, 5.0, 9.0, 1.5, 4.0, 0.5]) == [2.0, 5.0, 9.0, 10.5, 13.0, 13.5]
+    assert running_seconds([]) == []
 
 
 def test_an_environment_without_a_tree_plots_the_approx_points_alone(uri, figures, tmp_path):
@@ -170,5 +179,5 @@ def test_a_run_without_approx_points_logs_no_approx_figure(uri, figures):
     run_id = _track(config, list(_iterations(config, approx_every=0, count=3)))
     client = mlflow.MlflowClient(tracking_uri=uri)
 
-    assert _plots(client, run_id) == {layout.EXPLOITABILITY_PLOT, layout.PAYOFF_HEATMAP}
+    assert _plots(client, run_id) == {layout.EXPLOITABILITY_PLOT, layout.EXPLOITABILITY_TIME_PLOT, layout.PAYOFF_HEATMAP}
     assert "approx_exploitability_curve" not in figures

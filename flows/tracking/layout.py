@@ -29,6 +29,7 @@ import re
 CONFIG_ARTIFACT = "config.json"
 FINAL_PAYOFFS = "payoffs/final.csv"
 EXPLOITABILITY_PLOT = "plots/exploitability.png"
+EXPLOITABILITY_TIME_PLOT = "plots/exploitability_wall_time.png"
 # where a run measured approx_exploitability: those points with error bars, beside the exact curve if any
 APPROX_EXPLOITABILITY_PLOT = "plots/approx_exploitability.png"
 PAYOFF_HEATMAP = "plots/payoff_heatmap.png"

@@ -24,6 +24,21 @@ def exploitability_curve(iterations, exploitability, nash_conv, title: str, xlab
     return figure
 
 
+def exploitability_against_time(seconds, exploitability, title: str):
+    """Exploitability against wall time: what a user comparing oracles or settings asks first."""
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    axis.plot(seconds, exploitability, marker=".", lw=1.5, label="exploitability (NashConv / players)")
+    if min(list(exploitability) + [1]) > 0:
+        axis.set_yscale("log")
+    axis.set_xlabel("wall seconds since the run started (a resumed run: time between its processes left out)")
+    axis.set_ylabel("exploitability")
+    axis.set_title(title)
+    axis.grid(alpha=0.3, which="both")
+    axis.legend()
+    figure.tight_layout()
+    return figure
+
+
 def approx_exploitability_curve(iterations, approx, stderr, title: str, exact=None):
     """The approximate exploitability with 95% error bars (±1.96 standard errors), and where the
     game has a tree the exact curve `exact` = (iterations, values) on the same axes: the gap

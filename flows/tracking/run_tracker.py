@@ -30,7 +30,19 @@ from marl_core.psro.game import psro_game_of
 KILL_BEFORE_COMMIT = "PSRO_KILL_BEFORE_COMMIT"
 
 # The per-iteration metrics (`IterationRecord.metrics`) the end of a run plots against the iteration.
-CURVES = ("exploitability", "nash_conv", "approx_exploitability", "approx_exploitability_stderr")
+CURVES = ("exploitability", "nash_conv", "approx_exploitability", "approx_exploitability_stderr", "elapsed_seconds")
+
+
+def running_seconds(elapsed: list[float]) -> list[float]:
+    """Each iteration's `elapsed_seconds` (counted from its process's start) on one clock: a
+    resumed process's count starts again, so it goes on from where the last one stopped."""
+    clock, offset, previous = [], 0.0, None
+    for seconds in elapsed:
+        if previous is not None and seconds < previous:
+            offset = clock[-1]
+        clock.append(offset + seconds)
+        previous = seconds
+    return clock
 
 
 def create_run(client, config, run_name: str, tags: dict[str, str], experiment_name: str | None = None) -> str:
@@ -211,6 +223,12 @@ class RunTracker(BackgroundTracker):
                 steps, [exact[s] for s in steps], [curves["nash_conv"].get(s, float("nan")) for s in steps], title=title
             )
             self.client.log_figure(self.run_id, figure, layout.EXPLOITABILITY_PLOT)
+            plots.close(figure)
+            timed = [s for s in steps if s in curves["elapsed_seconds"]]
+            figure = plots.exploitability_against_time(
+                running_seconds([curves["elapsed_seconds"][s] for s in timed]), [exact[s] for s in timed], title=title
+            )
+            self.client.log_figure(self.run_id, figure, layout.EXPLOITABILITY_TIME_PLOT)
             plots.close(figure)
         if approx:  # measured every few iterations where the run learns responses to estimate it
             steps = sorted(approx)
