@@ -360,3 +360,20 @@ def test_learned_best_response_to_a_fixed_kuhn_opponent_is_within_002_of_exact(o
         assert response.metrics["gap_to_exact"] == pytest.approx(exact - response.value)
         assert response.metrics["episodes"] == config.best_response.episodes
         assert set(response.policy.weights()) == set(ALGORITHMS[oracle].policy(11, 2, config.oracle_settings).get_weights())
+
+
+def test_a_mixture_draws_the_member_numpys_choice_draws_from_the_same_numbers():
+    """`PolicyMixture.draw` skips `Generator.choice`'s checks; every member drawn is still the
+    one `choice` draws, so seeded rollouts are unchanged (zero weights included)."""
+    from marl_core.policies.base import UniformPolicy
+
+    weights_rng = np.random.default_rng(1)
+    for trial in range(300):
+        k = int(weights_rng.integers(1, 12))
+        weights = weights_rng.dirichlet(np.full(k, 0.3))
+        if trial % 3 == 0 and k > 1:
+            weights[weights_rng.integers(k)] = 0.0
+            weights /= weights.sum()
+        mixture = PolicyMixture(tuple(UniformPolicy() for _ in range(k)), weights)
+        ours, numpys = np.random.default_rng(trial), np.random.default_rng(trial)
+        assert [mixture.draw(ours) for _ in range(40)] == [int(numpys.choice(k, p=mixture.weights)) for _ in range(40)]

@@ -118,9 +118,13 @@ class PolicyMixture:
         if not np.all(np.isfinite(weights)) or np.any(weights < 0) or abs(weights.sum() - 1.0) > 1e-6:
             raise ValueError(f"mixture weights must be non-negative and sum to 1, got {weights.tolist()}")
         object.__setattr__(self, "weights", weights)
+        cdf = weights.cumsum()
+        object.__setattr__(self, "_cdf", cdf / cdf[-1])
 
     def draw(self, rng: np.random.Generator) -> int:
-        return int(rng.choice(len(self.weights), p=self.weights))
+        """`rng.choice(len(weights), p=weights)` without its per-call checks: the same member from
+        the same one uniform number (the same cumulative sum, divided by its last entry)."""
+        return int(self._cdf.searchsorted(rng.random(), side="right"))
 
 
 @dataclasses.dataclass(frozen=True)
