@@ -5,7 +5,8 @@ iteration) on the same game and config file, one after the other, each in a fres
 timed from its start; they differ only in the config's `pipeline` section (sequential: none).
 For each, the wall time until exploitability (exact, NashConv / players) first reaches each
 threshold is printed, with the ratio sequential / pipeline. A run stops at the lowest
-threshold or at the time cap.
+threshold or at the time cap; a run that reached it exports its population, and OpenSpiel's own
+`exploitability.nash_conv` (`scripts/verify_export.py`) measures the export again.
 
 The machine must be quiet: the benchmark refuses to start while the 1-minute load average is at
 or above half the CPU count (`--force` times anyway), and prints the load beside the figures.
@@ -53,26 +54,38 @@ def run_here(settings: dict, time_cap: float) -> None:
         from flows.psro_flow import run_psro
         from marl_core.psro.config import build_config
 
-        config = build_config({**settings, "tracking_uri": f"sqlite:///{tracking_dir}/mlflow.db", "export": None})
+        export = Path(tracking_dir) / "export"
+        config = build_config({**settings, "tracking_uri": f"sqlite:///{tracking_dir}/mlflow.db", "export": str(export)})
         try:
             run_psro(config, on_iteration, services=services)
         except TimeoutError:
-            pass
+            return
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from verify_export import verify
+
+        checked = verify(export)
+        print(json.dumps({"openspiel_exploitability": checked["openspiel_exploitability"], "passed": checked["passed"]}), flush=True)
 
 
-def run(label: str, settings: dict, time_cap: float) -> list[tuple[float, float]]:
+def run(label: str, settings: dict, time_cap: float) -> tuple[list[tuple[float, float]], dict | None]:
+    """The run's (seconds, exploitability) per iteration, and OpenSpiel's check of its export (None: time-capped)."""
     command = [sys.executable, __file__, "--child", json.dumps(settings), "--time-cap", str(time_cap)]
     child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    records = []
+    records, checked = [], None
     for line in child.stdout:
         if line.startswith("{"):
             entry = json.loads(line)
+            if "openspiel_exploitability" in entry:
+                checked = entry
+                print(f"  {label:<10} export checked by OpenSpiel: exploitability {entry['openspiel_exploitability']:.4f}"
+                      f" ({'agrees' if entry['passed'] else 'DISAGREES'})", flush=True)
+                continue
             records.append((entry["seconds"], entry["exploitability"]))
             print(f"  {label:<10} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}"
                   f"  response episodes {entry['episodes']:,.0f}  load {os.getloadavg()[0]:.2f}", flush=True)
     if child.wait() != 0:
         raise RuntimeError(f"the {label} run failed (exit code {child.returncode})")
-    return records
+    return records, checked
 
 
 def main() -> None:
@@ -99,10 +112,8 @@ def main() -> None:
     sequential = {**settings, "stop_exploitability": stop}
     pipeline = {**sequential, "pipeline": {"active_levels": args.levels}}
     print(f"load average before: {load()} on {os.cpu_count()} CPUs; config {args.config}, stop at {stop}", flush=True)
-    results = {
-        "sequential": first_times(run("sequential", sequential, args.time_cap), args.thresholds),
-        "pipeline": first_times(run("pipeline", pipeline, args.time_cap), args.thresholds),
-    }
+    runs = {label: run(label, values, args.time_cap) for label, values in (("sequential", sequential), ("pipeline", pipeline))}
+    results = {label: first_times(records, args.thresholds) for label, (records, _) in runs.items()}
 
     def show(seconds):
         return f"{seconds:8.1f}s" if seconds is not None else f"  >{args.time_cap:.0f}s"
@@ -113,6 +124,9 @@ def main() -> None:
         a, b = results["sequential"][t], results["pipeline"][t]
         ratio = f"{a / b:.2f}x" if a is not None and b is not None else "n/a"
         print(f"{t:>10} {show(a):>11} {show(b):>11} {ratio:>20}")
+    for label, (_, checked) in runs.items():
+        if checked is not None:
+            print(f"{label}: the export at its stop, by OpenSpiel's nash_conv: exploitability {checked['openspiel_exploitability']:.4f}")
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
 
 def test_the_shipped_example_configs_exist():
-    assert {path.name for path in CONFIGS} >= {"simple_adversary_ppo.yaml", "connect_four_dqn.yaml", "leduc_dqn.yaml"}
+    assert {path.name for path in CONFIGS} >= {"simple_adversary_ppo.yaml", "connect_four_dqn.yaml", "leduc_dqn.yaml", "leduc_tabular_q.yaml"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[path.stem for path in CONFIGS])

@@ -30,7 +30,7 @@ def exploitability_against_time(seconds, exploitability, title: str):
     axis.plot(seconds, exploitability, marker=".", lw=1.5, label="exploitability (NashConv / players)")
     if min(list(exploitability) + [1]) > 0:
         axis.set_yscale("log")
-    axis.set_xlabel("wall seconds since the run started (a resumed run: time between its processes left out)")
+    axis.set_xlabel("wall seconds (a resumed run: time between its processes left out)")
     axis.set_ylabel("exploitability")
     axis.set_title(title)
     axis.grid(alpha=0.3, which="both")

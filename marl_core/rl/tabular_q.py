@@ -99,10 +99,11 @@ class TabularQTrainer:
         self.config = config = config or TabularQConfig()
         self.num_actions = num_actions
         self.policy = TabularQPolicy(obs_size, num_actions, config)
-        self.keys = np.zeros((0, obs_size), np.float32)
+        self.keys = np.zeros((0, obs_size), np.float32)  # row -> observation
+        self.index: dict[bytes, int] = {}  # observation bytes -> row
         self.visits = np.zeros((0, num_actions))  # [S, A] times each action was taken at each observation
         self.reward_sum = np.zeros((0, num_actions))
-        self.successors: dict[tuple[int, int], int] = {}  # (state * A + action, next state) -> count; terminal: -1
+        self.successors: dict[tuple[int, int], int] = {}  # (state * A + action, next state) -> count; the rest ended the episode
         self.env_steps = 0
         self.sweeps = 0  # value-iteration sweeps of the last update
 
@@ -110,13 +111,12 @@ class TabularQTrainer:
         return linear_epsilon(self.config, self.env_steps)
 
     def _rows(self, obs: np.ndarray) -> np.ndarray:
-        """Each observation's row, new observations appended."""
-        index, rows, new = self.policy.index, [], []
+        """Each observation's row, new observations appended (all or, past `max_states`, none)."""
+        index, rows, new = self.index, [], {}
         for key in _row_bytes(obs):
             row = index.get(key)
             if row is None:
-                row = index[key] = len(self.keys) + len(new)
-                new.append(key)
+                row = new.setdefault(key, len(self.keys) + len(new))
             rows.append(row)
         if new:
             total = len(self.keys) + len(new)
@@ -125,6 +125,7 @@ class TabularQTrainer:
                     f"tabular_q: {total} distinct observations, more than max_states={self.config.max_states}; "
                     "this environment's observations do not fit a table (use a network oracle such as dqn)"
                 )
+            index.update(new)
             added = np.frombuffer(b"".join(new), dtype=np.float32).reshape(len(new), -1)
             self.keys = np.concatenate([self.keys, added])
             grow = np.zeros((len(new), self.num_actions))
@@ -135,13 +136,15 @@ class TabularQTrainer:
     def learn(self, experience: Experience) -> dict[str, float]:
         """Count the transitions, then recompute the Q-table of the model they make."""
         experience.validate()
+        going_on = ~experience.done
         state = self._rows(experience.obs)
-        following = np.where(experience.done, -1, self._rows(experience.next_obs))
+        following = self._rows(experience.next_obs[going_on])  # an episode's end is no state to value
         np.add.at(self.visits, (state, experience.action), 1.0)
         np.add.at(self.reward_sum, (state, experience.action), experience.reward)
-        pairs, counts = np.unique(np.stack([state * self.num_actions + experience.action, following], axis=1), axis=0, return_counts=True)
-        for (pair, successor), count in zip(pairs.tolist(), counts.tolist()):
-            self.successors[pair, successor] = self.successors.get((pair, successor), 0) + count
+        taken = state[going_on] * self.num_actions + experience.action[going_on]
+        pairs, counts = np.unique(np.stack([taken, following], axis=1), axis=0, return_counts=True)
+        for key, count in zip(map(tuple, pairs.tolist()), counts.tolist()):
+            self.successors[key] = self.successors.get(key, 0) + count
         self.env_steps += len(experience)
         self._publish(self._solve())
         return {"env_steps": float(self.env_steps), "states": float(len(self.keys)), "epsilon": self.epsilon(), "sweeps": float(self.sweeps)}
@@ -152,8 +155,7 @@ class TabularQTrainer:
         tried = self.visits > 0
         visits = np.where(tried, self.visits, 1.0).ravel()
         mean_reward = self.reward_sum.ravel() / visits
-        items = [(pair, successor, count) for (pair, successor), count in self.successors.items() if successor >= 0]
-        pair, successor, count = (np.array(column, dtype=dtype) for column, dtype in zip(zip(*items), (np.int64, np.int64, float))) if items else (np.zeros(0, np.int64),) * 2 + (np.zeros(0),)
+        pair, successor, count = self._successor_table().T
         probability = count / visits[pair]
         values = np.zeros(len(self.keys))
         for self.sweeps in range(1, self.MAX_SWEEPS + 1):
@@ -165,18 +167,21 @@ class TabularQTrainer:
             values = new_values
         return q
 
+    def _successor_table(self) -> np.ndarray:
+        """[N, 3] int64: (state * A + action, next state, count) per pair seen."""
+        return np.array([(pair, successor, count) for (pair, successor), count in self.successors.items()], dtype=np.int64).reshape(-1, 3)
+
     def _publish(self, q: np.ndarray) -> None:
         self.policy.set_table(torch.from_numpy(self.keys), torch.from_numpy(q), torch.from_numpy(self.visits > 0))
         self.policy.epsilon.fill_(self.epsilon())
 
     def state_dict(self) -> dict:
         """Everything needed to go on exactly, as tensors (loads with `torch.load(weights_only=True)`)."""
-        items = np.array([(pair, successor, count) for (pair, successor), count in self.successors.items()], dtype=np.int64).reshape(-1, 3)
         return {
             "keys": torch.from_numpy(self.keys.copy()),
             "visits": torch.from_numpy(self.visits.copy()),
             "reward_sum": torch.from_numpy(self.reward_sum.copy()),
-            "successors": torch.from_numpy(items),
+            "successors": torch.from_numpy(self._successor_table()),
             "env_steps": self.env_steps,
         }
 
@@ -186,7 +191,7 @@ class TabularQTrainer:
         self.reward_sum = state["reward_sum"].numpy().copy()
         self.successors = {(int(p), int(s)): int(c) for p, s, c in state["successors"].tolist()}
         self.env_steps = int(state["env_steps"])
-        self.policy.index = {key: row for row, key in enumerate(_row_bytes(self.keys))}
+        self.index = {key: row for row, key in enumerate(_row_bytes(self.keys))}
         self._publish(self._solve() if len(self.keys) else np.zeros((0, self.num_actions)))
 
 
