@@ -51,12 +51,12 @@ class TabularQPolicy(NetworkPolicy):
         self.index: dict[bytes, int] = {}
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """As any module's, once the table has the size of the weights' table."""
         missing = {"keys", "q", "tried", "epsilon"} - set(state_dict)
         if missing:
             raise ValueError(f"tabular Q weights lack {sorted(missing)}")
         self.set_table(state_dict["keys"], state_dict["q"], state_dict["tried"])
-        self.epsilon = state_dict["epsilon"].detach().clone()
-        return nn.modules.module._IncompatibleKeys([], [])
+        return super().load_state_dict(state_dict, strict, assign)
 
     def set_table(self, keys: torch.Tensor, q: torch.Tensor, tried: torch.Tensor) -> None:
         self.keys = keys.detach().to(torch.float32).clone()
