@@ -42,7 +42,7 @@ Each finished run is saved under `--results` (one JSON file a run, with the conf
 suite stopped by Ctrl-C, SIGTERM or a crash, run again with the same arguments, reruns only the
 runs that did not finish, and any whose config has changed since.
 
-    python benchmarks/marl_suite.py [--budget 100000] [--seeds 3] [--jobs 2] [--tasks ...] [--algorithms ...]
+    python benchmarks/marl_suite.py [--budget 100000] [--seeds 5] [--jobs 2] [--tasks ...] [--algorithms ...]
     python benchmarks/marl_suite.py --quick     # a smoke run: every pair, one short round, one seed
 """
 
@@ -411,9 +411,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--algorithms", nargs="+", default=sorted(MARL_ALGORITHMS), choices=sorted(MARL_ALGORITHMS))
     parser.add_argument("--budget", type=int, default=100_000, help="joint environment steps per run")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per pair (simple_tag's sparse catches need 5 to tell its learners from chance)")
     parser.add_argument("--evaluations", type=int, default=8, help="evaluations during a run, besides the one before it")
-    parser.add_argument("--eval-episodes", type=int, default=50)
+    parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--uniform-episodes", type=int, default=2000)
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at once, each in a process of its own (0: here)")
     parser.add_argument("--configs", type=Path, default=CONFIGS, help="a folder of <task>/<algorithm>.yaml files to run instead")
