@@ -32,11 +32,11 @@ sets the rounds from the budget, the seeds (of the environments and of the netwo
 evaluations, and, on competitive tasks, `agent_ids: false` (an agent alone among uniform players
 has no teammates to be told apart from).
 
-Prints the table of final returns (mean ± standard error over seeds) beside uniform play and the
-untrained policies, and logs to MLflow (experiment `marl-suite`): one plot per task, return
-against joint steps, a line per algorithm (the mean over seeds) in a band over the seeds'
-spread (their minimum to maximum), uniform play dashed; the table; each pair's final return and
-margin as metrics.
+Prints the table of final returns (mean ± standard error over seeds) beside uniform play, the
+untrained policies and the joint steps each pair played, and logs to MLflow (experiment
+`marl-suite`): one plot per task, return against joint steps, a line per algorithm (the mean
+over seeds) in a band over the seeds' spread (their minimum to maximum), uniform play dashed;
+the table; each pair's final return and margin as metrics.
 
 Each finished run is saved under `--results` (one JSON file a run, with the config it ran): a
 suite stopped by Ctrl-C, SIGTERM or a crash, run again with the same arguments, reruns only the
@@ -309,6 +309,7 @@ class Row:
     untrained: list[float] = dataclasses.field(default_factory=list)
     self_play: list[float] = dataclasses.field(default_factory=list)  # competitive tasks
     in_seats: list[float] = dataclasses.field(default_factory=list)
+    steps: list[int] = dataclasses.field(default_factory=list)  # per seed: joint steps played by its last evaluation
     seconds: float = 0.0  # all seeds together
 
     @property
@@ -332,6 +333,7 @@ def rows(curves: list[Curve], uniform: dict[str, dict[str, tuple[float, float]]]
             row = out.setdefault((task, key, algorithm), Row(task, key, algorithm, uniform[task][key]))
             row.final.append(values[-1])
             row.untrained.append(values[0])
+            row.steps.append(curve.steps[-1])
             if key in curve.self_play:
                 row.self_play.append(curve.self_play[key])
                 row.in_seats.append(curve.in_seats[key])
@@ -342,8 +344,8 @@ def rows(curves: list[Curve], uniform: dict[str, dict[str, tuple[float, float]]]
 def table(rows_: list[Row]) -> str:
     lines = [
         "| task | return of | algorithm | final | uniform play | margin (SE) | untrained | gain over untrained "
-        "| self-play | uniform in its seats against the trained | seconds |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| self-play | uniform in its seats against the trained | joint steps | seconds |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows_:
         final, final_stderr = mean_and_stderr(row.final)
@@ -353,7 +355,7 @@ def table(rows_: list[Row]) -> str:
         lines.append(
             f"| {row.task} | {row.score} | {row.algorithm} | {final:.2f} ± {final_stderr:.2f} "
             f"| {row.uniform[0]:.2f} ± {row.uniform[1]:.2f} | {row.margin:.1f} | {np.mean(row.untrained):.2f} "
-            f"| {gain:+.2f} ± {gain_stderr:.2f} {against_trained} {row.seconds:.0f} |"
+            f"| {gain:+.2f} ± {gain_stderr:.2f} {against_trained} {np.mean(row.steps):,.0f} | {row.seconds:.0f} |"
         )
     return "\n".join(lines)
 

@@ -53,6 +53,22 @@ def test_a_saved_run_stands_only_for_the_config_it_ran(tmp_path):
     assert marl_suite.load(tmp_path, dataclasses.replace(job, seed=1)) is None  # never ran
 
 
+def test_the_table_shows_the_joint_steps_each_pair_played():
+    """The budget sizes the rounds; what a pair played is its seeds' last evaluation's steps (an
+    asynchronous learner's workers may play more than its learners take), shown beside its time."""
+    task = marl_suite.TASKS["simple_tag"]
+    curves = [
+        marl_suite.Curve(marl_suite.Job(task, algorithm, seed, 100_000, 1, 4), [0, steps], {"team": [1.0, final]}, 10.0)
+        for algorithm, steps in (("ippo", 100_352), ("appo", 200_704)) for seed, final in ((0, 3.0), (1, 5.0))
+    ]
+    lines = marl_suite.table(marl_suite.rows(curves, {"simple_tag": {"team": (1.0, 0.1)}})).splitlines()
+    assert lines[0].split("|")[-3:-1] == [" joint steps ", " seconds "]
+    assert [line.split("|")[3:4] + line.split("|")[-3:-1] for line in lines[2:]] == [
+        [" ippo ", " 100,352 ", " 20 "], [" appo ", " 200,704 ", " 20 "],
+    ]
+    assert all(line.count("|") == lines[1].count("|") for line in lines)  # every row has every column
+
+
 def test_a_pair_runs_its_tasks_config_with_the_suites_budget_seed_and_evaluations():
     """simple_spread/ippo.yaml: 256 steps x 8 copies a round; the seed reaches the learner's
     settings at the level its class keeps it (IPPO's under `ppo`, MAPPO's at the top)."""
