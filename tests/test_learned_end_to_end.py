@@ -24,6 +24,9 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 2
+# Per response: long enough (seconds, several of the progress reader's polls) for each response to
+# be seen in progress; a shorter one may start and end between two polls on a fast machine.
+EPISODES = 8000
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def learned_run(tmp_path_factory):
         "game: kuhn_poker\n"
         f"iterations: {ITERATIONS}\n"
         "experiment: learned\n"
-        "best_response: {episodes: 2000, episodes_per_round: 1000}\n"
+        f"best_response: {{episodes: {EPISODES}, episodes_per_round: 1000}}\n"
         "rollout: {workers: 2, envs_per_worker: 8}\n",
         "--oracle", "a2c", "--export", str(work / "export"),
         env={"PSRO_PROGRESS_EVERY": "1"},
@@ -56,7 +59,7 @@ def test_learned_run_reports_training_and_an_export_openspiel_accepts(learned_ru
         returns = client.get_metric_history(run.info.run_id, f"player_{player}/oracle_training_return")
         assert sorted(m.step for m in returns) == list(range(1, ITERATIONS + 1))
         episodes = client.get_metric_history(run.info.run_id, f"player_{player}/oracle_episodes")
-        assert {m.value for m in episodes} == {2000.0}
+        assert {m.value for m in episodes} == {float(EPISODES)}
     sys.path.insert(0, str(ROOT / "scripts"))
     from verify_export import verify
 
@@ -104,10 +107,10 @@ def test_each_learned_iteration_shows_its_responses_progress_within_seconds(lear
     for iteration in range(1, ITERATIONS + 1):
         began = next(t for t, line in timed if line.startswith(f"iter {iteration - 1:4d}"))
         ended = next(t for t, line in timed if line.startswith(f"iter {iteration:4d}"))
-        pattern = rf"(best response player_[01] \(iteration {iteration}\)): (\d+)/2000 episodes"
+        pattern = rf"(best response player_[01] \(iteration {iteration}\)): (\d+)/{EPISODES} episodes"
         shown = [(t, match) for t, line in timed if (match := re.match(pattern, line))]
         assert {match[1] for _, match in shown} == {f"best response player_{r} (iteration {iteration})" for r in (0, 1)}, result.stdout
         first_time, first = shown[0]
-        assert began <= first_time < min(began + 10, ended) and int(first[2]) < 2000, result.stdout
+        assert began <= first_time < min(began + 10, ended) and int(first[2]) < EPISODES, result.stdout
         counts = [int(match[2]) for _, match in shown if "player_0" in match[1]]
         assert counts == sorted(counts), result.stdout

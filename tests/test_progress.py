@@ -43,6 +43,26 @@ def test_the_store_keeps_done_total_rate_and_time_left_and_drops_work_that_ended
     assert store.progress() == [Progress("mappo training", 0, 1000, "steps", 2.0)]
 
 
+def test_work_that_ends_before_any_read_is_shown_once_as_it_ended():
+    """A response shorter than the reader's poll still gets its line: it stays until read once."""
+    clock = FakeClock()
+    board = ProgressBoard(clock=clock)
+    board.begin(Work("a", "best response player_1 (iteration 2)", 2000, "episodes"))
+    board.advance("a", 2000)
+    clock.now += 1.5
+    board.end("a")
+    board.advance("a", 100)  # after its end: not counted
+    clock.now += 3
+    assert board.read() == [Progress("best response player_1 (iteration 2)", 2000, 2000, "episodes", 1.5)]
+    assert board.read() == []  # shown once, then gone
+    # a board nobody reads keeps only the newest KEPT_UNREAD of the work that ended
+    for i in range(ProgressBoard.KEPT_UNREAD + 5):
+        board.begin(Work(str(i), f"work {i}", 1, "steps"))
+        board.end(str(i))
+    labels = [p.label for p in board.read()]
+    assert labels == [f"work {i}" for i in range(5, ProgressBoard.KEPT_UNREAD + 5)]
+
+
 def test_plain_lines_come_when_work_starts_then_at_most_every_interval():
     clock, lines = FakeClock(0.0), []
     view = PlainLines(lines.append, every=10, clock=clock)

@@ -55,13 +55,19 @@ class _Entry:
     work: Work
     began: float
     done: int = 0
+    read: bool = False  # shown to a reader at least once
+    ended: Optional[float] = None  # when it ended, by the board's clock
 
 
 class ProgressBoard:
-    """The work in progress, in the order it began. Work that ended drops out; counts for work
-    that is not open (it ended, or a retried learner reopened it) are ignored rather than
-    failing the rollouts they came with. A retried evaluation counts its episodes again, so what
-    is done is read as at most the total."""
+    """The work in progress, in the order it began. Work that ended drops out once a reader has
+    seen it: work shorter than the reader's poll is still shown, once, as it stood when it ended
+    (at most `KEPT_UNREAD` such, the oldest dropped first, so a board nobody reads stays small).
+    Counts for work that is not open (it ended, or a retried learner reopened it) are ignored
+    rather than failing the rollouts they came with. A retried evaluation counts its episodes
+    again, so what is done is read as at most the total."""
+
+    KEPT_UNREAD = 64
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
@@ -71,25 +77,38 @@ class ProgressBoard:
     def begin(self, work: Work) -> None:
         """Open `work` at 0 done. Work that is open already (its caller opened it when it asked
         for it, or a retried attempt starts over) restarts from 0 done but keeps its start: the
-        time it took before is part of what the work costs."""
+        time it took before is part of what the work costs, and a reader that has seen it has
+        seen it."""
         with self._lock:
             entry = self._entries.get(work.id)
-            self._entries[work.id] = _Entry(work, entry.began if entry else self._clock())
+            self._entries[work.id] = _Entry(work, entry.began, read=entry.read) if entry else _Entry(work, self._clock())
 
     def advance(self, work_id: str, amount: int) -> None:
         with self._lock:
             entry = self._entries.get(work_id)
-            if entry is not None:
+            if entry is not None and entry.ended is None:
                 entry.done += amount
 
     def end(self, work_id: str) -> None:
         with self._lock:
-            self._entries.pop(work_id, None)
+            entry = self._entries.get(work_id)
+            if entry is None or entry.read:
+                self._entries.pop(work_id, None)
+                return
+            entry.ended = self._clock()
+            unread = [key for key, e in self._entries.items() if e.ended is not None]
+            for key in unread[: max(0, len(unread) - self.KEPT_UNREAD)]:
+                del self._entries[key]
 
     def read(self) -> list[Progress]:
         with self._lock:
             now = self._clock()
-            return [
-                Progress(e.work.label, min(e.done, e.work.total), e.work.total, e.work.unit, now - e.began)
+            shown = [
+                Progress(e.work.label, min(e.done, e.work.total), e.work.total, e.work.unit, (now if e.ended is None else e.ended) - e.began)
                 for e in self._entries.values()
             ]
+            for key, entry in list(self._entries.items()):
+                entry.read = True
+                if entry.ended is not None:
+                    del self._entries[key]
+            return shown
