@@ -103,12 +103,10 @@ class ProgressBoard:
     def read(self) -> list[Progress]:
         with self._lock:
             now = self._clock()
-            shown = [
-                Progress(e.work.label, min(e.done, e.work.total), e.work.total, e.work.unit, (now if e.ended is None else e.ended) - e.began)
-                for e in self._entries.values()
-            ]
-            for key, entry in list(self._entries.items()):
-                entry.read = True
-                if entry.ended is not None:
+            shown = []
+            for key, e in list(self._entries.items()):
+                shown.append(Progress(e.work.label, min(e.done, e.work.total), e.work.total, e.work.unit, (now if e.ended is None else e.ended) - e.began))
+                e.read = True
+                if e.ended is not None:  # seen now: gone
                     del self._entries[key]
             return shown
