@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from marl_core.distributed.dataset_server import CLOSED, FULL, STORED, DatasetServer
+from marl_core.distributed.dataset_server import CLOSED, FULL, RESERVED, STORED, DatasetServer
 from marl_core.distributed.parameter_server import ParameterServer
 from marl_core.distributed.settings import DatasetConfig, StrategyConfig  # noqa: F401
 from marl_core.rl.batch import Experience
@@ -62,6 +62,24 @@ def test_a_closed_server_releases_a_waiting_producer_and_consumer():
     for waiter in waiters:
         waiter.join(timeout=5.0)
     assert outcomes == {"put": CLOSED, "take": None}
+
+
+def test_room_reserved_before_playing_counts_against_the_bound_and_keeps_a_fragment_played_past_close():
+    """The workers' fragments in play count as held, so they are never more than capacity ahead;
+    one whose room was reserved is stored even after the server closed (its play is not lost);
+    a stream's new reservation replaces its last (a restarted worker's)."""
+    server = DatasetServer(DatasetConfig(capacity=2))
+    assert server.put("old", 0, timeout=0.0, origin=("a", 0)) == STORED
+    assert server.reserve("a", 1, timeout=0.0) == RESERVED
+    assert server.reserve("b", 0, timeout=0.01) == FULL  # one held and one in play: no room
+    assert server.put("other", 0, timeout=0.01) == FULL  # nor for a fragment that reserved none
+    assert server.reserve("a", 1, timeout=0.0) == RESERVED  # replaced, not doubled
+    server.close()
+    assert server.reserve("b", 0, timeout=0.0) == CLOSED
+    assert server.put("played", 1, timeout=0.0, origin=("a", 1)) == STORED
+    assert [f.item for f in server.take(2, learner_version=1, timeout=0.0)] == ["old", "played"]
+    server.open()
+    assert server.reserve("b", 0, timeout=0.0) == RESERVED and server.reserve("a", 2, timeout=0.0) == RESERVED
 
 
 def test_replay_keeps_the_newest_fragments_up_to_capacity_without_waiting():

@@ -7,8 +7,10 @@ fragment's, so a run can show how far behind its data was (V-trace corrects for 
 gap).
 
 - `fifo` (on-policy): each fragment is taken once, oldest first (RLlib's learner queue does the
-  same: stale batches destabilised learning, ray#48702). A full buffer makes `put` wait: the
-  workers slow to the learners' pace, and the buffer never grows past its capacity.
+  same: stale batches destabilised learning, ray#48702). A worker `reserve`s room for a fragment
+  before it plays it, and a full buffer makes it wait: the workers slow to the learners' pace,
+  the fragments held and being played never pass the capacity, and a fragment played is always
+  stored (even once the server has closed), so no play is thrown away.
 - `uniform` / `prioritized` (replay): fragments stay and are sampled with replacement; at
   capacity the oldest is replaced, so the buffer stays bounded while workers never wait.
   Prioritized sampling is proportional to priority ** alpha, new fragments getting the highest
@@ -32,7 +34,7 @@ import numpy as np
 from marl_core.distributed.settings import DatasetConfig
 
 
-STORED, FULL, CLOSED = "stored", "full", "closed"  # what a put did
+STORED, FULL, CLOSED, RESERVED = "stored", "full", "closed", "reserved"  # what a put or reserve did
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,34 +69,68 @@ class DatasetServer:
         self._put_wait = self._take_wait = 0.0
         self._staleness: collections.Counter[int] = collections.Counter()
         self._stored_index: dict[str, int] = {}  # stream -> index of its newest fragment stored
+        self._reserved: dict[str, int] = {}  # stream -> index of the fragment it has room for, being played
 
     def put(self, item: Any, version: int, timeout: float, origin: Optional[tuple[str, int]] = None) -> str:
         """Store `item`, played by weights `version`: STORED; FULL if (FIFO) the buffer stayed full
         for `timeout` seconds, and the caller tries again; CLOSED if producers should stop.
         `origin` (stream, index): a fragment of a stream at or before the last one stored is
-        already here (a restarted worker replays its stream) and is not stored twice."""
+        already here (a restarted worker replays its stream) and is not stored twice; one that
+        `reserve`d its room is stored at once."""
         with self._changed:
+            reserved = origin is not None and self._reserved.get(origin[0]) == origin[1]
+            if reserved:
+                del self._reserved[origin[0]]
+                self._changed.notify_all()
             if origin is not None and origin[1] <= self._stored_index.get(origin[0], -1):
+                return STORED
+            if reserved:  # its room was kept: stored, open or closed
+                self._store(item, version, origin)
                 return STORED
             if self.config.kind == "fifo":
                 started = self._clock()
-                self._changed.wait_for(lambda: self._closed or len(self._fragments) < self.config.capacity, timeout)
+                self._changed.wait_for(lambda: self._closed or self._room(), timeout)
                 self._put_wait += self._clock() - started
             if self._closed:
                 return CLOSED
-            if self.config.kind == "fifo" and len(self._fragments) >= self.config.capacity:
+            if self.config.kind == "fifo" and not self._room():
                 return FULL
-            if len(self._fragments) >= self.config.capacity:  # replay: the oldest makes room
-                self._priorities.pop(self._fragments.popleft().key, None)
-            fragment = Fragment(self._inserted, item, version)
-            self._fragments.append(fragment)
-            if self.config.kind == "prioritized":
-                self._priorities[fragment.key] = self._max_priority
-            self._inserted += 1
-            if origin is not None:
-                self._stored_index[origin[0]] = origin[1]
-            self._changed.notify_all()
+            self._store(item, version, origin)
             return STORED
+
+    def reserve(self, stream: str, index: int, timeout: float) -> str:
+        """Room for fragment `index` of `stream`, asked before it is played: RESERVED, and its `put`
+        will store it; FULL if (FIFO) the fragments held and reserved stayed at capacity for
+        `timeout` seconds, and the caller tries again; CLOSED if producers should stop. A stream
+        has one fragment in play at a time, so a new reservation replaces its stream's last
+        (a restarted worker's replaces the one its predecessor left)."""
+        with self._changed:
+            self._reserved.pop(stream, None)
+            if self.config.kind == "fifo":
+                started = self._clock()
+                self._changed.wait_for(lambda: self._closed or self._room(), timeout)
+                self._put_wait += self._clock() - started
+            if self._closed:
+                return CLOSED
+            if self.config.kind == "fifo" and not self._room():
+                return FULL
+            self._reserved[stream] = index
+            return RESERVED
+
+    def _room(self) -> bool:
+        return len(self._fragments) + len(self._reserved) < self.config.capacity
+
+    def _store(self, item: Any, version: int, origin: Optional[tuple[str, int]]) -> None:
+        if len(self._fragments) >= self.config.capacity:  # replay: the oldest makes room
+            self._priorities.pop(self._fragments.popleft().key, None)
+        fragment = Fragment(self._inserted, item, version)
+        self._fragments.append(fragment)
+        if self.config.kind == "prioritized":
+            self._priorities[fragment.key] = self._max_priority
+        self._inserted += 1
+        if origin is not None:
+            self._stored_index[origin[0]] = origin[1]
+        self._changed.notify_all()
 
     def take(self, count: int, learner_version: int, timeout: float) -> Optional[list[Fragment]]:
         """`count` fragments for a learner whose weights are `learner_version`: the oldest (FIFO,
@@ -171,6 +207,9 @@ class DatasetClient:
 
     def put(self, item: Any, version: int, timeout: float, origin: Optional[tuple[str, int]] = None) -> str:
         return self._call("put", item, version, timeout, origin)
+
+    def reserve(self, stream: str, index: int, timeout: float) -> str:
+        return self._call("reserve", stream, index, timeout)
 
     def take(self, count: int, learner_version: int, timeout: float) -> Optional[list[Fragment]]:
         return self._call("take", count, learner_version, timeout)

@@ -15,10 +15,10 @@ two steps that run at once, then the usual evaluation:
 
 A round's learners take `workers` fragments in all, as many as a synchronous round learns from,
 so the two compare at equal data; the workers meanwhile play on, up to the buffer's capacity
-ahead. The dataset server lives for the whole run, and a fragment a worker finishes as the round
-closes is stored first in the next (`RolloutWorker.stream`), so what is played at the end of one
-round is learned from in the next and a run's joint steps stay what its learners took, plus that
-lead.
+ahead (room for each fragment is reserved before it is played). The dataset server lives for the
+whole run, and a fragment a worker finishes after the round closed is stored all the same, so
+what is played at the end of one round is learned from in the next, and a run's joint steps are
+what its learners took plus at most the buffer's capacity.
 """
 
 from __future__ import annotations

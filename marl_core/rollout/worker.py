@@ -176,16 +176,6 @@ class StreamSummary:
     episode_lengths: np.ndarray
 
 
-@dataclasses.dataclass(frozen=True)
-class _HeldFragment:
-    dataset: object  # the dataset it was played for (a server, or its actor's name): only it may store it
-    index: int
-    result: RolloutResult
-
-    def played_for(self, dataset) -> bool:
-        return self.dataset is dataset or (isinstance(dataset, str) and self.dataset == dataset)
-
-
 EnvSource = Union[str, Callable[[], MultiAgentEnv]]  # a `make_env` name, or a factory
 
 
@@ -231,7 +221,6 @@ class RolloutWorker:
         self._networks: dict[str, tuple[NetworkPolicy, int]] = {}  # learner key -> (network, version)
         self._rows: dict[tuple[str, int], dict[str, int]] = {}  # (game, player) -> information state -> row
         self._streams: dict[str, Stream] = {}  # fragment streams: their own copies, mid-episode
-        self._held: dict[str, _HeldFragment] = {}  # stream -> its fragment played as its dataset closed
 
     # --- the learners' networks, refreshed once per request ----------------------------------
 
@@ -504,41 +493,27 @@ class RolloutWorker:
         this worker's copies, or, for a worker that has none (it was restarted), from the
         dataset's next index with fresh copies. Fragment k is seeded by (*request.seed, k).
 
-        A fragment finished as the dataset closed is held, and stored first when the stream goes
-        on into the same dataset (the next round): no joint step played is thrown away, so what
-        the workers play stays what the learners take, plus a lead of at most the buffer's
-        capacity and one fragment a worker."""
+        Each fragment's room is reserved before it is played: no joint step played is thrown
+        away, and the workers are never further ahead of the learners than the buffer holds."""
         from marl_core.distributed.dataset_server import CLOSED, FULL, DatasetClient
 
         sink = DatasetClient(dataset) if isinstance(dataset, str) else dataset
         name = request.fragment.stream
         index = self._streams[name].next_index if name in self._streams else sink.next_index(name)
-        env_steps, returns, lengths = 0, [], []
-        held = self._held.pop(name, None)
-        if held is not None and held.played_for(dataset):
-            if self._put(sink, held.result, name, held.index, put_timeout) == CLOSED:
-                self._held[name] = held
-                return StreamSummary(index, 0, np.zeros((0, len(self.spec.agents))), np.zeros(0, dtype=np.int64))
+        env_steps, returns, lengths = 0, [np.zeros((0, len(self.spec.agents)))], [np.zeros(0, dtype=np.int64)]
         while True:
+            room = FULL
+            while room == FULL:
+                room = sink.reserve(name, index, put_timeout)
+            if room == CLOSED:
+                return StreamSummary(index, env_steps, np.concatenate(returns), np.concatenate(lengths))
             fragment = dataclasses.replace(request.fragment, index=index)
             result = self.collect(dataclasses.replace(request, fragment=fragment, seed=(*request.seed, index)))
             env_steps += result.env_steps
             returns.append(result.episode_returns)
             lengths.append(result.episode_lengths)
             index += 1
-            if self._put(sink, result, name, fragment.index, put_timeout) == CLOSED:
-                self._held[name] = _HeldFragment(dataset, fragment.index, result)
-                return StreamSummary(index, env_steps, np.concatenate(returns), np.concatenate(lengths))
-
-    @staticmethod
-    def _put(sink, result: RolloutResult, stream: str, index: int, timeout: float) -> str:
-        """Store one fragment, waiting while the buffer is full: STORED, or CLOSED."""
-        from marl_core.distributed.dataset_server import FULL
-
-        put = FULL
-        while put == FULL:
-            put = sink.put(result, result.weights_version, timeout, (stream, index))
-        return put
+            sink.put(result, result.weights_version, put_timeout, (name, fragment.index))  # into its reserved room
 
     def node_id(self) -> str:
         import ray
