@@ -87,14 +87,9 @@ class DatasetServer:
             if reserved:  # its room was kept: stored, open or closed
                 self._store(item, version, origin)
                 return STORED
-            if self.config.kind == "fifo":
-                started = self._clock()
-                self._changed.wait_for(lambda: self._closed or self._room(), timeout)
-                self._put_wait += self._clock() - started
-            if self._closed:
-                return CLOSED
-            if self.config.kind == "fifo" and not self._room():
-                return FULL
+            refused = self._wait_for_room(timeout)
+            if refused is not None:
+                return refused
             self._store(item, version, origin)
             return STORED
 
@@ -106,16 +101,24 @@ class DatasetServer:
         (a restarted worker's replaces the one its predecessor left)."""
         with self._changed:
             self._reserved.pop(stream, None)
-            if self.config.kind == "fifo":
-                started = self._clock()
-                self._changed.wait_for(lambda: self._closed or self._room(), timeout)
-                self._put_wait += self._clock() - started
-            if self._closed:
-                return CLOSED
-            if self.config.kind == "fifo" and not self._room():
-                return FULL
+            refused = self._wait_for_room(timeout)
+            if refused is not None:
+                return refused
             self._reserved[stream] = index
             return RESERVED
+
+    def _wait_for_room(self, timeout: float) -> Optional[str]:
+        """None once a fragment may go in (replay: at once); else CLOSED, or FULL after `timeout`
+        seconds of a full FIFO buffer. Called holding the lock."""
+        if self.config.kind == "fifo":
+            started = self._clock()
+            self._changed.wait_for(lambda: self._closed or self._room(), timeout)
+            self._put_wait += self._clock() - started
+        if self._closed:
+            return CLOSED
+        if self.config.kind == "fifo" and not self._room():
+            return FULL
+        return None
 
     def _room(self) -> bool:
         return len(self._fragments) + len(self._reserved) < self.config.capacity
