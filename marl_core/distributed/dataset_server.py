@@ -79,17 +79,15 @@ class DatasetServer:
         `reserve`d its room is stored at once."""
         with self._changed:
             reserved = origin is not None and self._reserved.get(origin[0]) == origin[1]
-            if reserved:
+            if reserved:  # its room was kept: stored, open or closed
                 del self._reserved[origin[0]]
                 self._changed.notify_all()
             if origin is not None and origin[1] <= self._stored_index.get(origin[0], -1):
                 return STORED
-            if reserved:  # its room was kept: stored, open or closed
-                self._store(item, version, origin)
-                return STORED
-            refused = self._wait_for_room(timeout)
-            if refused is not None:
-                return refused
+            if not reserved:
+                refused = self._wait_for_room(timeout)
+                if refused is not None:
+                    return refused
             self._store(item, version, origin)
             return STORED
 
