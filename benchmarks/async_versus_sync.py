@@ -90,34 +90,48 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync-config", type=Path, default=ROOT / "configs/marl/simple_spread/ippo.yaml")
     parser.add_argument("--async-config", type=Path, default=ROOT / "configs/marl/simple_spread/appo.yaml")
-    parser.add_argument("--two-workers", action="store_true", help="also run the synchronous config with its copies over two workers")
-    parser.add_argument("--target", type=float, help="skip the synchronous run and aim at this return (trying configs out)")
+    parser.add_argument(
+        "--two-workers", action="store_true", help="also run the synchronous config with its copies over two workers"
+    )
+    parser.add_argument(
+        "--target", type=float, help="skip the synchronous run and aim at this return (trying configs out)"
+    )
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     if args.target is None:
         sync_config = load(args.sync_config, args.seed)
         sync_curve, sync_rate = run_sync(sync_config)
         seconds, steps, target = sync_curve[-1]
-        print(f"synchronous  ({args.sync_config.name}, {sync_config.workers} worker(s)): final greedy return {target:.2f} "
-              f"after {steps:,} joint steps in {seconds:.1f} s, {sync_rate:,.0f} joint steps/s   load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"synchronous  ({args.sync_config.name}, {sync_config.workers} worker(s)): final greedy return {target:.2f} "
+            f"after {steps:,} joint steps in {seconds:.1f} s, {sync_rate:,.0f} joint steps/s   load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         if args.two_workers and sync_config.workers == 1:
             both = sync_config.model_copy(update={"workers": 2, "envs_per_worker": sync_config.envs_per_worker // 2})
             curve, rate = run_sync(both)
             at = next((s for s, _, r in curve if r >= target), None)
-            print(f"synchronous  (the same with 2 workers of {both.envs_per_worker} copies): final {curve[-1][2]:.2f} in "
-                  f"{curve[-1][0]:.1f} s, {rate:,.0f} joint steps/s; first at or above {target:.2f} after "
-                  f"{'never' if at is None else f'{at:.1f} s'}   load {os.getloadavg()[0]:.2f}", flush=True)
+            print(
+                f"synchronous  (the same with 2 workers of {both.envs_per_worker} copies): final {curve[-1][2]:.2f} in "
+                f"{curve[-1][0]:.1f} s, {rate:,.0f} joint steps/s; first at or above {target:.2f} after "
+                f"{'never' if at is None else f'{at:.1f} s'}   load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     else:
         sync_curve, seconds, target = [], float("nan"), args.target
     async_curve, async_rate, learner = run_async(load(args.async_config, args.seed), target)
     a_seconds, a_steps, a_return = async_curve[-1]
     reached = a_return >= target
-    print(f"asynchronous ({args.async_config.name}): greedy return {a_return:.2f} after {a_steps:,} joint steps in "
-          f"{a_seconds:.1f} s, {async_rate:,.0f} joint steps/s played; {'reached' if reached else 'did NOT reach'} the target; "
-          f"staleness {learner.get('async/staleness_mean', float('nan')):.1f} steps, learner busy "
-          f"{learner.get('async/learner_utilisation', float('nan')):.0%}   load {os.getloadavg()[0]:.2f}")
+    print(
+        f"asynchronous ({args.async_config.name}): greedy return {a_return:.2f} after {a_steps:,} joint steps in "
+        f"{a_seconds:.1f} s, {async_rate:,.0f} joint steps/s played; {'reached' if reached else 'did NOT reach'} the target; "
+        f"staleness {learner.get('async/staleness_mean', float('nan')):.1f} steps, learner busy "
+        f"{learner.get('async/learner_utilisation', float('nan')):.0%}   load {os.getloadavg()[0]:.2f}"
+    )
     if reached:
-        print(f"wall time to {target:.2f}: synchronous {seconds:.1f} s, asynchronous {a_seconds:.1f} s ({seconds / a_seconds:.2f}x)")
+        print(
+            f"wall time to {target:.2f}: synchronous {seconds:.1f} s, asynchronous {a_seconds:.1f} s ({seconds / a_seconds:.2f}x)"
+        )
     print("curves (seconds, joint steps, greedy return):")
     print("  synchronous ", [(round(s), n, round(r, 2)) for s, n, r in sync_curve])
     print("  asynchronous", [(round(s), n, round(r, 2)) for s, n, r in async_curve])

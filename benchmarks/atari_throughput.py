@@ -54,7 +54,6 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-
 from rllib_venv import peer_python  # benchmarks/, this script's directory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,10 +148,16 @@ class OurRollouts:
         ours = self.pools[workers]
         self.streams += 1
         name = f"atari-dataset-{self.streams}"
-        server = ray.remote(num_cpus=0, max_concurrency=8)(DatasetServer).options(name=name).remote(DatasetConfig(capacity=4))
+        server = (
+            ray.remote(num_cpus=0, max_concurrency=8)(DatasetServer)
+            .options(name=name)
+            .remote(DatasetConfig(capacity=4))
+        )
         dataset = DatasetClient(server)
         ours.learner.publish(ours.pool, ours.next_round)
-        streaming = threading.Thread(target=stream_rollouts, args=(ours.config, ours.pool, _Streamed(ours.learner, name)))
+        streaming = threading.Thread(
+            target=stream_rollouts, args=(ours.config, ours.pool, _Streamed(ours.learner, name))
+        )
         streaming.start()
         try:
             dataset.take(workers, 0, 600.0)  # the streams' first fragments: weights pulled
@@ -203,7 +208,9 @@ class RLlibRollouts:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each timed window")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds: each system started, timed and stopped once per round")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds: each system started, timed and stopped once per round"
+    )
     parser.add_argument("--envs", type=int, default=16, help="environment copies per worker, both sides")
     parser.add_argument("--steps", type=int, default=64, help="ours: joint steps per copy per round (fragment length)")
     parser.add_argument("--peer-venv", type=Path, default=ROOT / ".bench" / "rllib-venv")
@@ -214,7 +221,9 @@ def main() -> None:
     plain = PlainLoop()
     starts = {"ours": lambda: OurRollouts(args.envs, args.steps), "rllib": lambda: RLlibRollouts(python, args.envs)}
     kinds = {"ours": ("rounds", "streaming"), "rllib": ("sample",)}
-    rates: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)  # (side, kind, workers); workers 0: the plain loop beside it
+    rates: dict[tuple[str, str, int], list[float]] = collections.defaultdict(
+        list
+    )  # (side, kind, workers); workers 0: the plain loop beside it
     for repeat in range(args.repeats):
         for side, start in starts.items():
             # One system at a time: the processes of the other, even idle, slowed it (docs/performance.md).
@@ -228,7 +237,11 @@ def main() -> None:
                 rates[side, "", 0].append((before + plain.window(args.seconds)) / 2)
             finally:
                 system.close()
-        print(f"round {repeat + 1}/{args.repeats}: " + ", ".join(f"{' '.join(map(str, k))}: {v[-1]:.0f}" for k, v in rates.items()), flush=True)
+        print(
+            f"round {repeat + 1}/{args.repeats}: "
+            + ", ".join(f"{' '.join(map(str, k))}: {v[-1]:.0f}" for k, v in rates.items()),
+            flush=True,
+        )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
     # Each ratio is taken within a round, against the plain-loop windows just before and after
@@ -237,15 +250,19 @@ def main() -> None:
     print(f"\nmedians over {args.repeats} rounds of {args.seconds:g}-second windows; ratios paired within a round")
     print(f"{'':48s} {'steps/s':>8s} {'frames/s':>9s} {'x plain':>8s} {'x rllib':>8s}")
     plain_all = np.concatenate([r["ours", "", 0], r["rllib", "", 0]])
-    print(f"{'plain loop (1 process, random actions)':48s} {np.median(plain_all):8.0f} {np.median(plain_all) * FRAME_SKIP:9.0f} {1:7.2f}x")
+    print(
+        f"{'plain loop (1 process, random actions)':48s} {np.median(plain_all):8.0f} {np.median(plain_all) * FRAME_SKIP:9.0f} {1:7.2f}x"
+    )
     for w in (1, 2):
         for side in starts:
             for kind in kinds[side]:
                 values = r[side, kind, w]
                 versus = f"{np.median(values / r['rllib', 'sample', w]):7.2f}x" if side == "ours" else ""
                 name = f"{side} {kind}, {w} worker(s) x {args.envs} copies"
-                print(f"{name:48s} {np.median(values):8.0f} {np.median(values) * FRAME_SKIP:9.0f} "
-                      f"{np.median(values / r[side, '', 0]):7.2f}x {versus:>8s}")
+                print(
+                    f"{name:48s} {np.median(values):8.0f} {np.median(values) * FRAME_SKIP:9.0f} "
+                    f"{np.median(values / r[side, '', 0]):7.2f}x {versus:>8s}"
+                )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,15 @@ def train(strategy: str, seed: int, max_steps: int, eval_every: int) -> dict:
     from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
-        env="gymnasium:CartPole-v1", algorithm="ippo", seed=seed, workers=2, envs_per_worker=4, steps_per_round=128,
-        rounds=max_steps // (2 * 4 * 128), eval_every=eval_every, eval_episodes=20,
+        env="gymnasium:CartPole-v1",
+        algorithm="ippo",
+        seed=seed,
+        workers=2,
+        envs_per_worker=4,
+        steps_per_round=128,
+        rounds=max_steps // (2 * 4 * 128),
+        eval_every=eval_every,
+        eval_episodes=20,
         settings={"ppo": {**PPO, "seed": seed}, "asynchronous": {"distributed": {"strategy": strategy, "learners": 2}}},
     )
     layout, _ = layout_and_spec(config)
@@ -54,7 +61,10 @@ def train(strategy: str, seed: int, max_steps: int, eval_every: int) -> dict:
             learners.close()
             pool.close()
     return {
-        "strategy": strategy, "rounds": record.round + 1, "env_steps": env_steps, "seconds": time.perf_counter() - started,
+        "strategy": strategy,
+        "rounds": record.round + 1,
+        "env_steps": env_steps,
+        "seconds": time.perf_counter() - started,
         "return": record.eval_returns["policy/agent"] if record.eval_returns else float("nan"),
         "reached": bool(record.eval_returns and record.eval_returns["policy/agent"] >= TARGET),
         "staleness": record.learner.get("async/staleness_mean", float("nan")),
@@ -70,11 +80,16 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5, help="rounds between greedy evaluations")
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'strategy':8} {'reached':>7} {'rounds':>6} {'joint steps':>11} {'seconds':>8} {'return':>7} {'staleness':>9} {'dropped':>7}")
+    print(
+        f"{'strategy':8} {'reached':>7} {'rounds':>6} {'joint steps':>11} {'seconds':>8} {'return':>7} {'staleness':>9} {'dropped':>7}"
+    )
     for strategy in args.strategies:
         r = train(strategy, args.seed, args.max_steps, args.eval_every)
-        print(f"{r['strategy']:8} {str(r['reached']):>7} {r['rounds']:6d} {r['env_steps']:11,d} {r['seconds']:8.1f} "
-              f"{r['return']:7.1f} {r['staleness']:9.1f} {r['dropped']:7.0f}   load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"{r['strategy']:8} {str(r['reached']):>7} {r['rounds']:6d} {r['env_steps']:11,d} {r['seconds']:8.1f} "
+            f"{r['return']:7.1f} {r['staleness']:9.1f} {r['dropped']:7.0f}   load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import yaml
@@ -127,21 +126,32 @@ def run_identity(job: Job) -> dict:
     """What a saved run must match to stand for `job`: its whole config, the algorithm's
     settings with their defaults resolved, and the suite's evaluation settings."""
     config = run_config(job)
-    return {"config": config.model_dump(mode="json"), "settings": config.algorithm_settings.model_dump(mode="json"),
-            "evaluations": job.evaluations}
+    return {
+        "config": config.model_dump(mode="json"),
+        "settings": config.algorithm_settings.model_dump(mode="json"),
+        "evaluations": job.evaluations,
+    }
 
 
 def save(results: Path, curve: Curve) -> None:
     path = result_path(results, curve.job)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"identity": run_identity(curve.job), "steps": curve.steps, "scores": curve.scores, "seconds": curve.seconds,
-              "self_play": curve.self_play, "in_seats": curve.in_seats, "commit": commit(), "finished": time.time()}
+    record = {
+        "identity": run_identity(curve.job),
+        "steps": curve.steps,
+        "scores": curve.scores,
+        "seconds": curve.seconds,
+        "self_play": curve.self_play,
+        "in_seats": curve.in_seats,
+        "commit": commit(),
+        "finished": time.time(),
+    }
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps(record))
     temporary.replace(path)  # whole or absent, whenever the suite is stopped
 
 
-def commit() -> Optional[str]:
+def commit() -> str | None:
     """The code a run ran, for the record: a resumed suite may join runs of several commits."""
     import subprocess
 
@@ -149,7 +159,7 @@ def commit() -> Optional[str]:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def load(results: Path, job: Job) -> Optional[Curve]:
+def load(results: Path, job: Job) -> Curve | None:
     """The saved run of `job`, or None where there is none or it ran another config."""
     path = result_path(results, job)
     if not path.exists():
@@ -179,15 +189,28 @@ def run_config(job: Job) -> MARLConfig:
     path = job.configs / job.task.name / f"{job.algorithm}.yaml"
     base = yaml.safe_load(path.read_text()) if path.exists() else {"env": job.task.env, "algorithm": job.algorithm}
     if (base["env"], base["algorithm"]) != (job.task.env, job.algorithm):
-        raise ValueError(f"{path}: env {base['env']!r} / algorithm {base['algorithm']!r}, expected {job.task.env!r} / {job.algorithm!r}")
-    shape = MARLConfig(env=job.task.env, algorithm=job.algorithm, **{k: v for k, v in base.items() if k in ("steps_per_round", "envs_per_worker", "workers")})
+        raise ValueError(
+            f"{path}: env {base['env']!r} / algorithm {base['algorithm']!r}, expected {job.task.env!r} / {job.algorithm!r}"
+        )
+    shape = MARLConfig(
+        env=job.task.env,
+        algorithm=job.algorithm,
+        **{k: v for k, v in base.items() if k in ("steps_per_round", "envs_per_worker", "workers")},
+    )
     rounds = max(1, round(job.budget / (shape.steps_per_round * shape.envs_per_worker * shape.workers)))
-    return shape.model_copy(update=dict(
-        settings=settings_with_seed(job.algorithm, base.get("settings", {}), job.seed),
-        agent_ids=base.get("agent_ids", True) and job.task.cooperative, rounds=rounds,
-        eval_every=max(1, rounds // job.evaluations), eval_episodes=job.eval_episodes,
-        eval_greedy=job.task.cooperative, eval_versus_uniform=not job.task.cooperative, checkpoint_every=rounds, seed=job.seed,
-    ))
+    return shape.model_copy(
+        update=dict(
+            settings=settings_with_seed(job.algorithm, base.get("settings", {}), job.seed),
+            agent_ids=base.get("agent_ids", True) and job.task.cooperative,
+            rounds=rounds,
+            eval_every=max(1, rounds // job.evaluations),
+            eval_episodes=job.eval_episodes,
+            eval_greedy=job.task.cooperative,
+            eval_versus_uniform=not job.task.cooperative,
+            checkpoint_every=rounds,
+            seed=job.seed,
+        )
+    )
 
 
 def score_groups(task: Task, groups: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
@@ -198,12 +221,16 @@ def score_groups(task: Task, groups: dict[str, tuple[str, ...]]) -> dict[str, tu
     return dict(groups)
 
 
-def scores(task: Task, returns: dict[str, float], groups: dict[str, tuple[str, ...]], self_play: bool = False) -> dict[str, float]:
+def scores(
+    task: Task, returns: dict[str, float], groups: dict[str, tuple[str, ...]], self_play: bool = False
+) -> dict[str, float]:
     """Each score's return, the mean over its agents: a team's, or a role's against uniform play
     (`self_play`: against the trained others)."""
     column = "{}" if task.cooperative or self_play else "vs_uniform/{}"
-    return {key: float(np.mean([returns[column.format(agent)] for agent in members]))
-            for key, members in score_groups(task, groups).items()}
+    return {
+        key: float(np.mean([returns[column.format(agent)] for agent in members]))
+        for key, members in score_groups(task, groups).items()
+    }
 
 
 def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> dict[str, float]:
@@ -222,11 +249,18 @@ def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> 
         for key, members in score_groups(task, layout.groups).items():
             roles = training.UniformInSeats(tuple(members), training.policy_mapping(config))
             playing = {roles(agent) for agent in layout.agents if agent not in members}
-            requests.append(RolloutRequest(
-                roles=roles, populations=roles.populations(),
-                learners={policy: handle.specs()[policy] for policy in playing}, episodes=episodes,
-                seed=(config.seed, 5, len(keys)), explore=not config.eval_greedy, agent_ids=config.agent_ids, experience=False,
-            ))
+            requests.append(
+                RolloutRequest(
+                    roles=roles,
+                    populations=roles.populations(),
+                    learners={policy: handle.specs()[policy] for policy in playing},
+                    episodes=episodes,
+                    seed=(config.seed, 5, len(keys)),
+                    explore=not config.eval_greedy,
+                    agent_ids=config.agent_ids,
+                    experience=False,
+                )
+            )
             keys.append(key)
         results = pool.collect(requests)
     finally:
@@ -287,9 +321,17 @@ def uniform_play(task: Task, episodes: int) -> dict[str, tuple[float, float]]:
     roles = UniformInSeats(tuple(layout.agents), str)  # every seat
     pool = WorkerPool(PoolConfig(task.env, 1, 8))
     try:
-        (result,) = pool.collect([RolloutRequest(
-            roles=roles, populations=roles.populations(), episodes=episodes, seed=(9, 9, 9), experience=False,
-        )])
+        (result,) = pool.collect(
+            [
+                RolloutRequest(
+                    roles=roles,
+                    populations=roles.populations(),
+                    episodes=episodes,
+                    seed=(9, 9, 9),
+                    experience=False,
+                )
+            ]
+        )
     finally:
         pool.close()
     groups = score_groups(task, layout.groups)
@@ -350,8 +392,9 @@ def table(rows_: list[Row]) -> str:
     for row in rows_:
         final, final_stderr = mean_and_stderr(row.final)
         gain, gain_stderr = mean_and_stderr(np.subtract(row.final, row.untrained))
-        against_trained = "| | |" if not row.self_play else (
-            f"| {np.mean(row.self_play):.2f} | {np.mean(row.in_seats):.2f} |")
+        against_trained = (
+            "| | |" if not row.self_play else (f"| {np.mean(row.self_play):.2f} | {np.mean(row.in_seats):.2f} |")
+        )
         lines.append(
             f"| {row.task} | {row.score} | {row.algorithm} | {final:.2f} ± {final_stderr:.2f} "
             f"| {row.uniform[0]:.2f} ± {row.uniform[1]:.2f} | {row.margin:.1f} | {np.mean(row.untrained):.2f} "
@@ -393,8 +436,15 @@ def log_to_mlflow(tracking_uri: str, args, curves: list[Curve], uniform, rows_: 
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment("marl-suite")
     with mlflow.start_run(run_name="quick" if args.quick else f"budget {args.budget}") as run:
-        mlflow.log_params(dict(budget=args.budget, seeds=args.seeds, tasks=",".join(args.tasks),
-                               algorithms=",".join(args.algorithms), eval_episodes=args.eval_episodes))
+        mlflow.log_params(
+            dict(
+                budget=args.budget,
+                seeds=args.seeds,
+                tasks=",".join(args.tasks),
+                algorithms=",".join(args.algorithms),
+                eval_episodes=args.eval_episodes,
+            )
+        )
         for name in args.tasks:
             task_curves = [c for c in curves if c.job.task.name == name]
             if task_curves:
@@ -402,41 +452,70 @@ def log_to_mlflow(tracking_uri: str, args, curves: list[Curve], uniform, rows_: 
                 mlflow.log_figure(figure, f"plots/{name}.png")
                 plots.close(figure)
         for row in rows_:
-            mlflow.log_metrics({f"{row.task}/{row.score}/{row.algorithm}/final": float(np.mean(row.final)),
-                                f"{row.task}/{row.score}/{row.algorithm}/margin": row.margin})
+            mlflow.log_metrics(
+                {
+                    f"{row.task}/{row.score}/{row.algorithm}/final": float(np.mean(row.final)),
+                    f"{row.task}/{row.score}/{row.algorithm}/margin": row.margin,
+                }
+            )
         mlflow.log_text(text, "table.md")
         return run.info.run_id
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--algorithms", nargs="+", default=sorted(MARL_ALGORITHMS), choices=sorted(MARL_ALGORITHMS))
     parser.add_argument("--budget", type=int, default=100_000, help="joint environment steps per run")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per pair (simple_tag's sparse catches need 5 to tell its learners from chance)")
-    parser.add_argument("--evaluations", type=int, default=8, help="evaluations during a run, besides the one before it")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=5,
+        help="seeds per pair (simple_tag's sparse catches need 5 to tell its learners from chance)",
+    )
+    parser.add_argument(
+        "--evaluations", type=int, default=8, help="evaluations during a run, besides the one before it"
+    )
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--uniform-episodes", type=int, default=2000)
-    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at once, each in a process of its own (0: here)")
-    parser.add_argument("--configs", type=Path, default=CONFIGS, help="a folder of <task>/<algorithm>.yaml files to run instead")
-    parser.add_argument("--results", type=Path, default=Path("marl-suite-runs"), help="where each finished run is saved")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count(), help="runs at once, each in a process of its own (0: here)"
+    )
+    parser.add_argument(
+        "--configs", type=Path, default=CONFIGS, help="a folder of <task>/<algorithm>.yaml files to run instead"
+    )
+    parser.add_argument(
+        "--results", type=Path, default=Path("marl-suite-runs"), help="where each finished run is saved"
+    )
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     parser.add_argument("--quick", action="store_true", help="a smoke run: one seed, one round a run, few episodes")
     args = parser.parse_args(argv)
     if args.quick:
         args.budget, args.seeds, args.evaluations, args.eval_episodes, args.uniform_episodes = 1, 1, 1, 2, 16
-    for name, value in (("--budget", args.budget), ("--seeds", args.seeds), ("--evaluations", args.evaluations),
-                        ("--eval-episodes", args.eval_episodes), ("--uniform-episodes", args.uniform_episodes)):
+    for name, value in (
+        ("--budget", args.budget),
+        ("--seeds", args.seeds),
+        ("--evaluations", args.evaluations),
+        ("--eval-episodes", args.eval_episodes),
+        ("--uniform-episodes", args.uniform_episodes),
+    ):
         if value < (2 if "episodes" in name else 1):
             parser.error(f"{name} {value}: must be at least {2 if 'episodes' in name else 1}")
-    jobs = [Job(TASKS[name], algorithm, seed, args.budget, args.evaluations, args.eval_episodes, args.configs)
-            for name in args.tasks for algorithm in args.algorithms if TASKS[name].applies(algorithm)
-            for seed in range(args.seeds)]
+    jobs = [
+        Job(TASKS[name], algorithm, seed, args.budget, args.evaluations, args.eval_episodes, args.configs)
+        for name in args.tasks
+        for algorithm in args.algorithms
+        if TASKS[name].applies(algorithm)
+        for seed in range(args.seeds)
+    ]
     for job in {(j.task.name, j.algorithm): j for j in jobs}.values():
         run_config(job)  # a broken config file fails here, before any run starts
     started = time.perf_counter()
-    print(f"{len(jobs)} runs ({args.seeds} seeds, {args.budget:,} joint steps each), {max(args.jobs, 1)} at a time; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(
+        f"{len(jobs)} runs ({args.seeds} seeds, {args.budget:,} joint steps each), {max(args.jobs, 1)} at a time; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        flush=True,
+    )
     curves = [curve for curve in (load(args.results, job) for job in jobs) if curve is not None]
     if curves:
         print(f"{len(curves)} of them finished before, in {args.results}", flush=True)
@@ -466,10 +545,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     curves.sort(key=lambda c: order[(c.job.task.name, c.job.algorithm, c.job.seed)])
     rows_ = rows(curves, uniform)
     elapsed = time.perf_counter() - started
-    text = (f"{table(rows_)}\n\n{len(jobs)} runs, {args.seeds} seeds, {args.budget:,} joint steps each, "
-            f"{args.eval_episodes} evaluation episodes; {sum(c.seconds for c in curves) / 60:.1f} minutes of runs, "
-            f"{elapsed / 60:.1f} minutes of this invocation with {max(args.jobs, 1)} at a time; "
-            f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    text = (
+        f"{table(rows_)}\n\n{len(jobs)} runs, {args.seeds} seeds, {args.budget:,} joint steps each, "
+        f"{args.eval_episodes} evaluation episodes; {sum(c.seconds for c in curves) / 60:.1f} minutes of runs, "
+        f"{elapsed / 60:.1f} minutes of this invocation with {max(args.jobs, 1)} at a time; "
+        f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     print(text)
     run_id = log_to_mlflow(args.tracking_uri, args, curves, uniform, rows_, text)
     print(f"MLflow run {run_id} ({args.tracking_uri}, experiment marl-suite)")
@@ -478,8 +559,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def report(curve: Curve, done: int, total: int) -> None:
     finals = "; ".join(f"{key} {' '.join(f'{v:.2f}' for v in values)}" for key, values in curve.scores.items())
-    print(f"[{done}/{total}] {curve.job.task.name} {curve.job.algorithm} seed {curve.job.seed}: {finals} "
-          f"({curve.seconds:.0f} s)", flush=True)
+    print(
+        f"[{done}/{total}] {curve.job.task.name} {curve.job.algorithm} seed {curve.job.seed}: {finals} "
+        f"({curve.seconds:.0f} s)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

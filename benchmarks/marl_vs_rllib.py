@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from rllib_venv import peer_python  # benchmarks/, this script's directory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,15 +49,37 @@ ENVS = 8
 # this project's settings matching the peer's PPO (rllib_peer.py): lr, epochs, minibatch, entropy
 OUR_SETTINGS = {
     "ippo": {"ppo": {"hidden": HIDDEN, "lr": 3e-4, "epochs": 4, "minibatch_size": 512, "entropy_coef": 0.01}},
-    "mappo": {"hidden": HIDDEN, "critic_hidden": HIDDEN, "lr": 3e-4, "epochs": 4, "minibatch_size": 512, "entropy_coef": 0.01},
+    "mappo": {
+        "hidden": HIDDEN,
+        "critic_hidden": HIDDEN,
+        "lr": 3e-4,
+        "epochs": 4,
+        "minibatch_size": 512,
+        "entropy_coef": 0.01,
+    },
     "qmix": {},  # off-policy: its own defaults (marl_core.marl.settings.QMIXConfig)
 }
 
 
 def run_peer(python: Path, scenario: str, env_steps: int, seed: int, workers: int) -> list[dict]:
-    command = [str(python), str(ROOT / "benchmarks" / "rllib_peer.py"), "--scenario", scenario,
-               "--env-steps", str(env_steps), "--batch", str(STEPS_PER_UPDATE), "--envs-per-runner", str(ENVS),
-               "--env-runners", str(0 if workers == 1 else workers), "--seed", str(seed), "--hidden", *map(str, HIDDEN)]
+    command = [
+        str(python),
+        str(ROOT / "benchmarks" / "rllib_peer.py"),
+        "--scenario",
+        scenario,
+        "--env-steps",
+        str(env_steps),
+        "--batch",
+        str(STEPS_PER_UPDATE),
+        "--envs-per-runner",
+        str(ENVS),
+        "--env-runners",
+        str(0 if workers == 1 else workers),
+        "--seed",
+        str(seed),
+        "--hidden",
+        *map(str, HIDDEN),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     process = subprocess.run(command, capture_output=True, text=True, env=env, timeout=7200)
     if process.returncode != 0:
@@ -73,18 +94,30 @@ def run_ours(algorithm: str, scenario: str, env_steps: int, seed: int, workers: 
     from marl_core.marl.training import MARLConfig
 
     config = MARLConfig(
-        env=f"pettingzoo:mpe2.{scenario}", algorithm=algorithm, settings=OUR_SETTINGS[algorithm],
-        rounds=env_steps // STEPS_PER_UPDATE, steps_per_round=STEPS_PER_UPDATE // (ENVS * workers), envs_per_worker=ENVS,
-        workers=workers, eval_every=10**9, seed=seed,
+        env=f"pettingzoo:mpe2.{scenario}",
+        algorithm=algorithm,
+        settings=OUR_SETTINGS[algorithm],
+        rounds=env_steps // STEPS_PER_UPDATE,
+        steps_per_round=STEPS_PER_UPDATE // (ENVS * workers),
+        envs_per_worker=ENVS,
+        workers=workers,
+        eval_every=10**9,
+        seed=seed,
     )
     with _ray_workers(config) as pool:
         points, started = [], time.perf_counter()
         for record, _ in iterate_marl_local(config, pool=pool):
-            points.append({
-                "env_steps": record.env_steps, "seconds": time.perf_counter() - started,
-                "return_per_agent": np.mean([v for k, v in record.train_returns.items() if not k.startswith("policy/")])
-                if record.train_returns else None,
-            })
+            points.append(
+                {
+                    "env_steps": record.env_steps,
+                    "seconds": time.perf_counter() - started,
+                    "return_per_agent": np.mean(
+                        [v for k, v in record.train_returns.items() if not k.startswith("policy/")]
+                    )
+                    if record.train_returns
+                    else None,
+                }
+            )
     return points
 
 
@@ -117,7 +150,9 @@ def uniform_random_return(scenario: str, episodes: int = 400) -> float:
     config = MARLConfig(env=f"pettingzoo:mpe2.{scenario}", algorithm="ippo")
     layout, _ = layout_and_spec(config)
     uniform = PolicyMixture((UniformPolicy(),), np.ones(1))
-    request = RolloutRequest(policy_mapping(config), {policy: uniform for policy in layout.groups}, episodes, seed=(99,), experience=False)
+    request = RolloutRequest(
+        policy_mapping(config), {policy: uniform for policy in layout.groups}, episodes, seed=(99,), experience=False
+    )
     return float(RolloutWorker(config.env, ENVS).collect(request).episode_returns.mean())
 
 
@@ -143,9 +178,16 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["ippo", "mappo", "qmix"])
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plot", type=Path, help="save the return curves (against wall seconds and steps) as a PNG here")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2],
-                        help="rollout workers per side, one comparison each (1: everything in one process)")
+    parser.add_argument(
+        "--plot", type=Path, help="save the return curves (against wall seconds and steps) as a PNG here"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="rollout workers per side, one comparison each (1: everything in one process)",
+    )
     parser.add_argument("--peer-venv", type=Path, default=ROOT / ".bench" / "rllib-venv")
     args = parser.parse_args()
 
@@ -153,31 +195,54 @@ def main() -> None:
     uniform = uniform_random_return(args.scenario)
     for workers in args.workers:
         print(f"load average before: {os.getloadavg()[0]:.2f} (time only on a quiet machine)", flush=True)
-        curves = {"rllib ppo": smoothed(run_peer(python, args.scenario, args.env_steps, args.seed, workers), args.window)}
+        curves = {
+            "rllib ppo": smoothed(run_peer(python, args.scenario, args.env_steps, args.seed, workers), args.window)
+        }
         for algorithm in args.algorithms:
-            curves[algorithm] = smoothed(run_ours(algorithm, args.scenario, args.env_steps, args.seed, workers), args.window)
+            curves[algorithm] = smoothed(
+                run_ours(algorithm, args.scenario, args.env_steps, args.seed, workers), args.window
+            )
         print(f"load average after: {os.getloadavg()[0]:.2f}")
         report(curves, uniform, args, workers)
         if args.plot:
-            plot(curves, curves["rllib ppo"][-1][2], uniform, args.scenario, args.plot.with_stem(f"{args.plot.stem}-{workers}w"))
+            plot(
+                curves,
+                curves["rllib ppo"][-1][2],
+                uniform,
+                args.scenario,
+                args.plot.with_stem(f"{args.plot.stem}-{workers}w"),
+            )
 
 
 def report(curves: dict, uniform: float, args, workers: int) -> None:
     target = curves["rllib ppo"][-1][2]
     reference = time_to(curves["rllib ppo"], target)
     rate = {name: curve[-1][0] / curve[-1][1] for name, curve in curves.items()}
-    sampling = "one process each" if workers == 1 else f"{workers} rollout workers each (RLlib: EnvRunners), the learner in the driver"
-    print(f"\n{args.scenario}, {args.env_steps} environment steps, {STEPS_PER_UPDATE} per update, hidden {HIDDEN}, {sampling}")
-    print("return: summed over an episode, mean over agents, mean over an iteration's episodes, "
-          f"smoothed over {args.window} iterations; target = RLlib's final return {target:.2f}; "
-          f"uniform random play {uniform:.2f}")
-    print(f"{'':12s} {'steps/s':>9s} {'x rllib':>8s} {'final return':>13s} {'of the way':>10s} {'s to target':>12s} {'speed-up':>9s}")
+    sampling = (
+        "one process each"
+        if workers == 1
+        else f"{workers} rollout workers each (RLlib: EnvRunners), the learner in the driver"
+    )
+    print(
+        f"\n{args.scenario}, {args.env_steps} environment steps, {STEPS_PER_UPDATE} per update, hidden {HIDDEN}, {sampling}"
+    )
+    print(
+        "return: summed over an episode, mean over agents, mean over an iteration's episodes, "
+        f"smoothed over {args.window} iterations; target = RLlib's final return {target:.2f}; "
+        f"uniform random play {uniform:.2f}"
+    )
+    print(
+        f"{'':12s} {'steps/s':>9s} {'x rllib':>8s} {'final return':>13s} {'of the way':>10s} {'s to target':>12s} {'speed-up':>9s}"
+    )
     for name, curve in curves.items():
         reached = time_to(curve, target)
         speedup = f"{reference / reached:8.2f}x" if reached else "   never"
         progress = (curve[-1][2] - uniform) / (target - uniform)  # 0: uniform random play, 1: RLlib's final return
-        print(f"{name:12s} {rate[name]:9.0f} {rate[name] / rate['rllib ppo']:7.2f}x {curve[-1][2]:13.2f} {progress:9.0%} "
-              f"{reached if reached is None else round(reached, 1)!s:>12s} {speedup:>9s}", flush=True)
+        print(
+            f"{name:12s} {rate[name]:9.0f} {rate[name] / rate['rllib ppo']:7.2f}x {curve[-1][2]:13.2f} {progress:9.0%} "
+            f"{reached if reached is None else round(reached, 1)!s:>12s} {speedup:>9s}",
+            flush=True,
+        )
 
 
 def plot(curves: dict, target: float, uniform: float, scenario: str, path: Path) -> None:

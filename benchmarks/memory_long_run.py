@@ -48,7 +48,9 @@ def marked_processes(value: str) -> dict[int, str]:
             continue
         try:
             if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                found[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                found[int(pid)] = (
+                    Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                )
         except OSError:
             continue
     return found
@@ -73,7 +75,15 @@ def driver_maps() -> dict[str, int]:
         head = line.split()
         if "-" in head[0] and not head[0].endswith(":"):
             path = head[5] if len(head) > 5 else ""
-            name = path if path.startswith("[") else "anonymous" if not path else "shared memory" if path.startswith("/dev/shm") else "files"
+            name = (
+                path
+                if path.startswith("[")
+                else "anonymous"
+                if not path
+                else "shared memory"
+                if path.startswith("/dev/shm")
+                else "files"
+            )
         elif head[0] == "Rss:":
             totals[name] = totals.get(name, 0) + int(head[1])
     return totals
@@ -89,8 +99,14 @@ def sample(iteration: int, marker: str) -> dict:
         except OSError:
             continue
     driver = {field: rss_kib(field=field) for field in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
-    return {"iteration": iteration, "driver_kib": driver["VmRSS"], "driver": driver, "kib": by_kind, "processes": counts,
-            "time": time.perf_counter()}
+    return {
+        "iteration": iteration,
+        "driver_kib": driver["VmRSS"],
+        "driver": driver,
+        "kib": by_kind,
+        "processes": counts,
+        "time": time.perf_counter(),
+    }
 
 
 def main(argv=None) -> int:
@@ -124,11 +140,16 @@ def main(argv=None) -> int:
     from flows.psro_flow import run_psro  # after the environment is set: Prefect reads it on import
     from marl_core.psro.config import build_config
 
-    config = build_config({
-        "game": args.game, "iterations": args.iterations, "num_cpus": args.num_cpus,
-        "tracking_uri": f"sqlite:///{work}/mlflow.db", "experiment": "memory",
-        "register_models": not args.no_register,
-    })
+    config = build_config(
+        {
+            "game": args.game,
+            "iterations": args.iterations,
+            "num_cpus": args.num_cpus,
+            "tracking_uri": f"sqlite:///{work}/mlflow.db",
+            "experiment": "memory",
+            "register_models": not args.no_register,
+        }
+    )
     samples: list[dict] = []
     snapshots = {}
 
@@ -143,9 +164,13 @@ def main(argv=None) -> int:
             snapshots["early"] = tracemalloc.take_snapshot()
         if record.iteration % 25 == 0:
             s = samples[-1]
-            print(f"iter {record.iteration:4d}  driver {s['driver_kib'] / 1024:7.1f} MiB  "
-                  + "  ".join(f"{k} {v / 1024:7.1f} MiB ({s['processes'][k]})" for k, v in s["kib"].items() if s["processes"][k]),
-                  flush=True)
+            print(
+                f"iter {record.iteration:4d}  driver {s['driver_kib'] / 1024:7.1f} MiB  "
+                + "  ".join(
+                    f"{k} {v / 1024:7.1f} MiB ({s['processes'][k]})" for k, v in s["kib"].items() if s["processes"][k]
+                ),
+                flush=True,
+            )
         if args.fail_at is not None and record.iteration == args.fail_at:
             raise RuntimeError(f"deliberate failure at iteration {record.iteration}")
 
@@ -158,8 +183,12 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - started
 
     report = {
-        "iterations": args.iterations, "game": args.game, "wall_seconds": wall, "error": error,
-        "driver_peak_kib": rss_kib(field="VmHWM"), "samples": samples,
+        "iterations": args.iterations,
+        "game": args.game,
+        "wall_seconds": wall,
+        "error": error,
+        "driver_peak_kib": rss_kib(field="VmHWM"),
+        "samples": samples,
         "left_running": marked_processes(marker),
         # threads the interpreter would wait for at exit (a subflow left calling a stopped server)
         "threads_left": [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()],
@@ -170,21 +199,27 @@ def main(argv=None) -> int:
         late = tracemalloc.take_snapshot()
         print("largest Python allocation growth since iteration 50:")
         for stat in late.compare_to(snapshots["early"], "traceback")[:8]:
-            print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  {stat.traceback.format()[-1].strip()}")
+            print(
+                f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  {stat.traceback.format()[-1].strip()}"
+            )
     return 1 if error else 0
 
 
 def _summarize(report: dict) -> None:
     by_iteration = {s["iteration"]: s for s in report["samples"]}
-    print(f"{report['iterations']} iterations of {report['game']} in {report['wall_seconds']:.1f} s; "
-          f"driver peak RSS {report['driver_peak_kib'] / 1024:.1f} MiB")
+    print(
+        f"{report['iterations']} iterations of {report['game']} in {report['wall_seconds']:.1f} s; "
+        f"driver peak RSS {report['driver_peak_kib'] / 1024:.1f} MiB"
+    )
     if 50 in by_iteration and report["samples"]:
         early, late = by_iteration[50], report["samples"][-1]
         for name, a, b in [("driver", early["driver_kib"], late["driver_kib"])] + [
             (k, early["kib"][k], late["kib"][k]) for k in KINDS if early["kib"][k] or late["kib"][k]
         ]:
-            print(f"  {name:15s} iteration 50: {a / 1024:7.1f} MiB  iteration {late['iteration']}: {b / 1024:7.1f} MiB  "
-                  f"({(b / a - 1) * 100 if a else float('nan'):+.1f}%)")
+            print(
+                f"  {name:15s} iteration 50: {a / 1024:7.1f} MiB  iteration {late['iteration']}: {b / 1024:7.1f} MiB  "
+                f"({(b / a - 1) * 100 if a else float('nan'):+.1f}%)"
+            )
     if report["error"]:
         print(f"run failed: {report['error']}")
     print(f"processes left running: {len(report['left_running'])}; threads left running: {len(report['threads_left'])}")

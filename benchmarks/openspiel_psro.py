@@ -102,9 +102,7 @@ def build_solver(game_name: str, seed: int):
 def measure_nash_conv(game, solver) -> float:
     """NashConv of the current meta-strategy mixture, as gpsro_looper computes it."""
     aggregator = policy_aggregator.PolicyAggregator(game)
-    aggregated = aggregator.aggregate(
-        range(game.num_players()), solver.get_policies(), solver.get_meta_strategies()
-    )
+    aggregated = aggregator.aggregate(range(game.num_players()), solver.get_policies(), solver.get_meta_strategies())
     return float(exploitability.nash_conv(game, aggregated))
 
 
@@ -122,9 +120,13 @@ def _target_reached(entry: dict, stop_exploitability: float | None) -> bool:
     return stop_exploitability is not None and entry["exploitability"] <= stop_exploitability
 
 
-def run_openspiel_psro(game_name: str = "leduc_poker", time_cap_seconds: float = 600.0,
-                       stop_exploitability: float | None = None, seed: int = 1,
-                       on_record=None) -> list[dict]:
+def run_openspiel_psro(
+    game_name: str = "leduc_poker",
+    time_cap_seconds: float = 600.0,
+    stop_exploitability: float | None = None,
+    seed: int = 1,
+    on_record=None,
+) -> list[dict]:
     """Run psro_v2 until ``time_cap_seconds`` of algorithm time or the exploitability target.
 
     Returns one record per iteration, iteration 0 being the state after initialisation:
@@ -152,22 +154,29 @@ def run_openspiel_psro(game_name: str = "leduc_poker", time_cap_seconds: float =
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="OpenSpiel psro_v2 benchmark baseline.")
     parser.add_argument("--game", default="leduc_poker", help="OpenSpiel game string")
-    parser.add_argument("--time-cap", type=float, default=600.0,
-                        help="seconds of algorithm time (measurement excluded)")
-    parser.add_argument("--stop-exploitability", type=float, default=None,
-                        help="stop once exploitability (NashConv / players) is at most this")
+    parser.add_argument(
+        "--time-cap", type=float, default=600.0, help="seconds of algorithm time (measurement excluded)"
+    )
+    parser.add_argument(
+        "--stop-exploitability",
+        type=float,
+        default=None,
+        help="stop once exploitability (NashConv / players) is at most this",
+    )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
 
     wall_start = time.perf_counter()
 
     def show(entry):
-        print(f"iteration {entry['iteration']:4d}  elapsed {entry['elapsed_seconds']:8.2f} s  "
-              f"nash_conv {entry['nash_conv']:.6f}  exploitability {entry['exploitability']:.6f}  "
-              f"(wall {time.perf_counter() - wall_start:.1f} s)", flush=True)
+        print(
+            f"iteration {entry['iteration']:4d}  elapsed {entry['elapsed_seconds']:8.2f} s  "
+            f"nash_conv {entry['nash_conv']:.6f}  exploitability {entry['exploitability']:.6f}  "
+            f"(wall {time.perf_counter() - wall_start:.1f} s)",
+            flush=True,
+        )
 
-    run_openspiel_psro(args.game, args.time_cap, args.stop_exploitability, args.seed,
-                       on_record=show)
+    run_openspiel_psro(args.game, args.time_cap, args.stop_exploitability, args.seed, on_record=show)
 
 
 if __name__ == "__main__":

@@ -66,8 +66,8 @@ class DriverProbe:
         from prefect.tasks import Task
 
         import flows.psro_flow as psro_flow
-        from marl_core.psro.steps import IterationRecord, StageClock
         from flows.tracking.run_tracker import RunTracker
+        from marl_core.psro.steps import IterationRecord, StageClock
 
         probe = self
 
@@ -139,8 +139,18 @@ def psro_config(args, **settings):
     """The run both paths make: exact, or a learned oracle with `--episodes` per best response."""
     from marl_core.psro.config import PSROConfig
 
-    learned = {} if args.oracle == "exact" else dict(best_response={"episodes": args.episodes, "episodes_per_round": min(1000, args.episodes)}, eval="sampled", episodes=200)
-    return PSROConfig(game=args.game, meta_solver="nash", oracle=args.oracle, iterations=args.iterations, **learned, **settings)
+    learned = (
+        {}
+        if args.oracle == "exact"
+        else dict(
+            best_response={"episodes": args.episodes, "episodes_per_round": min(1000, args.episodes)},
+            eval="sampled",
+            episodes=200,
+        )
+    )
+    return PSROConfig(
+        game=args.game, meta_solver="nash", oracle=args.oracle, iterations=args.iterations, **learned, **settings
+    )
 
 
 def run_local(args):
@@ -171,7 +181,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--game", default="leduc_poker")
     parser.add_argument("--iterations", type=int, default=40)
-    parser.add_argument("--oracle", default="exact", help="exact, or a learned oracle (its best responses run as train-best-response beside collect-experience)")
+    parser.add_argument(
+        "--oracle",
+        default="exact",
+        help="exact, or a learned oracle (its best responses run as train-best-response beside collect-experience)",
+    )
     parser.add_argument("--episodes", type=int, default=2000, help="training episodes per learned best response")
     parser.add_argument("--show", type=int, default=8, help="per-iteration rows to print")
     args = parser.parse_args()
@@ -202,7 +216,9 @@ def main() -> None:
         rows.append(row)
 
     columns = ["compute", "flow", "start", "waited", "finish", "api", "calls", "submit", *STAGES, "mlflow", "gap"]
-    print(f"\n{args.game}, oracle {args.oracle}: seconds per iteration (stage columns: flow's stage time minus its compute time)")
+    print(
+        f"\n{args.game}, oracle {args.oracle}: seconds per iteration (stage columns: flow's stage time minus its compute time)"
+    )
     print(" iter " + " ".join(f"{c[:10]:>10}" for c in columns))
 
     def line(label, row):
@@ -216,11 +232,17 @@ def main() -> None:
     overhead = statistics.fmean(r["flow"] - r["compute"] for r in steady)
     flow_mean = statistics.fmean(r["flow"] for r in steady)
     print(f"\nin-process loop: {local_seconds:.2f} s for {len(local)} iterations")
-    print(f"flow: first iteration done {seen[0] - started:.2f} s after the start (server, Ray, MLflow, iteration 0); "
-          f"{seen[-1] - started:.2f} s for {len(flow)} iterations")
-    print(f"orchestration per iteration (flow minus compute): {overhead:.4f} s, {overhead / flow_mean:.1%} of the flow's iteration")
+    print(
+        f"flow: first iteration done {seen[0] - started:.2f} s after the start (server, Ray, MLflow, iteration 0); "
+        f"{seen[-1] - started:.2f} s for {len(flow)} iterations"
+    )
+    print(
+        f"orchestration per iteration (flow minus compute): {overhead:.4f} s, {overhead / flow_mean:.1%} of the flow's iteration"
+    )
     best_response = statistics.fmean(r["best_response"] for r in steady)
-    print(f"best-response stage (its tasks' scheduling, transfer and Prefect engine): {best_response:.4f} s, {best_response / flow_mean:.1%} of the flow's iteration")
+    print(
+        f"best-response stage (its tasks' scheduling, transfer and Prefect engine): {best_response:.4f} s, {best_response / flow_mean:.1%} of the flow's iteration"
+    )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -45,7 +45,9 @@ def reevaluate(tracking_uri: str, run_id: str, episodes: int) -> tuple[list[floa
         history = client.get_metric_history(run_id, f"member_{i}/score")
         scores.append(max(history, key=lambda m: m.step).value)
     best = int(np.argmax(scores))  # a top member: exploit never overwrites it, so the checkpoint holds what it scored
-    member = checkpoint.state.member_config(config, best).model_copy(update={"eval_episodes": episodes, "seed": EVAL_SEED})
+    member = checkpoint.state.member_config(config, best).model_copy(
+        update={"eval_episodes": episodes, "seed": EVAL_SEED}
+    )
     torch.set_num_threads(1)
     layout, spec = training.layout_and_spec(member)
     learner = training.make_learner(member, layout, spec.state_size)
@@ -71,8 +73,10 @@ def main(argv=None) -> int:
     for name, run_id in (("PBT", args.pbt), ("baseline", args.baseline)):
         scores, best, mean, stderr = reevaluate(args.tracking_uri, run_id, args.episodes)
         results[name] = (mean, stderr)
-        print(f"{name:9s} final scores {' '.join(f'{s:.2f}' for s in scores)}; best member {best} "
-              f"({scores[best]:.2f}), over {args.episodes} fresh episodes {mean:.2f} ± {stderr:.2f}")
+        print(
+            f"{name:9s} final scores {' '.join(f'{s:.2f}' for s in scores)}; best member {best} "
+            f"({scores[best]:.2f}), over {args.episodes} fresh episodes {mean:.2f} ± {stderr:.2f}"
+        )
     (a, sa), (b, sb) = results["PBT"], results["baseline"]
     print(f"PBT - baseline: {a - b:+.2f} ± {math.hypot(sa, sb):.2f}")
     return 0

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from psro_vs_openspiel import load  # the load average as both benchmarks print it
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +44,17 @@ def run_here(settings: dict, time_cap: float) -> None:
     def on_iteration(record, state) -> None:
         seconds = time.perf_counter() - started
         episodes = [value for key, value in record.oracle_metrics.items() if key.endswith("/oracle_episodes")]
-        print(json.dumps({"iteration": record.iteration, "seconds": seconds, "exploitability": record.exploitability,
-                          "episodes": min(episodes) if episodes else 0}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "iteration": record.iteration,
+                    "seconds": seconds,
+                    "exploitability": record.exploitability,
+                    "episodes": min(episodes) if episodes else 0,
+                }
+            ),
+            flush=True,
+        )
         if seconds > time_cap:
             raise TimeoutError
 
@@ -55,7 +63,9 @@ def run_here(settings: dict, time_cap: float) -> None:
         from marl_core.psro.config import build_config
 
         export = Path(tracking_dir) / "export"
-        config = build_config({**settings, "tracking_uri": f"sqlite:///{tracking_dir}/mlflow.db", "export": str(export)})
+        config = build_config(
+            {**settings, "tracking_uri": f"sqlite:///{tracking_dir}/mlflow.db", "export": str(export)}
+        )
         try:
             run_psro(config, on_iteration, services=services)
         except TimeoutError:
@@ -64,7 +74,10 @@ def run_here(settings: dict, time_cap: float) -> None:
         from verify_export import verify
 
         checked = verify(export)
-        print(json.dumps({"openspiel_exploitability": checked["openspiel_exploitability"], "passed": checked["passed"]}), flush=True)
+        print(
+            json.dumps({"openspiel_exploitability": checked["openspiel_exploitability"], "passed": checked["passed"]}),
+            flush=True,
+        )
 
 
 def run(label: str, settings: dict, time_cap: float) -> tuple[list[tuple[float, float]], dict | None]:
@@ -77,12 +90,18 @@ def run(label: str, settings: dict, time_cap: float) -> tuple[list[tuple[float, 
             entry = json.loads(line)
             if "openspiel_exploitability" in entry:
                 checked = entry
-                print(f"  {label:<10} export checked by OpenSpiel: exploitability {entry['openspiel_exploitability']:.4f}"
-                      f" ({'agrees' if entry['passed'] else 'DISAGREES'})", flush=True)
+                print(
+                    f"  {label:<10} export checked by OpenSpiel: exploitability {entry['openspiel_exploitability']:.4f}"
+                    f" ({'agrees' if entry['passed'] else 'DISAGREES'})",
+                    flush=True,
+                )
                 continue
             records.append((entry["seconds"], entry["exploitability"]))
-            print(f"  {label:<10} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}"
-                  f"  response episodes {entry['episodes']:,.0f}  load {os.getloadavg()[0]:.2f}", flush=True)
+            print(
+                f"  {label:<10} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}"
+                f"  response episodes {entry['episodes']:,.0f}  load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     if child.wait() != 0:
         raise RuntimeError(f"the {label} run failed (exit code {child.returncode})")
     return records, checked
@@ -90,7 +109,9 @@ def run(label: str, settings: dict, time_cap: float) -> tuple[list[tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, help="a learned-oracle PSRO config (its pipeline section, if any, is replaced)")
+    parser.add_argument(
+        "--config", type=Path, help="a learned-oracle PSRO config (its pipeline section, if any, is replaced)"
+    )
     parser.add_argument("--levels", type=int, default=2, help="the pipeline's active levels")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[1.0, 0.5])
     parser.add_argument("--time-cap", type=float, default=3600.0, help="seconds per run")
@@ -112,7 +133,10 @@ def main() -> None:
     sequential = {**settings, "stop_exploitability": stop}
     pipeline = {**sequential, "pipeline": {"active_levels": args.levels}}
     print(f"load average before: {load()} on {os.cpu_count()} CPUs; config {args.config}, stop at {stop}", flush=True)
-    runs = {label: run(label, values, args.time_cap) for label, values in (("sequential", sequential), ("pipeline", pipeline))}
+    runs = {
+        label: run(label, values, args.time_cap)
+        for label, values in (("sequential", sequential), ("pipeline", pipeline))
+    }
     results = {label: first_times(records, args.thresholds) for label, (records, _) in runs.items()}
 
     def show(seconds):
@@ -126,7 +150,9 @@ def main() -> None:
         print(f"{t:>10} {show(a):>11} {show(b):>11} {ratio:>20}")
     for label, (_, checked) in runs.items():
         if checked is not None:
-            print(f"{label}: the export at its stop, by OpenSpiel's nash_conv: exploitability {checked['openspiel_exploitability']:.4f}")
+            print(
+                f"{label}: the export at its stop, by OpenSpiel's nash_conv: exploitability {checked['openspiel_exploitability']:.4f}"
+            )
 
 
 if __name__ == "__main__":

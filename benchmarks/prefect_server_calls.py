@@ -34,7 +34,12 @@ async def time_calls(rounds: int) -> dict[str, list[float]]:
     def iteration() -> None:
         pass
 
-    seconds: dict[str, list[float]] = {"create flow run": [], "read flow run": [], "propose Running": [], "propose Completed": []}
+    seconds: dict[str, list[float]] = {
+        "create flow run": [],
+        "read flow run": [],
+        "propose Running": [],
+        "propose Completed": [],
+    }
     async with get_client() as client:
         await client.create_flow(iteration)
         for _ in range(WARM_UP + rounds):
@@ -66,7 +71,9 @@ def main() -> None:
         try:
             started = time.perf_counter()
             server.wait()
-            print(f"server answering after {time.perf_counter() - started:.1f} s (a new Prefect home: its database is created)")
+            print(
+                f"server answering after {time.perf_counter() - started:.1f} s (a new Prefect home: its database is created)"
+            )
             seconds = asyncio.run(time_calls(args.calls))
         finally:
             server.stop()

@@ -77,7 +77,12 @@ def run_ours_here(game: str, stop: float, time_cap: float) -> None:
 
     def on_iteration(record, state) -> None:
         seconds = time.perf_counter() - started
-        print(json.dumps({"iteration": record.iteration, "seconds": seconds, "exploitability": record.report.exploitability}), flush=True)
+        print(
+            json.dumps(
+                {"iteration": record.iteration, "seconds": seconds, "exploitability": record.report.exploitability}
+            ),
+            flush=True,
+        )
         if seconds > time_cap:
             raise TimeoutError
 
@@ -86,8 +91,12 @@ def run_ours_here(game: str, stop: float, time_cap: float) -> None:
         from marl_core.psro.config import PSROConfig
 
         config = PSROConfig(
-            game=game, meta_solver="nash", oracle="exact", iterations=400,
-            stop_exploitability=stop, tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db",
+            game=game,
+            meta_solver="nash",
+            oracle="exact",
+            iterations=400,
+            stop_exploitability=stop,
+            tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db",
         )
         try:
             run_psro(config, on_iteration, services=services)
@@ -103,7 +112,10 @@ def run_ours(label: str, game: str, stop: float, time_cap: float) -> list[tuple[
         if line.startswith("{"):
             entry = json.loads(line)
             records.append((entry["seconds"], entry["exploitability"]))
-            print(f"  {label:<9} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}", flush=True)
+            print(
+                f"  {label:<9} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}",
+                flush=True,
+            )
     if child.wait() != 0:
         raise RuntimeError(f"the {label} run failed (exit code {child.returncode})")
     return records
@@ -117,8 +129,12 @@ class PsroServer:
 
         if find_running_server():
             raise RuntimeError("a psro server is already running; stop it so the cold run starts its own")
-        self.process = subprocess.Popen([str(Path(sys.executable).with_name("psro")), "server", "--port", "0"],
-                                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("psro")), "server", "--port", "0"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         while not find_running_server():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -135,7 +151,10 @@ def run_theirs(game: str, time_cap: float, stop: float) -> list[tuple[float, flo
     from openspiel_psro import run_openspiel_psro
 
     def show(entry):
-        print(f"  {'psro_v2':<9} iter {entry['iteration']:4d}  {entry['elapsed_seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}", flush=True)
+        print(
+            f"  {'psro_v2':<9} iter {entry['iteration']:4d}  {entry['elapsed_seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}",
+            flush=True,
+        )
 
     entries = run_openspiel_psro(game, time_cap_seconds=time_cap, stop_exploitability=stop, on_record=show)
     return [(entry["elapsed_seconds"], entry["exploitability"]) for entry in entries]

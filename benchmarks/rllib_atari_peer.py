@@ -58,7 +58,9 @@ def make_env():
 
         def _observations(self, step):
             # uint8 pixels as the float32 Box RLlib's catalog builds a CNN for (ours convert them the same way)
-            return {a: o.reshape(self.shape).transpose(1, 2, 0).astype(np.float32) for a, o in step.observations.items()}
+            return {
+                a: o.reshape(self.shape).transpose(1, 2, 0).astype(np.float32) for a, o in step.observations.items()
+            }
 
         def reset(self, seed=None, options=None):
             step = self.env.reset(seed=seed)
@@ -68,9 +70,13 @@ def make_env():
         def step(self, actions):
             step = self.env.step({a: int(x) for a, x in actions.items()})
             agents, self.agents = self.agents, list(step.acting)
-            return (self._observations(step), {a: step.rewards[a] for a in agents},
-                    {a: step.terminations[a] for a in agents}, {a: step.truncations[a] for a in agents},
-                    {a: {} for a in agents})
+            return (
+                self._observations(step),
+                {a: step.rewards[a] for a in agents},
+                {a: step.terminations[a] for a in agents},
+                {a: step.truncations[a] for a in agents},
+                {a: {} for a in agents},
+            )
 
     return Pong()
 
@@ -86,15 +92,19 @@ def main() -> None:
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
     from ray.tune.registry import register_env
-
     from rllib_common import local_ray, shared_policy_ppo  # benchmarks/, this script's directory
 
     register_env("pong", lambda _: ParallelPettingZooEnv(make_env()))
     with local_ray():
-        config = shared_policy_ppo("pong", args.workers, args.envs, args.seed).rl_module(model_config=DefaultModelConfig(
-            conv_filters=[[32, [8, 8], 4], [64, [4, 4], 2], [64, [3, 3], 1]], conv_activation="relu",
-            head_fcnet_hiddens=[512], head_fcnet_activation="relu", vf_share_layers=True,
-        ))
+        config = shared_policy_ppo("pong", args.workers, args.envs, args.seed).rl_module(
+            model_config=DefaultModelConfig(
+                conv_filters=[[32, [8, 8], 4], [64, [4, 4], 2], [64, [3, 3], 1]],
+                conv_activation="relu",
+                head_fcnet_hiddens=[512],
+                head_fcnet_activation="relu",
+                vf_share_layers=True,
+            )
+        )
         algorithm = config.build_algo()
         group = algorithm.env_runner_group
 
@@ -103,7 +113,9 @@ def main() -> None:
                 episodes = runner.sample(num_timesteps=steps * args.envs)
                 return sum(episode.env_steps() for episode in episodes)
 
-            return sum(group.foreach_env_runner(run, local_env_runner=False, remote_worker_ids=list(range(1, runners + 1))))
+            return sum(
+                group.foreach_env_runner(run, local_env_runner=False, remote_worker_ids=list(range(1, runners + 1)))
+            )
 
         if sample(args.workers, 16) == 0:  # warm-up: environments reset, module built
             raise SystemExit("the EnvRunners sampled nothing (did they die? see Ray's worker logs)")
@@ -115,7 +127,10 @@ def main() -> None:
             steps, started = 0, time.perf_counter()
             while time.perf_counter() - started < seconds:
                 steps += sample(runners, args.steps)
-            print(json.dumps({"workers": runners, "joint_steps": steps, "seconds": time.perf_counter() - started}), flush=True)
+            print(
+                json.dumps({"workers": runners, "joint_steps": steps, "seconds": time.perf_counter() - started}),
+                flush=True,
+            )
         algorithm.stop()
 
 

@@ -64,7 +64,6 @@ def main() -> None:
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
     from ray.tune.registry import register_env
-
     from rllib_common import local_ray, shared_policy_ppo  # benchmarks/, this script's directory
 
     if args.torch_threads:
@@ -75,20 +74,35 @@ def main() -> None:
     probe.close()
     # The environment this project's adapter steps: MPE's raw AEC env converted to parallel, without
     # PettingZoo's checking-only wrappers (marl_core.envs.pettingzoo_env.without_checking_wrappers).
-    register_env("scenario", lambda _: ParallelPettingZooEnv(aec_to_parallel_wrapper(module.raw_env(continuous_actions=False))))
+    register_env(
+        "scenario", lambda _: ParallelPettingZooEnv(aec_to_parallel_wrapper(module.raw_env(continuous_actions=False)))
+    )
 
     with local_ray():
         config = (
             shared_policy_ppo("scenario", args.env_runners, args.envs_per_runner, args.seed)
             .training(
                 train_batch_size_per_learner=args.batch,  # env steps (count_steps_by="env_steps")
-                minibatch_size=args.minibatch, num_epochs=4, lr=3e-4, gamma=0.99, lambda_=0.95,
-                clip_param=0.2, entropy_coeff=0.01, use_kl_loss=False, vf_clip_param=math.inf,
-                vf_loss_coeff=0.25, grad_clip=0.5, grad_clip_by="global_norm",
+                minibatch_size=args.minibatch,
+                num_epochs=4,
+                lr=3e-4,
+                gamma=0.99,
+                lambda_=0.95,
+                clip_param=0.2,
+                entropy_coeff=0.01,
+                use_kl_loss=False,
+                vf_clip_param=math.inf,
+                vf_loss_coeff=0.25,
+                grad_clip=0.5,
+                grad_clip_by="global_norm",
             )
-            .rl_module(model_config=DefaultModelConfig(
-                fcnet_hiddens=args.hidden, fcnet_activation="tanh", vf_share_layers=False,
-            ))
+            .rl_module(
+                model_config=DefaultModelConfig(
+                    fcnet_hiddens=args.hidden,
+                    fcnet_activation="tanh",
+                    vf_share_layers=False,
+                )
+            )
             .reporting(metrics_num_episodes_for_smoothing=max(1, args.batch // episode_length))
         )
         algorithm = config.build_algo()
@@ -99,13 +113,19 @@ def main() -> None:
             runners = result["env_runners"]
             steps = int(runners["num_env_steps_sampled_lifetime"])
             episode_return = runners.get("episode_return_mean")
-            print(json.dumps({
-                "env_steps": steps,
-                "seconds": time.perf_counter() - started,
-                "return_per_agent": None if episode_return is None or math.isnan(episode_return)
-                else episode_return / len(agents),
-                "episodes": int(runners.get("num_episodes", 0)),
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "env_steps": steps,
+                        "seconds": time.perf_counter() - started,
+                        "return_per_agent": None
+                        if episode_return is None or math.isnan(episode_return)
+                        else episode_return / len(agents),
+                        "episodes": int(runners.get("num_episodes", 0)),
+                    }
+                ),
+                flush=True,
+            )
         algorithm.stop()
 
 

@@ -28,8 +28,8 @@ import torch
 
 from marl_core.envs import make_env, shared_population
 from marl_core.rl import ALGORITHMS
-from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
 from marl_core.rollout.pool import PoolConfig, WorkerPool
+from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
 
 ENVIRONMENTS = {
     "leduc_poker": 2000,  # episodes per request
@@ -95,7 +95,14 @@ def rollout_system(env_name: str, workers: int, envs_per_worker: int, episodes: 
 
     def requests(round_index: int):
         return [
-            RolloutRequest(shared_population("all"), {}, episodes, seed=(round_index, w), learners={"all": learner}, weights_version=1)
+            RolloutRequest(
+                shared_population("all"),
+                {},
+                episodes,
+                seed=(round_index, w),
+                learners={"all": learner},
+                weights_version=1,
+            )
             for w in range(workers)
         ]
 
@@ -118,7 +125,9 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs", flush=True)
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
     try:
-        print(f"{'environment':34s} {'plain loop':>11s} {'raw library':>12s} {'1 worker':>10s} {'2 workers':>10s} {'2w/plain':>9s} {'2w/raw':>7s}")
+        print(
+            f"{'environment':34s} {'plain loop':>11s} {'raw library':>12s} {'1 worker':>10s} {'2 workers':>10s} {'2w/plain':>9s} {'2w/raw':>7s}"
+        )
         for env_name, episodes in ENVIRONMENTS.items():
             plain = plain_loop(env_name, args.seconds)
             raw = raw_library_loop(env_name, args.seconds)
@@ -128,7 +137,9 @@ def main() -> None:
                 f"{env_name:34s} {plain:11,.0f} {raw:12,.0f} {one:10,.0f} {two:10,.0f} {two / plain:8.2f}x {two / raw:6.2f}x",
                 flush=True,
             )
-        print("steps per second (environment steps); 'plain loop' is the issue's peer: our env API, random actions, one process")
+        print(
+            "steps per second (environment steps); 'plain loop' is the issue's peer: our env API, random actions, one process"
+        )
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         ray.shutdown()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -19,35 +18,53 @@ from flows.league_cli import league_app
 from flows.marl_cli import marl_app
 from flows.pbt_cli import pbt_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow."
+)
 console = Console()
 
 
 @app.command(cls=OneLineErrors)
 def run(
-    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
-    game: Optional[str] = typer.Option(None, help="OpenSpiel game string (leduc_poker, 'kuhn_poker(players=3)') or pettingzoo:<module>"),
-    oracle: Optional[str] = typer.Option(None, help="best-response oracle (see `psro oracles`)"),
-    meta_solver: Optional[str] = typer.Option(None, help="meta-solver (see `psro solvers`)"),
-    iterations: Optional[int] = typer.Option(None, help="PSRO iterations"),
-    eval: Optional[str] = typer.Option(None, "--eval", help="payoff evaluator: exact or sampled"),
-    episodes: Optional[int] = typer.Option(None, help="episodes per profile when --eval sampled"),
-    seed: Optional[int] = typer.Option(None, help="random seed"),
-    stop_exploitability: Optional[float] = typer.Option(None, help="stop once exploitability is at most this"),
-    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help="join this Ray cluster instead of starting one"),
-    num_cpus: Optional[int] = typer.Option(None, help="CPUs for the local Ray instance"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
-    experiment: Optional[str] = typer.Option(None, help="MLflow experiment name"),
-    export: Optional[Path] = typer.Option(None, help="write an OpenSpiel-checkable export to this directory"),
-    resume: bool = typer.Option(False, "--resume", help="continue the newest unfinished run with these settings, if any"),
+    config_file: Path | None = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
+    game: str | None = typer.Option(
+        None, help="OpenSpiel game string (leduc_poker, 'kuhn_poker(players=3)') or pettingzoo:<module>"
+    ),
+    oracle: str | None = typer.Option(None, help="best-response oracle (see `psro oracles`)"),
+    meta_solver: str | None = typer.Option(None, help="meta-solver (see `psro solvers`)"),
+    iterations: int | None = typer.Option(None, help="PSRO iterations"),
+    eval: str | None = typer.Option(None, "--eval", help="payoff evaluator: exact or sampled"),
+    episodes: int | None = typer.Option(None, help="episodes per profile when --eval sampled"),
+    seed: int | None = typer.Option(None, help="random seed"),
+    stop_exploitability: float | None = typer.Option(None, help="stop once exploitability is at most this"),
+    ray_address: str | None = typer.Option(
+        None, envvar="RAY_ADDRESS", help="join this Ray cluster instead of starting one"
+    ),
+    num_cpus: int | None = typer.Option(None, help="CPUs for the local Ray instance"),
+    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
+    experiment: str | None = typer.Option(None, help="MLflow experiment name"),
+    export: Path | None = typer.Option(None, help="write an OpenSpiel-checkable export to this directory"),
+    resume: bool = typer.Option(
+        False, "--resume", help="continue the newest unfinished run with these settings, if any"
+    ),
 ) -> None:
     """Run PSRO. One line per iteration: population, exploitability, seconds."""
     from marl_core.psro.config import ConfigError, build_config, load_config_file
 
     flags = dict(
-        game=game, oracle=oracle, meta_solver=meta_solver, iterations=iterations, eval=eval,
-        episodes=episodes, seed=seed, stop_exploitability=stop_exploitability, ray_address=ray_address,
-        num_cpus=num_cpus, tracking_uri=tracking_uri, experiment=experiment, export=export,
+        game=game,
+        oracle=oracle,
+        meta_solver=meta_solver,
+        iterations=iterations,
+        eval=eval,
+        episodes=episodes,
+        seed=seed,
+        stop_exploitability=stop_exploitability,
+        ray_address=ray_address,
+        num_cpus=num_cpus,
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        export=export,
     )
     try:
         values = load_config_file(config_file) if config_file else {}
@@ -63,7 +80,10 @@ def run(
         from flows.tracking.resume import find_resumable
 
         resume_run_id = find_resumable(config)
-        console.print(f"resuming run {resume_run_id}" if resume_run_id else "nothing to resume: starting a new run", highlight=False)
+        console.print(
+            f"resuming run {resume_run_id}" if resume_run_id else "nothing to resume: starting a new run",
+            highlight=False,
+        )
     _run(config, resume_run_id)
 
 
@@ -71,12 +91,12 @@ def run(
 def resume_run(
     run_id: str = typer.Argument(..., help="MLflow run id of the run to continue"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow tracking URI the run is in"),
-    iterations: Optional[int] = typer.Option(None, help="run to this many iterations (default: the run's own)"),
+    iterations: int | None = typer.Option(None, help="run to this many iterations (default: the run's own)"),
 ) -> None:
     """Continue a run after its last completed iteration (e.g. after a crash)."""
     from flows.preflight import preflight
-    from marl_core.psro.config import ConfigError, build_config
     from flows.tracking.resume import ResumeError, resume_settings
+    from marl_core.psro.config import ConfigError, build_config
 
     try:
         values = resume_settings(tracking_uri, run_id)
@@ -90,11 +110,11 @@ def resume_run(
     _run(config, run_id)
 
 
-def _run(config, resume_run_id: Optional[str] = None) -> None:
+def _run(config, resume_run_id: str | None = None) -> None:
     with_services(config, config.game, console, lambda services: _run_with(config, services, resume_run_id))
 
 
-def _run_with(config, services, resume_run_id: Optional[str] = None) -> None:
+def _run_with(config, services, resume_run_id: str | None = None) -> None:
     from flows.progress import progress_bars, view_for
     from flows.psro_flow import run_psro  # slow imports (Prefect, Ray) while the server boots
 
@@ -175,7 +195,9 @@ def oracles() -> None:
 
 @app.command()
 def evaluate(
-    members: list[str] = typer.Option(..., "--member", help="registry member NAME@ALIAS or NAME/VERSION; repeat, several per player make a population"),
+    members: list[str] = typer.Option(
+        ..., "--member", help="registry member NAME@ALIAS or NAME/VERSION; repeat, several per player make a population"
+    ),
     eval: str = typer.Option("exact", "--eval", help="payoff evaluator: exact or sampled"),
     episodes: int = typer.Option(1000, help="episodes per profile when --eval sampled"),
     seed: int = typer.Option(0, help="seed for sampled evaluation"),
@@ -199,21 +221,38 @@ def evaluate(
     except registry_members.PopulationError as error:
         fail(str(error))
     table = registry_members.evaluate(game, groups, eval, episodes, seed)
-    settings = {"eval": eval, "episodes": episodes if eval == "sampled" else 0, "seed": seed, "members": " ".join(members)}
+    settings = {
+        "eval": eval,
+        "episodes": episodes if eval == "sampled" else 0,
+        "seed": seed,
+        "members": " ".join(members),
+    }
     run_id = registry_members.log_evaluation(client, experiment, game, groups, table, settings)
     for group in groups:
-        listed = ", ".join(f"#{k} {m.label}" + ("" if m.label == m.spec.text else f" ({m.spec.text})") for k, m in enumerate(group))
+        listed = ", ".join(
+            f"#{k} {m.label}" + ("" if m.label == m.spec.text else f" ({m.spec.text})") for k, m in enumerate(group)
+        )
         console.print(f"{group[0].role}: {listed}", highlight=False, soft_wrap=True)
     console.print(_payoff_table(game.name, groups, table, eval))
-    console.print(f"logged to MLflow run {run_id} (experiment {experiment!r}) at {tracking_uri}", highlight=False, soft_wrap=True)
+    console.print(
+        f"logged to MLflow run {run_id} (experiment {experiment!r}) at {tracking_uri}", highlight=False, soft_wrap=True
+    )
 
 
 @app.command("ratings", cls=OneLineErrors)
 def ratings_command(
-    run_id: Optional[str] = typer.Option(None, "--run", help="a league run: its players' and snapshots' ratings at its last committed generation"),
-    members: list[str] = typer.Option([], "--member", help="registry member NAME@ALIAS or NAME/VERSION; repeat: every member of one role plays every member of the other"),
+    run_id: str | None = typer.Option(
+        None, "--run", help="a league run: its players' and snapshots' ratings at its last committed generation"
+    ),
+    members: list[str] = typer.Option(
+        [],
+        "--member",
+        help="registry member NAME@ALIAS or NAME/VERSION; repeat: every member of one role plays every member of the other",
+    ),
     episodes: int = typer.Option(200, help="greedy games per pairing of members"),
-    games_per_match: int = typer.Option(1, help="consecutive games of a pairing rated as one match, won on summed returns (poker: 50 or more)"),
+    games_per_match: int = typer.Option(
+        1, help="consecutive games of a pairing rated as one match, won on summed returns (poker: 50 or more)"
+    ),
     seed: int = typer.Option(0, help="seed of the members' games"),
     elo_k: float = typer.Option(32.0, help="Elo's K: points one game can move a rating"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the run or the registry"),
@@ -227,7 +266,9 @@ def ratings_command(
     if elo_k <= 0:
         fail(f"elo_k={elo_k}: needs to be above 0")
     if not 1 <= games_per_match <= episodes:
-        fail(f"games_per_match={games_per_match}: needs 1 to episodes ({episodes}), so that a pairing plays at least one match")
+        fail(
+            f"games_per_match={games_per_match}: needs 1 to episodes ({episodes}), so that a pairing plays at least one match"
+        )
     if run_id is not None:
         rows, title = _league_ratings(run_id, tracking_uri)
     else:
@@ -237,7 +278,14 @@ def ratings_command(
     for column in ("player", "skill mu ± sigma", "mu - 3 sigma", "Elo", "games"):
         view.add_column(column, justify="left" if column == "player" else "right", no_wrap=True)
     for rank, row in enumerate(rows, 1):
-        view.add_row(str(rank), row["player"], f"{row['mu']:.2f} ± {row['sigma']:.2f}", f"{row['ordinal']:.2f}", f"{row['elo']:.0f}", str(int(row["games"])))
+        view.add_row(
+            str(rank),
+            row["player"],
+            f"{row['mu']:.2f} ± {row['sigma']:.2f}",
+            f"{row['ordinal']:.2f}",
+            f"{row['elo']:.0f}",
+            str(int(row["games"])),
+        )
     # Never cut a name short, however narrow the terminal or pipe: it is what a user looks up next.
     needed = max(len(title), max((len(row["player"]) for row in rows), default=6) + 64)
     Console(width=max(console.width, needed)).print(view)
@@ -250,8 +298,8 @@ def _league_ratings(run_id: str, tracking_uri: str) -> tuple[list[dict], str]:
 
     from flows.tracking import layout
     from flows.tracking.league_tracker import committed_league
+    from flows.tracking.registry_members import PopulationError, open_store
     from flows.tracking.resume import ResumeError
-    from flows.tracking.registry_members import open_store, PopulationError
 
     try:
         client = open_store(tracking_uri)
@@ -264,7 +312,9 @@ def _league_ratings(run_id: str, tracking_uri: str) -> tuple[list[dict], str]:
     return rows, f"league run {run_id} on {checkpoint.config['game']}: ratings after generation {checkpoint.generation}"
 
 
-def _member_ratings(members: list[str], episodes: int, games_per_match: int, seed: int, elo_k: float, tracking_uri: str) -> tuple[list[dict], str]:
+def _member_ratings(
+    members: list[str], episodes: int, games_per_match: int, seed: int, elo_k: float, tracking_uri: str
+) -> tuple[list[dict], str]:
     from flows.tracking import registry_members
     from marl_core.league.ratings import RatingSettings
     from marl_core.league.tournament import rate, round_robin
@@ -275,14 +325,19 @@ def _member_ratings(members: list[str], episodes: int, games_per_match: int, see
         loaded = [registry_members.load_member(client, spec) for spec in specs]
         game, groups = registry_members.populations_of(loaded)
         if game.num_roles != 2:
-            raise registry_members.PopulationError(f"ratings need a two-sided game; {game.name} has roles {', '.join(game.roles)}")
+            raise registry_members.PopulationError(
+                f"ratings need a two-sided game; {game.name} has roles {', '.join(game.roles)}"
+            )
     except registry_members.PopulationError as error:
         fail(str(error))
     players = [[(m.label, m.policy) for m in group] for group in groups]
     games = round_robin(game, players, episodes, seed)
     ratings = rate(games, RatingSettings(elo_k=elo_k, games_per_match=games_per_match))
     matches = f", rated as matches of {games_per_match}" if games_per_match > 1 else ""
-    return ratings.table(), f"{game.name}: {len(games)} greedy games, {episodes} per pairing of {game.roles[0]} and {game.roles[1]} members{matches}"
+    return (
+        ratings.table(),
+        f"{game.name}: {len(games)} greedy games, {episodes} per pairing of {game.roles[0]} and {game.roles[1]} members{matches}",
+    )
 
 
 def _payoff_table(game: str, groups, table, evaluator: str) -> Table:
@@ -314,8 +369,8 @@ def export_command(
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the run"),
 ) -> None:
     """Write a finished run's final population and meta-strategy in the export format."""
-    from flows.tracking import registry_members
     from flows.preflight import check_export_dir  # as for `psro run --export`: never overwrite
+    from flows.tracking import registry_members
     from marl_core.psro.config import ConfigError
 
     try:
@@ -327,10 +382,14 @@ def export_command(
     measured = []
     if result["logged"]:
         recomputed = result["recomputed"]
-        measured.append(f"exploitability logged {result['logged'].exploitability:.9g}"
-                        + (f", recomputed from the artifacts {recomputed.exploitability:.9g}" if recomputed else ""))
+        measured.append(
+            f"exploitability logged {result['logged'].exploitability:.9g}"
+            + (f", recomputed from the artifacts {recomputed.exploitability:.9g}" if recomputed else "")
+        )
     if result["approx"]:
-        measured.append(f"approximate exploitability logged {result['approx'].exploitability:.6g} ± {result['approx'].exploitability_stderr:.2g}")
+        measured.append(
+            f"approximate exploitability logged {result['approx'].exploitability:.6g} ± {result['approx'].exploitability_stderr:.2g}"
+        )
     console.print(
         f"exported run {run_id} ({result['game']}, iteration {result['iterations']}, populations "
         f"{'x'.join(map(str, result['population_sizes']))}) to {directory}\n"
@@ -342,7 +401,9 @@ def export_command(
 
 @app.command()
 def serve(
-    deployments: Optional[list[str]] = typer.Option(None, "--deployment", help="serve only this deployment of prefect.yaml; repeatable"),
+    deployments: list[str] | None = typer.Option(
+        None, "--deployment", help="serve only this deployment of prefect.yaml; repeatable"
+    ),
     prefect_yaml: Path = typer.Option(Path("prefect.yaml"), help="the deployment definitions"),
 ) -> None:
     """Serve prefect.yaml's deployments from this process: triggered and scheduled runs execute here, no work pool."""
@@ -357,7 +418,7 @@ def serve(
 @app.command("server", cls=OneLineErrors)
 def server_command(
     port: int = typer.Option(4200, help="port of the Prefect server and its UI, on 127.0.0.1 (0: a free one)"),
-    num_cpus: Optional[int] = typer.Option(None, help="CPUs for the Ray instance (default: all of this machine's)"),
+    num_cpus: int | None = typer.Option(None, help="CPUs for the Ray instance (default: all of this machine's)"),
 ) -> None:
     """Keep a Prefect server and a Ray instance up: later runs reuse both (Ctrl-C stops them)."""
     import socket
@@ -371,13 +432,17 @@ def server_command(
         fail(f"num_cpus={num_cpus}: needs 1 or more")
     running = find_running_server()
     if running:
-        fail(f"a psro server already runs for {prefect_home()} (pid {running.pid}, Prefect at {running.prefect_api_url})")
+        fail(
+            f"a psro server already runs for {prefect_home()} (pid {running.pid}, Prefect at {running.prefect_api_url})"
+        )
     with socket.socket() as probe:
         if port and probe.connect_ex(("127.0.0.1", port)) == 0:
             fail(f"port={port}: something already listens on 127.0.0.1:{port}; choose another with --port")
 
     def ready(server) -> None:
-        console.print(f"Prefect UI: {server.prefect_api_url.removesuffix('/api')}   Ray: {server.ray_address}", highlight=False)
+        console.print(
+            f"Prefect UI: {server.prefect_api_url.removesuffix('/api')}   Ray: {server.ray_address}", highlight=False
+        )
         console.print("`psro run` in another terminal reuses both; Ctrl-C stops them.", highlight=False)
 
     serve(port, num_cpus, ready)

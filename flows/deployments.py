@@ -47,7 +47,9 @@ def read_deployments(path: Path, only: list[str] | None = None) -> list[Definiti
     try:
         document = yaml.safe_load(Path(path).read_text()) or {}
     except OSError:
-        raise DeploymentError(f"no deployment file at {str(path)!r}; run from the repository root or pass --prefect-yaml") from None
+        raise DeploymentError(
+            f"no deployment file at {str(path)!r}; run from the repository root or pass --prefect-yaml"
+        ) from None
     except yaml.YAMLError as error:
         raise DeploymentError(f"{str(path)!r} is not valid YAML: {str(error).splitlines()[0]}") from None
     entries = document.get("deployments") if isinstance(document, dict) else None
@@ -56,14 +58,18 @@ def read_deployments(path: Path, only: list[str] | None = None) -> list[Definiti
     names = [entry.get("name") for entry in entries]
     for name in only or []:
         if name not in names:
-            raise DeploymentError(f"no deployment {name!r} in {str(path)!r}; choose from: {', '.join(sorted(map(str, names)))}")
+            raise DeploymentError(
+                f"no deployment {name!r} in {str(path)!r}; choose from: {', '.join(sorted(map(str, names)))}"
+            )
     definitions = []
     for entry in entries:
         if only and entry.get("name") not in only:
             continue
         name = entry.get("name")
         if entry.get("entrypoint") != ENTRYPOINT:
-            raise DeploymentError(f"deployment {name!r} has entrypoint {entry.get('entrypoint')!r}; psro serve serves {ENTRYPOINT} only")
+            raise DeploymentError(
+                f"deployment {name!r} has entrypoint {entry.get('entrypoint')!r}; psro serve serves {ENTRYPOINT} only"
+            )
         parameters = entry.get("parameters") or {}
         try:
             build_config(parameters.get("config") or {})
@@ -72,8 +78,12 @@ def read_deployments(path: Path, only: list[str] | None = None) -> list[Definiti
         schedules = entry.get("schedules") or []
         for schedule in schedules:
             if sum(kind in schedule for kind in SCHEDULE_KINDS) != 1:
-                raise DeploymentError(f"deployment {name!r}: a schedule needs exactly one of {', '.join(SCHEDULE_KINDS)}, got {schedule!r}")
-        definitions.append(Definition(name, entry.get("description", ""), parameters, schedules, entry.get("tags") or []))
+                raise DeploymentError(
+                    f"deployment {name!r}: a schedule needs exactly one of {', '.join(SCHEDULE_KINDS)}, got {schedule!r}"
+                )
+        definitions.append(
+            Definition(name, entry.get("description", ""), parameters, schedules, entry.get("tags") or [])
+        )
     return definitions
 
 
@@ -118,7 +128,9 @@ def serve(definitions: list[Definition], console) -> None:
         wait_for_api()
         console.print(f"Prefect UI: {api_url.removesuffix('/api')}", highlight=False)
         if not configured:
-            console.print(f"trigger from another shell with PREFECT_API_URL={api_url} set", highlight=False, soft_wrap=True)
+            console.print(
+                f"trigger from another shell with PREFECT_API_URL={api_url} set", highlight=False, soft_wrap=True
+            )
         _serve(definitions)
 
 

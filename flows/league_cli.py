@@ -11,37 +11,47 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 
 from flows.cli_errors import OneLineErrors, fail, with_services
 
-league_app = typer.Typer(add_completion=False, no_args_is_help=True, help="League training: main agents, exploiters, PFSP, ratings.")
+league_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="League training: main agents, exploiters, PFSP, ratings."
+)
 console = Console()
 
 
 @league_app.command("run", cls=OneLineErrors)
 def run(
-    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
-    game: Optional[str] = typer.Option(None, help="two-sided game: OpenSpiel game string or pettingzoo:<module>"),
-    algorithm: Optional[str] = typer.Option(None, help="the learners' RL algorithm (see `psro oracles`)"),
-    generations: Optional[int] = typer.Option(None, help="generations"),
-    episodes: Optional[int] = typer.Option(None, help="training episodes per learning player and role per generation"),
-    seed: Optional[int] = typer.Option(None, help="random seed"),
-    num_cpus: Optional[int] = typer.Option(None, help="CPUs for the local Ray instance"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
-    experiment: Optional[str] = typer.Option(None, help="MLflow experiment name"),
-    export: Optional[Path] = typer.Option(None, help="write the newest main agent as an OpenSpiel-checkable export here"),
+    config_file: Path | None = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
+    game: str | None = typer.Option(None, help="two-sided game: OpenSpiel game string or pettingzoo:<module>"),
+    algorithm: str | None = typer.Option(None, help="the learners' RL algorithm (see `psro oracles`)"),
+    generations: int | None = typer.Option(None, help="generations"),
+    episodes: int | None = typer.Option(None, help="training episodes per learning player and role per generation"),
+    seed: int | None = typer.Option(None, help="random seed"),
+    num_cpus: int | None = typer.Option(None, help="CPUs for the local Ray instance"),
+    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
+    experiment: str | None = typer.Option(None, help="MLflow experiment name"),
+    export: Path | None = typer.Option(
+        None, help="write the newest main agent as an OpenSpiel-checkable export here"
+    ),
 ) -> None:
     """Train a league, generation by generation: each a Prefect flow run whose tasks run on Ray."""
     from marl_core.league.config import build_league_config
     from marl_core.psro.config import ConfigError, load_config_file
 
     flags = dict(
-        game=game, algorithm=algorithm, generations=generations, episodes=episodes, seed=seed,
-        num_cpus=num_cpus, tracking_uri=tracking_uri, experiment=experiment, export=export,
+        game=game,
+        algorithm=algorithm,
+        generations=generations,
+        episodes=episodes,
+        seed=seed,
+        num_cpus=num_cpus,
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        export=export,
     )
     try:
         values = load_config_file(config_file) if config_file else {}
@@ -59,7 +69,7 @@ def run(
 def resume(
     run_id: str = typer.Argument(..., help="MLflow run id of the league run to continue"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow tracking URI the run is in"),
-    generations: Optional[int] = typer.Option(None, help="run to this many generations (default: the run's own)"),
+    generations: int | None = typer.Option(None, help="run to this many generations (default: the run's own)"),
 ) -> None:
     """Continue a league run after its last committed generation (e.g. after a crash)."""
     from flows.tracking.league_tracker import committed_league
@@ -79,11 +89,11 @@ def resume(
     _train(config, run_id)
 
 
-def _train(config, resume_run_id: Optional[str] = None) -> None:
+def _train(config, resume_run_id: str | None = None) -> None:
     with_services(config, config.game, console, lambda services: _train_with(config, services, resume_run_id))
 
 
-def _train_with(config, services, resume_run_id: Optional[str]) -> None:
+def _train_with(config, services, resume_run_id: str | None) -> None:
     from flows.league_flow import run_league  # slow imports (Prefect, Ray) while the server boots
     from flows.progress import progress_bars, view_for
 
@@ -92,7 +102,8 @@ def _train_with(config, services, resume_run_id: Optional[str]) -> None:
         f"league on [bold]{config.game}[/]: {s.main_agents} main agent(s), {s.main_exploiters} main exploiter(s), "
         f"{s.league_exploiters} league exploiter(s); {config.algorithm}, {config.generations} generations of "
         f"{config.episodes} episodes per player and role; MLflow at {config.tracking_uri}",
-        highlight=False, soft_wrap=True,
+        highlight=False,
+        soft_wrap=True,
     )
     started = time.perf_counter()
     last = {}
@@ -101,7 +112,8 @@ def _train_with(config, services, resume_run_id: Optional[str]) -> None:
         last["record"] = record
         console.print(
             f"gen {record.generation:3d}  snapshots {len(state.league.snapshots):3d}  {record.summary()}  {record.seconds:6.1f}s",
-            highlight=False, soft_wrap=True,
+            highlight=False,
+            soft_wrap=True,
         )
 
     progress = progress_bars(console)  # one row per learner at work, above which the lines print
@@ -110,6 +122,13 @@ def _train_with(config, services, resume_run_id: Optional[str]) -> None:
     if "record" not in last:
         console.print(f"nothing to do: the run already completed {config.generations} generations", highlight=False)
         return
-    console.print(f"done: {state.generation} generations, {len(state.league.snapshots)} snapshots in {time.perf_counter() - started:.1f}s", highlight=False)
+    console.print(
+        f"done: {state.generation} generations, {len(state.league.snapshots)} snapshots in {time.perf_counter() - started:.1f}s",
+        highlight=False,
+    )
     if config.export:
-        console.print(f"exported the newest main agent to {config.export}; check it with: python scripts/verify_export.py {config.export}", highlight=False, soft_wrap=True)
+        console.print(
+            f"exported the newest main agent to {config.export}; check it with: python scripts/verify_export.py {config.export}",
+            highlight=False,
+            soft_wrap=True,
+        )

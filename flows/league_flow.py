@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from prefect import flow, get_run_logger
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
@@ -47,16 +47,17 @@ def league_generation(config: LeagueConfig, generation: int, state_key: str, poo
 
 @flow(name="league", validate_parameters=False, persist_result=False)
 def league_flow(
-    config: dict, on_generation: Optional[GenerationCallback] = None, resume_run_id: Optional[str] = None,
-    progress: Optional[ProgressView] = None,
+    config: dict,
+    on_generation: GenerationCallback | None = None,
+    resume_run_id: str | None = None,
+    progress: ProgressView | None = None,
 ) -> LeagueState:
     """The whole run; returns the final league. The learners' progress is shown in `progress`;
     without one, as plain lines in the flow run's log."""
+    from flows.preflight import preflight
     from flows.tracking.league_tracker import LeagueTracker, committed_league, load_league_state
     from marl_core.psro.steps import rollout_pool_config
     from marl_core.rollout.pool import WorkerPool
-
-    from flows.preflight import preflight
 
     config = LeagueConfig(**config) if isinstance(config, dict) else config
     preflight(config)  # deployments start here, not at the CLI: same checks before any work
@@ -86,10 +87,10 @@ def league_flow(
 
 def run_league(
     config: LeagueConfig,
-    on_generation: Optional[GenerationCallback] = None,
-    resume_run_id: Optional[str] = None,
-    services: Optional[StartingServices] = None,
-    progress: Optional[ProgressView] = None,
+    on_generation: GenerationCallback | None = None,
+    resume_run_id: str | None = None,
+    services: StartingServices | None = None,
+    progress: ProgressView | None = None,
 ) -> LeagueState:
     """Start what the run needs (a Prefect server, Ray, the MLflow store), run the flow, stop all.
     ``services`` and ``progress`` as for `flows.psro_flow.run_psro`."""

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 
 from flows.cli_errors import OneLineErrors, build_or_fail, fail, with_services
 
-marl_app = typer.Typer(add_completion=False, no_args_is_help=True, help="MARL training: MAPPO, QMIX, MADDPG, IPPO, ... on one environment.")
+marl_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="MARL training: MAPPO, QMIX, MADDPG, IPPO, ... on one environment."
+)
 console = Console()
 
 
@@ -30,13 +31,15 @@ def _config(values: dict):
 
 @marl_app.command("run", cls=OneLineErrors)
 def run(
-    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
-    env: Optional[str] = typer.Option(None, help="simultaneous environment: pettingzoo:<module with parallel_env()> or atari:<game>"),
-    algorithm: Optional[str] = typer.Option(None, help="MARL algorithm: mappo, qmix, vdn, maddpg, ippo, iql, a2c"),
-    rounds: Optional[int] = typer.Option(None, help="training rounds"),
-    seed: Optional[int] = typer.Option(None, help="random seed"),
-    num_cpus: Optional[int] = typer.Option(None, help="CPUs for the local Ray instance"),
-    tracking_uri: Optional[str] = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
+    config_file: Path | None = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
+    env: str | None = typer.Option(
+        None, help="simultaneous environment: pettingzoo:<module with parallel_env()> or atari:<game>"
+    ),
+    algorithm: str | None = typer.Option(None, help="MARL algorithm: mappo, qmix, vdn, maddpg, ippo, iql, a2c"),
+    rounds: int | None = typer.Option(None, help="training rounds"),
+    seed: int | None = typer.Option(None, help="random seed"),
+    num_cpus: int | None = typer.Option(None, help="CPUs for the local Ray instance"),
+    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
 ) -> None:
     """Train the learners round by round: each round a Prefect flow run whose tasks run on Ray."""
     import yaml
@@ -82,28 +85,33 @@ def resume(
     _train(config, run_id)
 
 
-def _train(config, resume_run_id: Optional[str] = None) -> None:
+def _train(config, resume_run_id: str | None = None) -> None:
     with_services(config, config.env, console, lambda services: _train_with(config, services, resume_run_id))
 
 
-def _train_with(config, services, resume_run_id: Optional[str]) -> None:
+def _train_with(config, services, resume_run_id: str | None) -> None:
     from flows.marl_flow import run_marl  # slow imports (Prefect, Ray) while the server boots
     from flows.progress import progress_bars, view_for
 
     console.print(
         f"MARL on [bold]{config.env}[/]: {config.algorithm}, {config.rounds} rounds of "
         f"{config.steps_per_round} steps x {config.workers * config.envs_per_worker} copies; MLflow at {config.tracking_uri}",
-        highlight=False, soft_wrap=True,
+        highlight=False,
+        soft_wrap=True,
     )
     started = time.perf_counter()
 
     def on_round(record) -> None:
         returns = record.eval_returns or record.train_returns
         kind = "eval" if record.eval_returns else "train"
-        shown = "  ".join(f"{k.removeprefix('policy/')} {v:8.2f}" for k, v in returns.items() if k.startswith("policy/"))
+        shown = "  ".join(
+            f"{k.removeprefix('policy/')} {v:8.2f}" for k, v in returns.items() if k.startswith("policy/")
+        )
         console.print(
             f"round {record.round:4d}  steps {record.env_steps:8d}  {kind} return {shown}  "
-            f"{record.steps_per_second:7.0f} steps/s", highlight=False, soft_wrap=True,
+            f"{record.steps_per_second:7.0f} steps/s",
+            highlight=False,
+            soft_wrap=True,
         )
 
     progress = progress_bars(console)  # the training steps' row, above which the rounds' lines print

@@ -18,15 +18,15 @@ killed run resumes from its last committed round (`psro marl resume RUN_ID`).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import ray
 from prefect import flow, get_run_logger
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+from flows.patches import fresh_every_call
 from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
-from flows.patches import fresh_every_call
 from flows.runtime import StartingServices, run_services
 from marl_core.marl import rounds, training
 from marl_core.marl.async_rounds import RayAsyncLearners, asynchronous
@@ -61,8 +61,10 @@ def marl_round(config: MARLConfig, round: int, env_steps: int, pool, learner: Ra
 
 @flow(name="marl", validate_parameters=False, persist_result=False)
 def marl_flow(
-    config: dict, on_round: Optional[RoundCallback] = None, resume_run_id: Optional[str] = None,
-    progress: Optional[ProgressView] = None,
+    config: dict,
+    on_round: RoundCallback | None = None,
+    resume_run_id: str | None = None,
+    progress: ProgressView | None = None,
 ) -> int:
     """The whole run; returns the number of rounds the run has completed. Its training steps are
     shown in `progress` while it works; without one, as plain lines in the flow run's log."""
@@ -104,10 +106,10 @@ def marl_flow(
 
 def run_marl(
     config: MARLConfig,
-    on_round: Optional[RoundCallback] = None,
-    resume_run_id: Optional[str] = None,
-    services: Optional[StartingServices] = None,
-    progress: Optional[ProgressView] = None,
+    on_round: RoundCallback | None = None,
+    resume_run_id: str | None = None,
+    services: StartingServices | None = None,
+    progress: ProgressView | None = None,
 ) -> int:
     """Start what the run needs (a Prefect server, Ray, the MLflow store), run the flow, stop all.
     ``services`` and ``progress`` as for `flows.psro_flow.run_psro`."""

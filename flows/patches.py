@@ -81,7 +81,8 @@ import contextlib
 import contextvars
 import functools
 import logging
-from typing import Any, Iterator, Optional, TypeVar
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 F = TypeVar("F")
 
@@ -272,7 +273,7 @@ def _share_client_tls_contexts() -> None:
 _FRESH = "_fresh_every_call"
 
 # The flow run this context's engine has just created; the read that follows is answered from it.
-_just_created: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar("just_created_flow_run", default=None)
+_just_created: contextvars.ContextVar[Any | None] = contextvars.ContextVar("just_created_flow_run", default=None)
 
 
 def fresh_every_call(flow: F) -> F:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
 
 import ray
 from prefect import flow, get_run_logger
@@ -67,8 +67,10 @@ def pbt_round(config: PBTConfig, state: PBTState, pools, learners, layout) -> li
 
 @flow(name="pbt", validate_parameters=False, persist_result=False)
 def pbt_flow(
-    config: dict, on_round: Optional[RoundCallback] = None, resume_run_id: Optional[str] = None,
-    progress: Optional[ProgressView] = None,
+    config: dict,
+    on_round: RoundCallback | None = None,
+    resume_run_id: str | None = None,
+    progress: ProgressView | None = None,
 ) -> PBTState:
     """The whole run; returns where it ended. Each member's training steps are shown in
     `progress`; without one, as plain lines in the flow run's log."""
@@ -90,7 +92,9 @@ def pbt_flow(
         read = lambda: [row for pool in pools for row in pool.progress()]  # noqa: E731
         stack.enter_context(watching(read, progress or PlainLines(get_run_logger().info, plain_interval())))
         actors = [
-            ray.remote(num_cpus=0)(LearnerActor).remote(state.member_config(config, i), checkpoint.learners[i] if checkpoint else None)
+            ray.remote(num_cpus=0)(LearnerActor).remote(
+                state.member_config(config, i), checkpoint.learners[i] if checkpoint else None
+            )
             for i in range(config.population)
         ]
         layout, _ = training.layout_and_spec(config.marl)
@@ -100,7 +104,12 @@ def pbt_flow(
             state.advance(records)
             lineage = perturb(config, state, records)
             sources = {e.source: actors[e.source].state.remote() for e in lineage}
-            ray.get([actors[e.member].adopt.remote(state.member_config(config, e.member), sources[e.source]) for e in lineage])
+            ray.get(
+                [
+                    actors[e.member].adopt.remote(state.member_config(config, e.member), sources[e.source])
+                    for e in lineage
+                ]
+            )
             record = PBTRound(state.round - 1, records, [dict(h) for h in state.hyperparameters], lineage)
             tracker.log_round(record)
             if training.checkpoint_due(config.marl, state.round - 1):
@@ -113,10 +122,10 @@ def pbt_flow(
 
 def run_pbt(
     config: PBTConfig,
-    on_round: Optional[RoundCallback] = None,
-    resume_run_id: Optional[str] = None,
-    services: Optional[StartingServices] = None,
-    progress: Optional[ProgressView] = None,
+    on_round: RoundCallback | None = None,
+    resume_run_id: str | None = None,
+    services: StartingServices | None = None,
+    progress: ProgressView | None = None,
 ) -> PBTState:
     """Start what the run needs (a Prefect server, Ray, the MLflow store), run the flow, stop all.
     ``services`` and ``progress`` as for `flows.psro_flow.run_psro`."""

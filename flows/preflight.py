@@ -124,7 +124,7 @@ def check_tracking_store(uri: str, experiment: str) -> None:
 
 def _sqlite_problem(uri: str, experiment: str) -> str | None:
     """SQLAlchemy's form: sqlite:///relative/path.db or sqlite:////absolute/path.db."""
-    name = uri[len("sqlite://"):].partition("?")[0]
+    name = uri[len("sqlite://") :].partition("?")[0]
     if name in ("", "/", "/:memory:"):
         return "an in-memory store keeps nothing after the run"
     path = Path(name[1:])

@@ -19,7 +19,8 @@ import contextvars
 import os
 import threading
 import time
-from typing import Callable, Iterator, Optional, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
 
 from marl_core.rollout.progress import Progress
 
@@ -104,11 +105,17 @@ class ProgressRows:
 
 def progress_bars(console):
     """A rich live display for rows of work: description, bar, done/total, `info`, elapsed."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bars, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bars
 
     return Bars(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), console=console, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     )
 
 
@@ -120,7 +127,7 @@ def view_for(console, bars) -> ProgressView:
 
 
 @contextlib.contextmanager
-def watching(read: Callable[[], list[Progress]], view: Optional[ProgressView], poll: float = 1.0) -> Iterator[None]:
+def watching(read: Callable[[], list[Progress]], view: ProgressView | None, poll: float = 1.0) -> Iterator[None]:
     """Show `read()` in `view` every `poll` seconds while the block runs (nothing without a view)."""
     if view is None:
         yield

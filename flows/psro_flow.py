@@ -13,23 +13,30 @@ import contextvars
 import os
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Callable, Optional
 
 import ray
 from prefect import flow, get_run_logger
 from prefect.exceptions import CancelledRun
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.states import Cancelled
 from prefect.utilities.annotations import opaque
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 import tasks
+from flows.patches import fresh_every_call
 from flows.progress import PlainLines, ProgressView, plain_interval, watching
 from flows.ray_runner import FastRayTaskRunner
-from flows.patches import fresh_every_call
+from flows.runtime import (
+    StartingServices,
+    finish_before_prefect_stops,
+    ray_session,
+    ray_to_use,
+    reap_on_crash,
+    run_services,
+)
 from flows.tracking.layout import FLOW_RUN_TAG
-from flows.runtime import StartingServices, finish_before_prefect_stops, ray_session, ray_to_use, reap_on_crash, run_services
 from marl_core.psro import steps as psro
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import IterationRecord, PSROState
@@ -47,7 +54,7 @@ class Handoff:
     not pickle.
     """
 
-    _open: dict[str, "Handoff"] = {}
+    _open: dict[str, Handoff] = {}
 
     def __init__(self):
         self.inbox: Future = Future()
@@ -56,7 +63,7 @@ class Handoff:
         Handoff._open[self.key] = self
 
     @classmethod
-    def take(cls, key: str) -> "Handoff":
+    def take(cls, key: str) -> Handoff:
         return cls._open.pop(key)
 
 
@@ -117,7 +124,7 @@ class RayTaskSteps:
     table (default PSRO's; a league generation's is `tasks.league_tasks.TASKS`).
     """
 
-    def __init__(self, task_table: Optional[dict] = None):
+    def __init__(self, task_table: dict | None = None):
         self.tasks = tasks.TASKS if task_table is None else task_table
 
     def share(self, value):
@@ -165,8 +172,10 @@ def _opaque_futures(args: tuple) -> tuple:
 
 @flow(name="psro", validate_parameters=False, persist_result=False)
 def psro_flow(
-    config: dict, on_iteration: Optional[IterationCallback] = None, resume_run_id: Optional[str] = None,
-    progress: Optional[ProgressView] = None,
+    config: dict,
+    on_iteration: IterationCallback | None = None,
+    resume_run_id: str | None = None,
+    progress: ProgressView | None = None,
 ) -> PSROState:
     """The whole run: the deployable entry point (its parameters are a plain config mapping).
 
@@ -177,10 +186,9 @@ def psro_flow(
     a retry of a flow run (see `_earlier_attempt`). The export, if configured, is written here,
     so a deployment's run writes it as `psro run` does.
     """
+    from flows.preflight import preflight
     from flows.tracking.resume import load_checkpoint
     from flows.tracking.run_tracker import RunTracker
-
-    from flows.preflight import preflight
 
     config = PSROConfig(**config) if isinstance(config, dict) else config
     preflight(config)  # deployments start here, not at the CLI: same checks before any work
@@ -200,7 +208,9 @@ def psro_flow(
             stack.enter_context(ray_session(address, config.num_cpus, worker_env))
         pool = _start_rollout_workers(config, stack)
         if pool is not None:
-            stack.enter_context(watching(pool.progress, progress or PlainLines(get_run_logger().info, plain_interval())))
+            stack.enter_context(
+                watching(pool.progress, progress or PlainLines(get_run_logger().info, plain_interval()))
+            )
         tracker = stack.enter_context(RunTracker(config, resume=checkpoint, tags={FLOW_RUN_TAG: str(flow_run.id)}))
         run = _run_pipeline if config.pipeline is not None else _run_iterations
         state, record = run(config, state, first, run_started, pool, tracker, on_iteration)
@@ -210,7 +220,9 @@ def psro_flow(
     return state
 
 
-def _run_iterations(config, state, first, run_started, pool, tracker, on_iteration) -> tuple[PSROState, Optional[IterationRecord]]:
+def _run_iterations(
+    config, state, first, run_started, pool, tracker, on_iteration
+) -> tuple[PSROState, IterationRecord | None]:
     """One subflow per iteration, in order; each next subflow starts while this one works.
 
     Starting a subflow (creating its run, proposing Running) and finishing one (proposing
@@ -226,7 +238,9 @@ def _run_iterations(config, state, first, run_started, pool, tracker, on_iterati
 
     def start(iteration: int) -> tuple[Handoff, Future]:
         handoff = Handoff()
-        subflow = threads.submit(contextvars.copy_context().run, psro_iteration, config, iteration, run_started, pool, handoff.key)
+        subflow = threads.submit(
+            contextvars.copy_context().run, psro_iteration, config, iteration, run_started, pool, handoff.key
+        )
         return handoff, subflow
 
     iteration, upcoming = first, None
@@ -266,7 +280,9 @@ def _run_iterations(config, state, first, run_started, pool, tracker, on_iterati
     return state, record
 
 
-def _run_pipeline(config, state, first, run_started, pool, tracker, on_iteration) -> tuple[PSROState, Optional[IterationRecord]]:
+def _run_pipeline(
+    config, state, first, run_started, pool, tracker, on_iteration
+) -> tuple[PSROState, IterationRecord | None]:
     """Pipeline PSRO: iteration 0 as in PSRO, then one `psro-iteration` subflow per freeze. The
     levels' learners are Ray actors of this process, started between iterations, stopped with
     the run; a resumed run starts its levels afresh above the iterations it committed."""
@@ -303,7 +319,7 @@ def _logged(result: tuple[IterationRecord, PSROState], tracker, on_iteration) ->
     return record, state
 
 
-def _earlier_attempt(config: PSROConfig) -> Optional[str]:
+def _earlier_attempt(config: PSROConfig) -> str | None:
     """The MLflow run that an earlier attempt of this flow run committed to, when this is a retry.
 
     Prefect's UI retries a crashed or failed run (a killed worker process, a lost node) by
@@ -316,14 +332,17 @@ def _earlier_attempt(config: PSROConfig) -> Optional[str]:
     return find_tagged(config, FLOW_RUN_TAG, str(flow_run.id)) if flow_run.run_count > 1 else None
 
 
-def _write_export(config: PSROConfig, state: PSROState, last: Optional[IterationRecord], wall: float) -> None:
+def _write_export(config: PSROConfig, state: PSROState, last: IterationRecord | None, wall: float) -> None:
     """The OpenSpiel-checkable export; `last` is None when a resumed run had nothing left to do."""
     from marl_core.psro.export import write_export
 
     if last:
         report, approx = last.report, last.approx
     else:
-        report, approx = psro.measure(config, state.populations, psro.MetaGame(state.payoffs, state.meta_strategy)), None
+        report, approx = (
+            psro.measure(config, state.populations, psro.MetaGame(state.payoffs, state.meta_strategy)),
+            None,
+        )
     write_export(config.export, config, state.populations, state.meta_strategy, report, state.iteration, wall, approx)
 
 
@@ -341,10 +360,10 @@ def _start_rollout_workers(config: PSROConfig, stack: contextlib.ExitStack):
 
 def run_psro(
     config: PSROConfig,
-    on_iteration: Optional[IterationCallback] = None,
-    resume_run_id: Optional[str] = None,
-    services: Optional[StartingServices] = None,
-    progress: Optional[ProgressView] = None,
+    on_iteration: IterationCallback | None = None,
+    resume_run_id: str | None = None,
+    services: StartingServices | None = None,
+    progress: ProgressView | None = None,
 ) -> PSROState:
     """Start what the run needs (Prefect server, Ray, MLflow store), run the `psro` flow, stop all.
 

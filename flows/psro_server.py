@@ -19,12 +19,12 @@ import json
 import os
 import signal
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from flows.runtime import STATE_FILE, LocalPrefectServer, RunningServer, prefect_home, start_ray
 
 
-def serve(port: int, num_cpus: Optional[int], on_ready: Callable[[RunningServer], None]) -> None:
+def serve(port: int, num_cpus: int | None, on_ready: Callable[[RunningServer], None]) -> None:
     """Start both services, announce them, and block until Ctrl-C or SIGTERM; then stop both."""
     import ray
 

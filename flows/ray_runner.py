@@ -149,7 +149,7 @@ def _remote_task_body(remote_options: dict[str, Any]):
 
 
 class FastRayTaskRunner(RayTaskRunner):
-    def __enter__(self) -> "FastRayTaskRunner":
+    def __enter__(self) -> FastRayTaskRunner:
         """Runs on the Ray its run started before the first subflow (`flows.runtime`, or
         `psro_flow` under a deployment). prefect-ray starts a default local Ray where none is
         running; here that can only be a subflow thread of a failed run starting after the run
@@ -160,7 +160,7 @@ class FastRayTaskRunner(RayTaskRunner):
             raise RuntimeError("Ray is not running: the run started none, or has already stopped it")
         return super().__enter__()
 
-    def duplicate(self) -> "FastRayTaskRunner":
+    def duplicate(self) -> FastRayTaskRunner:
         return type(self)(address=self.address, init_kwargs=self.init_kwargs)
 
     def submit(self, task, parameters, wait_for=None, dependencies=None):
@@ -177,13 +177,23 @@ class FastRayTaskRunner(RayTaskRunner):
         task_run_id = uuid4()
         task_inputs = {k: collect_task_run_inputs_sync(v, future_cls=PrefectRayFuture) for k, v in parameters.items()}
         context = serialize_context(
-            asset_ctx_kwargs={"task": task, "task_run_id": task_run_id, "task_inputs": task_inputs, "copy_to_child_ctx": True}
+            asset_ctx_kwargs={
+                "task": task,
+                "task_run_id": task_run_id,
+                "task_inputs": task_inputs,
+                "copy_to_child_ctx": True,
+            }
         )
         parameters, upstream_ray_obj_refs = self._exchange_prefect_for_ray_futures(parameters)
         remote = _remote_task_body(RemoteOptionsContext.get().current_remote_options)
         object_ref = remote.options(name=task.name).remote(
-            *upstream_ray_obj_refs, task=_by_reference(task), task_run_id=task_run_id, parameters=_carry_opaque(parameters),
-            wait_for=wait_for, dependencies=dependencies, context=_with_flow(context, _by_reference),
+            *upstream_ray_obj_refs,
+            task=_by_reference(task),
+            task_run_id=task_run_id,
+            parameters=_carry_opaque(parameters),
+            wait_for=wait_for,
+            dependencies=dependencies,
+            context=_with_flow(context, _by_reference),
         )
         return PrefectRayFuture(task_run_id=task_run_id, wrapped_future=object_ref)
 
@@ -197,8 +207,11 @@ class FastRayTaskRunner(RayTaskRunner):
         token = SyncClientContext.__var__.set(client_context)
         try:
             return RayTaskRunner._run_prefect_task(
-                *upstream_ray_obj_refs, task=_loaded(task), parameters=_restore_opaque(parameters),
-                context=_with_cached_settings(_with_flow(context, _loaded)), **kwargs,
+                *upstream_ray_obj_refs,
+                task=_loaded(task),
+                parameters=_restore_opaque(parameters),
+                context=_with_cached_settings(_with_flow(context, _loaded)),
+                **kwargs,
             )
         finally:
             SyncClientContext.__var__.reset(token)

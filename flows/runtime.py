@@ -24,8 +24,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from flows.patches import no_ray_auto_init, quiet_ray_notices, ray_on_loopback, ray_without_cluster_services
 from flows.reaper import MARKER, alive
@@ -130,7 +130,10 @@ class LocalPrefectServer:
         home.mkdir(parents=True, exist_ok=True)
         # The UI asks the API at PREFECT_UI_API_URL, which otherwise defaults to port 4200, not this one
         env = dict(
-            os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_API_URL=self.url,
+            os.environ,
+            PREFECT_HOME=str(home),
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_UI_API_URL=self.url,
             PSRO_SERVER_EXIT_WITH_PARENT="1",  # a killed driver cannot stop it: it stops itself
             **TASK_RUN_RECORDER_BATCHING,
         )
@@ -138,7 +141,17 @@ class LocalPrefectServer:
             env.update({f"PREFECT_SERVER_SERVICES_{service}_ENABLED": "false" for service in ONE_RUN_SERVICES_OFF})
         self._log = open(home / "server.log", "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "flows.patched_prefect_server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                "flows.patched_prefect_server",
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -149,9 +162,13 @@ class LocalPrefectServer:
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while not healthy(self.url):
             if self.process.poll() is not None:
-                raise RuntimeError(f"Prefect server exited with code {self.process.returncode}; see {self.home / 'server.log'}")
+                raise RuntimeError(
+                    f"Prefect server exited with code {self.process.returncode}; see {self.home / 'server.log'}"
+                )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"Prefect server did not answer within {SERVER_START_TIMEOUT:.0f} s; see {self.home / 'server.log'}")
+                raise RuntimeError(
+                    f"Prefect server did not answer within {SERVER_START_TIMEOUT:.0f} s; see {self.home / 'server.log'}"
+                )
             time.sleep(0.1)
 
     def stop(self) -> None:
@@ -171,7 +188,10 @@ def reap_on_crash() -> Iterator[None]:
     os.environ[MARKER] = uuid.uuid4().hex
     watcher = subprocess.Popen(
         [sys.executable, "-m", "flows.reaper", str(os.getpid()), os.environ[MARKER]],
-        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         yield
@@ -252,7 +272,9 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
     if address:
         running = find_running_server()
         if running and running.ray_address == address:
-            from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+            from ray._private.authentication.authentication_token_setup import (
+                maybe_enable_token_auth_if_token_available,
+            )
 
             # A `psro server`'s Ray was started by `ray.init()`, which turns token authentication
             # on; joining it by address needs what `ray.init(address="auto")` would do: take
@@ -327,7 +349,9 @@ def rearm_sigterm_handler() -> None:
 
 
 @contextlib.contextmanager
-def ray_in_background(address: str | None, num_cpus: int | None, env_vars: dict[str, str], environment: str) -> Iterator[Callable[[], None]]:
+def ray_in_background(
+    address: str | None, num_cpus: int | None, env_vars: dict[str, str], environment: str
+) -> Iterator[Callable[[], None]]:
     """`ray_session`, started on a thread, with its workers warming up: the caller goes on with
     its own slow imports meanwhile. Yields a function that waits until Ray is up."""
     from concurrent.futures import ThreadPoolExecutor
@@ -416,7 +440,10 @@ def services_starting(ray_address: str | None, num_cpus: int | None, environment
 
 @contextlib.contextmanager
 def run_services(
-    ray_address: str | None, num_cpus: int | None, environment: str, tracking_uri: str,
+    ray_address: str | None,
+    num_cpus: int | None,
+    environment: str,
+    tracking_uri: str,
     services: StartingServices | None = None,
 ) -> Iterator[None]:
     """Everything a scenario's run needs, up and waited for: the Prefect API, Ray and the MLflow

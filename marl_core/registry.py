@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Iterator, Mapping
-from typing import Any, Generic, Optional, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ class UnknownName(ValueError):
 class _Entry:
     value: Any  # the entry, or its "module:attribute" path until first use
     summary: str
-    settings: Optional[type]
+    settings: type | None
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -38,7 +38,7 @@ class Registry(Mapping[str, T], Generic[T]):
         self.error = error
         self._entries: dict[str, _Entry] = {}
 
-    def add(self, name: str, entry: T | str, summary: str, settings: Optional[type] = None) -> None:
+    def add(self, name: str, entry: T | str, summary: str, settings: type | None = None) -> None:
         """Register `entry` (or a ``"module:attribute"`` path to it) under `name`, with a one-line
         `summary` and, for an entry that takes settings, their pydantic class."""
         if name in self._entries:
@@ -51,7 +51,9 @@ class Registry(Mapping[str, T], Generic[T]):
         try:
             return self._entries[name]
         except (KeyError, TypeError):
-            raise self.error(f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._entries))}") from None
+            raise self.error(
+                f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._entries))}"
+            ) from None
 
     def __getitem__(self, name: str) -> T:
         entry = self._entry(name)

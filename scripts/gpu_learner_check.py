@@ -50,10 +50,15 @@ def pong_batch(size: int, seed: int = 0) -> Experience:
     last = np.zeros(size, bool)
     last[size // 2 - 1] = last[-1] = True
     return Experience(
-        obs=frames.astype(np.float32), mask=np.ones((size, ACTIONS), bool), action=action.astype(np.int64),
+        obs=frames.astype(np.float32),
+        mask=np.ones((size, ACTIONS), bool),
+        action=action.astype(np.int64),
         reward=rng.choice([-1.0, 0.0, 1.0], size, p=[0.05, 0.9, 0.05]).astype(np.float32),
-        next_obs=following.astype(np.float32), next_mask=np.ones((size, ACTIONS), bool),
-        done=np.zeros(size, bool), last=last, extras={"logp": logp.astype(np.float32)},
+        next_obs=following.astype(np.float32),
+        next_mask=np.ones((size, ACTIONS), bool),
+        done=np.zeros(size, bool),
+        last=last,
+        extras={"logp": logp.astype(np.float32)},
     )
 
 
@@ -99,9 +104,11 @@ def main() -> int:
         actions, _ = acting.act(batch.obs[:8], batch.mask[:8], True, np.random.default_rng(0))
         ok = loss_gap < 1e-2 and weight_gap < 2 * lr * steps and on_cpu and actions.shape == (8,)
         failures += not ok
-        print(f"{name}: loss cpu {cpu_metrics['loss']:.6f} gpu {gpu_metrics['loss']:.6f} (relative gap {loss_gap:.1e}); "
-              f"largest weight gap {weight_gap:.1e} (lr {lr:g}, {steps} Adam steps); weights back on the CPU: {on_cpu}; "
-              f"one update of {args.batch}: cpu {cpu_seconds * 1e3:.0f} ms, gpu {gpu_seconds * 1e3:.0f} ms; {'ok' if ok else 'MISMATCH'}")
+        print(
+            f"{name}: loss cpu {cpu_metrics['loss']:.6f} gpu {gpu_metrics['loss']:.6f} (relative gap {loss_gap:.1e}); "
+            f"largest weight gap {weight_gap:.1e} (lr {lr:g}, {steps} Adam steps); weights back on the CPU: {on_cpu}; "
+            f"one update of {args.batch}: cpu {cpu_seconds * 1e3:.0f} ms, gpu {gpu_seconds * 1e3:.0f} ms; {'ok' if ok else 'MISMATCH'}"
+        )
     return 1 if failures else 0
 
 

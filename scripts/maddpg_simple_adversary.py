@@ -48,18 +48,33 @@ PAPER = {"learning_starts": 25_600, "train_every": 100}  # where MADDPGConfig's 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env-steps", type=int, default=1_500_000, help="joint environment steps at most (the paper: 60k episodes)")
-    parser.add_argument("--minutes", type=float, default=20.0, help="stop at the first evaluation after this much wall time")
+    parser.add_argument(
+        "--env-steps", type=int, default=1_500_000, help="joint environment steps at most (the paper: 60k episodes)"
+    )
+    parser.add_argument(
+        "--minutes", type=float, default=20.0, help="stop at the first evaluation after this much wall time"
+    )
     parser.add_argument("--envs", type=int, default=8, help="environment copies")
     parser.add_argument("--steps-per-round", type=int, default=100, help="joint steps per copy per round")
     parser.add_argument("--eval-every", type=int, default=25, help="rounds between greedy evaluations")
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE", help="a MADDPGConfig field, e.g. train_every=50")
-    parser.add_argument("--freeze", action="append", default=[], metavar="POLICY",
-                        help="from --freeze-at joint steps on, this policy acts but no longer learns (MADDPG's frozen)")
-    parser.add_argument("--freeze-at", type=int, default=0, help="joint steps at which the --freeze policies stop learning")
-    parser.add_argument("--separate", action="store_true", help="one actor and critic per agent (the paper), no sharing")
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="NAME=VALUE", help="a MADDPGConfig field, e.g. train_every=50"
+    )
+    parser.add_argument(
+        "--freeze",
+        action="append",
+        default=[],
+        metavar="POLICY",
+        help="from --freeze-at joint steps on, this policy acts but no longer learns (MADDPG's frozen)",
+    )
+    parser.add_argument(
+        "--freeze-at", type=int, default=0, help="joint steps at which the --freeze policies stop learning"
+    )
+    parser.add_argument(
+        "--separate", action="store_true", help="one actor and critic per agent (the paper), no sharing"
+    )
     parser.add_argument("--per-policy", action="store_true", help="also print every policy's own return")
     parser.add_argument("--stochastic-eval", action="store_true", help="also evaluate sampled (not greedy) actions")
     parser.add_argument("--plot", help="save the curves as a PNG here")
@@ -74,9 +89,15 @@ def main() -> None:
         settings[name] = ast.literal_eval(value)  # numbers and tuples, e.g. critic_hidden=(128,128)
     per_round = args.envs * args.steps_per_round
     config = MARLConfig(
-        env=ENV, algorithm="maddpg", settings=settings, rounds=max(1, args.env_steps // per_round),
-        steps_per_round=args.steps_per_round, envs_per_worker=args.envs, eval_every=args.eval_every,
-        eval_episodes=args.eval_episodes, seed=args.seed,
+        env=ENV,
+        algorithm="maddpg",
+        settings=settings,
+        rounds=max(1, args.env_steps // per_round),
+        steps_per_round=args.steps_per_round,
+        envs_per_worker=args.envs,
+        eval_every=args.eval_every,
+        eval_episodes=args.eval_episodes,
+        seed=args.seed,
         policies=SEPARATE if args.separate else None,
     )
     layout, _ = layout_and_spec(config)
@@ -114,8 +135,13 @@ def main() -> None:
             handle = LocalLearner(learner)
             handle.publish(sampled, record.round + 1)
             request = RolloutRequest(
-                policy_mapping(config), episodes=args.eval_episodes, seed=(10_000 + record.round,), learners=handle.specs(),
-                weights_version=record.round + 1, agent_ids=config.agent_ids, experience=False,
+                policy_mapping(config),
+                episodes=args.eval_episodes,
+                seed=(10_000 + record.round,),
+                learners=handle.specs(),
+                weights_version=record.round + 1,
+                agent_ids=config.agent_ids,
+                experience=False,
             )
             returns = sampled.collect([request])[0].episode_returns
             order = list(layout.agents)
@@ -126,7 +152,10 @@ def main() -> None:
             values += [(mean[f"policy/{policy}"], err[f"policy/{policy}"]) for policy in groups]
         minutes = (time.perf_counter() - started) / 60
         rows.append((record.env_steps, values))
-        print(f"{record.env_steps:>10}" + "".join(f"{m:>10.2f} ±{e:<6.2f}" for m, e in values) + f"{minutes:>8.1f}", flush=True)
+        print(
+            f"{record.env_steps:>10}" + "".join(f"{m:>10.2f} ±{e:<6.2f}" for m, e in values) + f"{minutes:>8.1f}",
+            flush=True,
+        )
         if minutes > args.minutes:
             break
     if args.save:
@@ -134,7 +163,9 @@ def main() -> None:
         print(f"actors: {args.save}")
     if args.csv:
         with open(args.csv, "w") as out:
-            out.write(",".join(["env_steps"] + [f"{c.replace(' ', '_')}{s}" for c in columns for s in ("", "_se")]) + "\n")
+            out.write(
+                ",".join(["env_steps"] + [f"{c.replace(' ', '_')}{s}" for c in columns for s in ("", "_se")]) + "\n"
+            )
             for steps, values in rows:
                 out.write(",".join([str(steps)] + [f"{x:.4f}" for pair in values for x in pair]) + "\n")
         print(f"csv: {args.csv}")
@@ -154,8 +185,13 @@ def plot(rows, columns: list[str], path: str, subtitle: str, freeze_at: int | No
     for k, name in enumerate(columns[:4]):  # greedy (solid) and, if evaluated, sampled (dashed)
         mean = np.array([values[k][0] for _, values in rows])
         err = np.array([values[k][1] for _, values in rows])
-        line = axes.plot(steps, mean, label=name, linestyle="-" if name.startswith("greedy") else "--",
-                         color="tab:blue" if "good" in name else "tab:red")
+        line = axes.plot(
+            steps,
+            mean,
+            label=name,
+            linestyle="-" if name.startswith("greedy") else "--",
+            color="tab:blue" if "good" in name else "tab:red",
+        )
         axes.fill_between(steps, mean - err, mean + err, alpha=0.25, color=line[0].get_color())
     if freeze_at is not None:
         axes.axvline(freeze_at, color="gray", linestyle=":", label=f"{', '.join(frozen)} frozen")

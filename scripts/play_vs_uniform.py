@@ -90,11 +90,17 @@ def play_vs_uniform(checkpoint: Checkpoint, games: int, seed: int = 0) -> list[R
     results = []
     for role, result in zip(game.roles, played):
         returns = role_returns(result.episode_returns, game, role)
-        results.append(RoleResult(
-            role, game.agents_of(role),
-            wins=int((returns > 0).sum()), draws=int((returns == 0).sum()), losses=int((returns < 0).sum()),
-            mean_return=float(returns.mean()), mean_return_stderr=float(returns.std(ddof=1) / np.sqrt(len(returns))),
-        ))
+        results.append(
+            RoleResult(
+                role,
+                game.agents_of(role),
+                wins=int((returns > 0).sum()),
+                draws=int((returns == 0).sum()),
+                losses=int((returns < 0).sum()),
+                mean_return=float(returns.mean()),
+                mean_return_stderr=float(returns.std(ddof=1) / np.sqrt(len(returns))),
+            )
+        )
     return results
 
 
@@ -103,7 +109,9 @@ def newest_finished_run(client, experiment: str) -> str:
     found = client.get_experiment_by_name(experiment)
     if found is None:
         known = sorted(e.name for e in client.search_experiments())
-        raise PlayError(f"no experiment {experiment!r} in {client.tracking_uri}; experiments: {', '.join(known) or 'none'}")
+        raise PlayError(
+            f"no experiment {experiment!r} in {client.tracking_uri}; experiments: {', '.join(known) or 'none'}"
+        )
     runs = client.search_runs(
         [found.experiment_id], filter_string="attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"]
     )
@@ -150,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PlayError, PopulationError, ResumeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except MlflowException as error:  # a URI MLflow cannot open (unknown scheme, a bare folder), a run without its artifacts
+    except (
+        MlflowException
+    ) as error:  # a URI MLflow cannot open (unknown scheme, a bare folder), a run without its artifacts
         print(f"error: {doing}: {str(error).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     print(report(checkpoint, play_vs_uniform(checkpoint, args.games, args.seed)))

@@ -108,9 +108,11 @@ def actors_endings(path: str, episodes: int) -> None:
         to_goal.append(np.linalg.norm(adv.state.p_pos - goal))
         to_decoy.append(np.linalg.norm(adv.state.p_pos - decoy))
         returns.append(total)
-    print(f"{path}, {episodes} greedy episodes: adversary return {np.mean(returns):.2f}; it ends "
-          f"{np.mean(to_goal):.2f} from the goal and {np.mean(to_decoy):.2f} from the decoy; the good agents "
-          f"end covering both landmarks (each within {COVERED}) in {np.mean(covered):.0%} of episodes")
+    print(
+        f"{path}, {episodes} greedy episodes: adversary return {np.mean(returns):.2f}; it ends "
+        f"{np.mean(to_goal):.2f} from the goal and {np.mean(to_decoy):.2f} from the decoy; the good agents "
+        f"end covering both landmarks (each within {COVERED}) in {np.mean(covered):.0%} of episodes"
+    )
 
 
 def main() -> None:

@@ -94,7 +94,7 @@ def member_files(directory: pathlib.Path, player: int) -> list[pathlib.Path]:
         raise ExportError(f"missing folder {folder}")
     indexed = {}
     for path in folder.glob("member_*.json"):
-        suffix = path.stem[len("member_"):]
+        suffix = path.stem[len("member_") :]
         if not suffix.isdigit():
             raise ExportError(f"unexpected member file name {path}")
         indexed[int(suffix)] = path
@@ -119,9 +119,7 @@ def load_meta_strategy(directory: pathlib.Path, num_players: int) -> list[np.nda
         if w.ndim != 1 or w.size == 0:
             raise ExportError(f"{path}: weights of player {player} must be a non-empty list")
         if np.any(w < 0) or abs(w.sum() - 1.0) > DISTRIBUTION_TOLERANCE:
-            raise ExportError(
-                f"{path}: weights of player {player} are not a distribution (sum {w.sum():.12g})"
-            )
+            raise ExportError(f"{path}: weights of player {player} are not a distribution (sum {w.sum():.12g})")
         weights.append(w)
     return weights
 
@@ -165,18 +163,13 @@ def _checked_rows(values, legal_mask, keys, path) -> np.ndarray:
     for all rows at once (a Leduc member has hundreds) and reported for the first bad one.
     """
     num_actions = legal_mask.shape[1]
-    bad_length = [
-        k for k, v in zip(keys, values) if not isinstance(v, list) or len(v) != num_actions
-    ]
+    bad_length = [k for k, v in zip(keys, values) if not isinstance(v, list) or len(v) != num_actions]
     if bad_length:
-        raise ExportError(
-            f"{path}: state {bad_length[0]!r} does not have {num_actions} action probabilities"
-        )
+        raise ExportError(f"{path}: state {bad_length[0]!r} does not have {num_actions} action probabilities")
     probs = np.asarray(values, dtype=np.float64)
     problems = {
         "has negative probabilities": np.any(probs < 0, axis=1),
-        "puts mass on illegal actions": np.where(legal_mask == 0, probs, 0.0).sum(axis=1)
-        > DISTRIBUTION_TOLERANCE,
+        "puts mass on illegal actions": np.where(legal_mask == 0, probs, 0.0).sum(axis=1) > DISTRIBUTION_TOLERANCE,
         "does not sum to 1": np.abs(probs.sum(axis=1) - 1.0) > DISTRIBUTION_TOLERANCE,
     }
     for problem, bad in problems.items():
@@ -189,10 +182,7 @@ def _checked_rows(values, legal_mask, keys, path) -> np.ndarray:
 def load_population(
     directory: pathlib.Path, template: policy_lib.TabularPolicy, player: int
 ) -> list[policy_lib.TabularPolicy]:
-    return [
-        fill_member(template, player, read_json(path), path)
-        for path in member_files(directory, player)
-    ]
+    return [fill_member(template, player, read_json(path), path) for path in member_files(directory, player)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,17 +229,13 @@ def verify(directory, tolerance: float = 1e-6) -> dict:
     game = load_game(summary["game"])
     num_players = game.num_players()
     if summary.get("num_players", num_players) != num_players:
-        raise ExportError(
-            f"summary says {summary['num_players']} players, the game has {num_players}"
-        )
+        raise ExportError(f"summary says {summary['num_players']} players, the game has {num_players}")
     weights = load_meta_strategy(directory, num_players)
     template = policy_lib.TabularPolicy(game)
     populations = [load_population(directory, template, p) for p in range(num_players)]
     for player, (members, w) in enumerate(zip(populations, weights)):
         if len(members) != len(w):
-            raise ExportError(
-                f"player {player}: {len(members)} member files but {len(w)} meta-strategy weights"
-            )
+            raise ExportError(f"player {player}: {len(members)} member files but {len(w)} meta-strategy weights")
     loaded = time.perf_counter()
     nash_conv = openspiel_nash_conv(game, populations, weights)
     reported = float(summary["nash_conv"])
@@ -278,22 +264,21 @@ def verify(directory, tolerance: float = 1e-6) -> dict:
 
 def print_report(result: dict) -> None:
     print(f"game:                      {result['game']}")
-    print(f"population sizes:          {result['population_sizes']} "
-          f"(support {result['support_sizes']})")
+    print(f"population sizes:          {result['population_sizes']} (support {result['support_sizes']})")
     print(f"reported NashConv:         {result['reported_nash_conv']:.12g}")
     print(f"OpenSpiel NashConv:        {result['openspiel_nash_conv']:.12g}")
     print(f"reported exploitability:   {result['reported_exploitability']:.12g}")
     print(f"OpenSpiel exploitability:  {result['openspiel_exploitability']:.12g}")
     print(f"|difference| (NashConv):   {result['abs_diff']:.3g} (tolerance {result['tolerance']:g})")
-    print(f"time: load {result['load_seconds']:.2f} s, OpenSpiel evaluation "
-          f"{result['evaluate_seconds']:.2f} s")
+    print(f"time: load {result['load_seconds']:.2f} s, OpenSpiel evaluation {result['evaluate_seconds']:.2f} s")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=pathlib.Path, help="export directory")
-    parser.add_argument("--tolerance", type=float, default=1e-6,
-                        help="largest accepted |reported - OpenSpiel| NashConv (default 1e-6)")
+    parser.add_argument(
+        "--tolerance", type=float, default=1e-6, help="largest accepted |reported - OpenSpiel| NashConv (default 1e-6)"
+    )
     args = parser.parse_args(argv)
     try:
         result = verify(args.directory, args.tolerance)
@@ -304,8 +289,10 @@ def main(argv=None) -> int:
     if result["passed"]:
         print("OK: reported NashConv matches OpenSpiel")
         return 0
-    print(f"MISMATCH: reported NashConv differs from OpenSpiel's by {result['abs_diff']:.3g} "
-          f"> tolerance {result['tolerance']:g}")
+    print(
+        f"MISMATCH: reported NashConv differs from OpenSpiel's by {result['abs_diff']:.3g} "
+        f"> tolerance {result['tolerance']:g}"
+    )
     return 1
 
 

@@ -17,9 +17,19 @@ os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
 
 
 LONGEST_FILES = (
-    "test_flow_matches_local.py", "test_approx_exploitability.py", "test_marl_flow.py", "test_pbt_flow.py", "test_memory.py",
-    "test_end_to_end.py", "test_pettingzoo_flow.py", "test_server.py", "test_learned_end_to_end.py",
-    "test_cluster.py", "test_resume.py", "test_retry.py", "test_deployments.py",
+    "test_flow_matches_local.py",
+    "test_approx_exploitability.py",
+    "test_marl_flow.py",
+    "test_pbt_flow.py",
+    "test_memory.py",
+    "test_end_to_end.py",
+    "test_pettingzoo_flow.py",
+    "test_server.py",
+    "test_learned_end_to_end.py",
+    "test_cluster.py",
+    "test_resume.py",
+    "test_retry.py",
+    "test_deployments.py",
 )
 
 

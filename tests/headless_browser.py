@@ -20,8 +20,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -31,8 +31,11 @@ SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 # Ubuntu: chromium-browser) or downloaded by `playwright install chromium`.
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
 CHROMIUM_PATHS = (
-    Path("/usr/bin/chromium"), Path("/usr/bin/chromium-browser"), Path("/usr/lib/chromium/chromium"),
-    Path("/usr/lib/chromium-browser/chromium-browser"), Path("/snap/bin/chromium"),
+    Path("/usr/bin/chromium"),
+    Path("/usr/bin/chromium-browser"),
+    Path("/usr/lib/chromium/chromium"),
+    Path("/usr/lib/chromium-browser/chromium-browser"),
+    Path("/snap/bin/chromium"),
 )
 PLAYWRIGHT_BROWSERS = Path(os.environ.get("PLAYWRIGHT_BROWSERS_PATH", Path.home() / ".cache" / "ms-playwright"))
 OPT_OUT = "PSRO_TESTS_WITHOUT_BROWSER"
@@ -40,8 +43,14 @@ INSTALL_HINT = "bash .ci/run installs it (apt-get install -y chromium), or set P
 # Headless and quiet: the network is closed here, and Chromium's background services would keep
 # retrying refused connections.
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 RENDER_TIMEOUT_MS = 30_000
 
@@ -71,8 +80,10 @@ def require_browser() -> Path:
     chromium = find_chromium()
     missing = []
     if chromium is None:
-        missing.append(f"Chromium (looked for {' and '.join(CHROMIUM_NAMES)} on PATH, "
-                       f"{', '.join(map(str, CHROMIUM_PATHS))} and {PLAYWRIGHT_BROWSERS}): {INSTALL_HINT}")
+        missing.append(
+            f"Chromium (looked for {' and '.join(CHROMIUM_NAMES)} on PATH, "
+            f"{', '.join(map(str, CHROMIUM_PATHS))} and {PLAYWRIGHT_BROWSERS}): {INSTALL_HINT}"
+        )
     elif not (chromium.is_file() and os.access(chromium, os.X_OK)):
         missing.append(f"Chromium: PSRO_CHROMIUM={chromium} is not an executable file")
     if importlib.util.find_spec("playwright") is None:
@@ -93,8 +104,11 @@ def chromium_page(profile: Path) -> Iterator:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            str(profile), executable_path=str(chromium), headless=True,
-            args=CHROMIUM_FLAGS, viewport={"width": 1440, "height": 1000},
+            str(profile),
+            executable_path=str(chromium),
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1440, "height": 1000},
         )
         context.set_default_timeout(RENDER_TIMEOUT_MS)
         try:
@@ -108,9 +122,23 @@ def start_mlflow_ui(store: str, work: Path, env: dict[str, str], port: int) -> s
     # no telemetry (the network is closed) and no GenAI job runner (its worker pool is slow to start)
     env = dict(env, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     return subprocess.Popen(
-        [str(Path(sys.executable).with_name("mlflow")), "ui", "--backend-store-uri", store,
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=work, env=env, stdout=open(work / "mlflow-ui.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "ui",
+            "--backend-store-uri",
+            store,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=work,
+        env=env,
+        stdout=open(work / "mlflow-ui.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 

@@ -22,7 +22,7 @@ class JointRollouts:
         self.fragments = 0
 
     @classmethod
-    def of(cls, config) -> "JointRollouts":
+    def of(cls, config) -> JointRollouts:
         """One worker with a MARL config's environment, copies, policies and seed."""
         from marl_core.marl.training import policy_mapping
 
@@ -30,10 +30,17 @@ class JointRollouts:
 
     def collect(self, policies, steps: int, explore: bool = True):
         """The next `steps` joint steps of every copy: (JointExperience, returns, lengths) of it."""
-        learners = {policy: LearnerSpec(f"test/{policy}/{id(network)}", _Itself(network)) for policy, network in policies.items()}
+        learners = {
+            policy: LearnerSpec(f"test/{policy}/{id(network)}", _Itself(network))
+            for policy, network in policies.items()
+        }
         request = RolloutRequest(
-            roles=self.mapping, learners=learners, fragment=Fragment("test", self.fragments, steps),
-            seed=(self.seed, self.fragments), explore=explore, agent_ids=self.agent_ids,
+            roles=self.mapping,
+            learners=learners,
+            fragment=Fragment("test", self.fragments, steps),
+            seed=(self.seed, self.fragments),
+            explore=explore,
+            agent_ids=self.agent_ids,
         )
         self.fragments += 1
         result = self.worker.collect(request)

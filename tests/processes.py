@@ -10,8 +10,9 @@ import functools
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -53,8 +54,14 @@ def start_bare_ray(temp_dir: Path) -> None:
     from flows.patches import ray_without_cluster_services
 
     with ray_without_cluster_services():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20,
-                 _temp_dir=str(temp_dir), log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=128 * 2**20,
+            _temp_dir=str(temp_dir),
+            log_to_driver=False,
+        )
 
 
 def assert_all_exited(entry: str, timeout: float = 30) -> None:
@@ -120,7 +127,9 @@ def _empty_mlflow_store() -> Path:
     template = Path(tempfile.mkdtemp(prefix="mlflow-store-"))
     atexit.register(shutil.rmtree, template, True)
     create = "import mlflow, sys; mlflow.MlflowClient(tracking_uri=sys.argv[1]).search_experiments()"
-    subprocess.run([sys.executable, "-c", create, f"sqlite:///{template}/mlflow.db"], cwd=template, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", create, f"sqlite:///{template}/mlflow.db"], cwd=template, check=True, capture_output=True
+    )
     return template / "mlflow.db"
 
 
@@ -142,7 +151,9 @@ class FinishedRun:
     timed_lines: list[tuple[float, str]]  # (time.monotonic() when read, line)
 
 
-def run_config(work: Path, config_text: str, *flags: str, timeout: float = 600, env: Optional[dict] = None) -> FinishedRun:
+def run_config(
+    work: Path, config_text: str, *flags: str, timeout: float = 600, env: dict | None = None
+) -> FinishedRun:
     """`psro run` on `config_text` (written to work/run.yaml) in a clean environment (plus `env`)
     with its own Prefect home, MLflow in work/mlflow.db and two CPUs; asserts it succeeded and
     left no process behind. Its standard output is read as it comes (not a terminal: progress
@@ -156,8 +167,15 @@ def run_config(work: Path, config_text: str, *flags: str, timeout: float = 600, 
     clean = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
     clean.update(env or {}, PREFECT_HOME=str(prefect_home(work / "prefect-home")))
     command = [
-        str(Path(sys.executable).with_name("psro")), "run", "--config", "run.yaml", "--num-cpus", "2",
-        "--tracking-uri", mlflow_store(work), *flags,
+        str(Path(sys.executable).with_name("psro")),
+        "run",
+        "--config",
+        "run.yaml",
+        "--num-cpus",
+        "2",
+        "--tracking-uri",
+        mlflow_store(work),
+        *flags,
     ]
     process = subprocess.Popen(command, cwd=work, env=clean, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     timed: list[tuple[float, str]] = []

@@ -25,7 +25,11 @@ from marl_core.policies.tabular import TabularPolicy
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import ApproxNashConv, IterationRecord, PSROState
 
-ADVERSARY = {"game": "pettingzoo:mpe2.simple_adversary_v3", "roles": {"adversary": "adversary", "agent": "agent"}, "oracle": "ppo"}
+ADVERSARY = {
+    "game": "pettingzoo:mpe2.simple_adversary_v3",
+    "roles": {"adversary": "adversary", "agent": "agent"},
+    "oracle": "ppo",
+}
 
 
 def _iterations(config: PSROConfig, approx_every: int, count: int):
@@ -38,7 +42,10 @@ def _iterations(config: PSROConfig, approx_every: int, count: int):
     populations = None
     payoffs = PayoffTable(game.num_roles)
     for iteration in range(count):
-        members = [TabularPolicy(config.game, r, tree.players[r].uniform_policy()) if tree else UniformPolicy() for r in range(game.num_roles)]
+        members = [
+            TabularPolicy(config.game, r, tree.players[r].uniform_policy()) if tree else UniformPolicy()
+            for r in range(game.num_roles)
+        ]
         if populations is None:
             populations = [Population.of(role, [member]) for role, member in zip(game.roles, members)]
         else:
@@ -54,10 +61,24 @@ def _iterations(config: PSROConfig, approx_every: int, count: int):
         if approx_every and iteration % approx_every == 0:
             gains, gains_stderr = rng.uniform(0, 1, game.num_roles), rng.uniform(0.01, 0.2, game.num_roles)
             total, total_stderr = float(gains.sum()), float(np.sqrt((gains_stderr**2).sum()))
-            approx = ApproxNashConv(total, total_stderr, total / game.num_roles, total_stderr / game.num_roles, gains.tolist(), gains_stderr.tolist())
+            approx = ApproxNashConv(
+                total,
+                total_stderr,
+                total / game.num_roles,
+                total_stderr / game.num_roles,
+                gains.tolist(),
+                gains_stderr.tolist(),
+            )
         record = IterationRecord(
-            iteration, [len(p) for p in populations], report, [m.tolist() for m in meta], {}, 0.1, 0.1 * (iteration + 1),
-            approx=approx, roles=game.roles,
+            iteration,
+            [len(p) for p in populations],
+            report,
+            [m.tolist() for m in meta],
+            {},
+            0.1,
+            0.1 * (iteration + 1),
+            approx=approx,
+            roles=game.roles,
         )
         yield record, PSROState(populations, payoffs, meta, iteration)
 
@@ -138,7 +159,12 @@ def test_a_resumed_tree_game_run_plots_every_approx_point_beside_the_exact_curve
     run_id = _track(config, iterations[3:], resume=load_checkpoint(uri, run_id))
     client = mlflow.MlflowClient(tracking_uri=uri)
 
-    assert _plots(client, run_id) == {layout.EXPLOITABILITY_PLOT, layout.EXPLOITABILITY_TIME_PLOT, layout.APPROX_EXPLOITABILITY_PLOT, layout.PAYOFF_HEATMAP}
+    assert _plots(client, run_id) == {
+        layout.EXPLOITABILITY_PLOT,
+        layout.EXPLOITABILITY_TIME_PLOT,
+        layout.APPROX_EXPLOITABILITY_PLOT,
+        layout.PAYOFF_HEATMAP,
+    }
     (timed,) = figures["exploitability_against_time"]
     (line,) = timed.axes[0].get_lines()
     np.testing.assert_allclose(line.get_xdata(), [0.1 * (i + 1) for i in range(6)])
@@ -179,5 +205,9 @@ def test_a_run_without_approx_points_logs_no_approx_figure(uri, figures):
     run_id = _track(config, list(_iterations(config, approx_every=0, count=3)))
     client = mlflow.MlflowClient(tracking_uri=uri)
 
-    assert _plots(client, run_id) == {layout.EXPLOITABILITY_PLOT, layout.EXPLOITABILITY_TIME_PLOT, layout.PAYOFF_HEATMAP}
+    assert _plots(client, run_id) == {
+        layout.EXPLOITABILITY_PLOT,
+        layout.EXPLOITABILITY_TIME_PLOT,
+        layout.PAYOFF_HEATMAP,
+    }
     assert "approx_exploitability_curve" not in figures

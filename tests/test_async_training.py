@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import ray
 import torch
+from processes import poll, start_bare_ray
 
 from marl_core.marl import rounds
 from marl_core.marl.async_rounds import RayAsyncLearners
 from marl_core.marl.rounds import iterate_marl_local
 from marl_core.marl.training import MARLConfig, layout_and_spec, pool_config
 from marl_core.rollout.pool import WorkerPool
-from processes import poll, start_bare_ray
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 SMALL = {"impala": {"hidden": (16,)}}
@@ -25,8 +25,17 @@ torch.set_num_threads(1)
 
 
 def _config(**overrides) -> MARLConfig:
-    settings = dict(env=SPREAD, algorithm="impala", settings=SMALL, rounds=4, workers=2, envs_per_worker=2,
-                    steps_per_round=16, eval_every=2, eval_episodes=4)
+    settings = dict(
+        env=SPREAD,
+        algorithm="impala",
+        settings=SMALL,
+        rounds=4,
+        workers=2,
+        envs_per_worker=2,
+        steps_per_round=16,
+        eval_every=2,
+        eval_episodes=4,
+    )
     return MARLConfig(**{**settings, **overrides})
 
 
@@ -101,7 +110,9 @@ def test_a_worker_and_a_learner_killed_mid_round_are_replaced_and_the_run_goes_o
 
 @pytest.mark.slow
 def test_bsp_learners_on_ray_step_together_through_their_parameter_server(local_ray):
-    config = _config(rounds=2, eval_every=2, settings={**SMALL, "asynchronous": {"distributed": {"strategy": "bsp", "learners": 2}}})
+    config = _config(
+        rounds=2, eval_every=2, settings={**SMALL, "asynchronous": {"distributed": {"strategy": "bsp", "learners": 2}}}
+    )
     layout, _ = layout_and_spec(config)
     pool = WorkerPool(pool_config(config), on_ray=True)
     learners = RayAsyncLearners(config, None, pool)

@@ -18,7 +18,9 @@ def test_pong_runs_from_the_rom_that_ale_py_ships_with_no_download():
     assert (rom_directory() / "roms" / "pong.bin").is_file()
     env = make_env("atari:pong_v3")
     assert env.spec.agents == AGENTS and env.spec.simultaneous
-    assert env.spec.observation_size == dict.fromkeys(AGENTS, 6 * 84 * 84) and env.spec.num_actions == dict.fromkeys(AGENTS, 6)
+    assert env.spec.observation_size == dict.fromkeys(AGENTS, 6 * 84 * 84) and env.spec.num_actions == dict.fromkeys(
+        AGENTS, 6
+    )
     step = env.reset(seed=0)
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -68,9 +70,16 @@ def frames(observation: np.ndarray) -> np.ndarray:
 def test_preprocessing_of_a_hand_made_frame_sequence():
     point = {"first_0": 1, "second_0": -1}
     script = [
-        (10, {}, False, False), (50, point, False, False), (30, {"second_0": -1}, False, False), (20, {}, False, False),
-        (60, {}, False, False), (70, {}, False, False), (40, {}, False, False), (90, {}, False, False),
-        (80, point, True, False), (0, {}, False, False),  # the game ends in the second frame of the third step
+        (10, {}, False, False),
+        (50, point, False, False),
+        (30, {"second_0": -1}, False, False),
+        (20, {}, False, False),
+        (60, {}, False, False),
+        (70, {}, False, False),
+        (40, {}, False, False),
+        (90, {}, False, False),
+        (80, point, True, False),
+        (0, {}, False, False),  # the game ends in the second frame of the third step
     ]
     env = AtariEnv(settings=AtariSettings(), emulator=ScriptedEmulator(script, first=5))
     step = env.reset(seed=0)

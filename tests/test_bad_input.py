@@ -61,76 +61,194 @@ class Row:
 ROWS = [
     # names that are not in a registry
     Row("unknown game", ("--game", "no_such_game"), "unknown game 'no_such_game'; run `psro games` to list games"),
-    Row("unknown meta-solver", ("--meta-solver", "best"),
-        "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform"),
-    Row("unknown oracle", ("--oracle", "sarsa"), "unknown oracle 'sarsa'; choose one of: a2c, appo, dqn, exact, impala, ppo, tabular_q"),
+    Row(
+        "unknown meta-solver",
+        ("--meta-solver", "best"),
+        "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform",
+    ),
+    Row(
+        "unknown oracle",
+        ("--oracle", "sarsa"),
+        "unknown oracle 'sarsa'; choose one of: a2c, appo, dqn, exact, impala, ppo, tabular_q",
+    ),
     Row("unknown evaluator", ("--eval", "approximate"), "eval='approximate': Input should be 'exact' or 'sampled'"),
     # wrong types
-    Row("flag of wrong type", ("--iterations", "abc"),
-        "iterations='abc': Input should be a valid integer, unable to parse string as an integer"),
+    Row(
+        "flag of wrong type",
+        ("--iterations", "abc"),
+        "iterations='abc': Input should be a valid integer, unable to parse string as an integer",
+    ),
     Row("unknown flag", ("--learning-rate", "0.1"), "No such option: --learning-rate"),
-    Row("YAML boolean for a count", (), "iterations=True: expected a whole number, got True", config="iterations: yes\n"),
-    Row("YAML text for a count", (), "episodes='ten': Input should be a valid integer, unable to parse string as an integer",
-        config='episodes: "ten"\n'),
-    Row("YAML fraction for the seed", (), "seed=1.5: Input should be a valid integer, got a number with a fractional part",
-        config="seed: 1.5\n"),
+    Row(
+        "YAML boolean for a count", (), "iterations=True: expected a whole number, got True", config="iterations: yes\n"
+    ),
+    Row(
+        "YAML text for a count",
+        (),
+        "episodes='ten': Input should be a valid integer, unable to parse string as an integer",
+        config='episodes: "ten"\n',
+    ),
+    Row(
+        "YAML fraction for the seed",
+        (),
+        "seed=1.5: Input should be a valid integer, got a number with a fractional part",
+        config="seed: 1.5\n",
+    ),
     # counts out of range
     Row("zero iterations", ("--iterations", "0"), "iterations=0: Input should be greater than 0"),
-    Row("negative episodes", ("--eval", "sampled", "--episodes", "-3"), "episodes=-3: Input should be greater than or equal to 2"),
+    Row(
+        "negative episodes",
+        ("--eval", "sampled", "--episodes", "-3"),
+        "episodes=-3: Input should be greater than or equal to 2",
+    ),
     Row("zero cpus", ("--num-cpus", "0"), "num_cpus=0: Input should be greater than 0"),
     # options that do not fit the game
-    Row("nash on a 3-player game", ("--game", "kuhn_poker(players=3)", "--meta-solver", "nash"),
+    Row(
+        "nash on a 3-player game",
+        ("--game", "kuhn_poker(players=3)", "--meta-solver", "nash"),
         "meta-solver 'nash' needs a two-player zero-sum game, but this game has 3 players and zero-sum utility; "
-        "choose one of: alpharank, fictitious_play, last, prd, regret_matching, uniform"),
-    Row("learned oracle without tensors", ("--oracle", "dqn", "--game", "tic_tac_toe"),
-        "oracle 'dqn' needs a game with information-state tensors (network inputs); 'tic_tac_toe' has none: use oracle 'exact'"),
-    Row("exact eval on a PettingZoo env", ("--game", "pettingzoo:mpe2.simple_spread_v3", "--oracle", "ppo", "--eval", "exact"),
+        "choose one of: alpharank, fictitious_play, last, prd, regret_matching, uniform",
+    ),
+    Row(
+        "learned oracle without tensors",
+        ("--oracle", "dqn", "--game", "tic_tac_toe"),
+        "oracle 'dqn' needs a game with information-state tensors (network inputs); 'tic_tac_toe' has none: use oracle 'exact'",
+    ),
+    Row(
+        "exact eval on a PettingZoo env",
+        ("--game", "pettingzoo:mpe2.simple_spread_v3", "--oracle", "ppo", "--eval", "exact"),
         "eval 'exact' needs an OpenSpiel game whose tree fits in memory; 'pettingzoo:mpe2.simple_spread_v3' has none: "
-        "use eval 'sampled' and a learned oracle"),
-    Row("exact oracle on a PettingZoo env", ("--game", "pettingzoo:mpe2.simple_spread_v3"),
-        "oracle 'exact' walks a game tree; 'pettingzoo:mpe2.simple_spread_v3' has none: use a learned oracle (a2c, appo, dqn, impala, ppo)"),
-    Row("tabular oracle on a PettingZoo env", ("--game", "pettingzoo:mpe2.simple_spread_v3", "--oracle", "tabular_q"),
+        "use eval 'sampled' and a learned oracle",
+    ),
+    Row(
+        "exact oracle on a PettingZoo env",
+        ("--game", "pettingzoo:mpe2.simple_spread_v3"),
+        "oracle 'exact' walks a game tree; 'pettingzoo:mpe2.simple_spread_v3' has none: use a learned oracle (a2c, appo, dqn, impala, ppo)",
+    ),
+    Row(
+        "tabular oracle on a PettingZoo env",
+        ("--game", "pettingzoo:mpe2.simple_spread_v3", "--oracle", "tabular_q"),
         "oracle 'tabular_q' keeps a table row per information state; 'pettingzoo:mpe2.simple_spread_v3' has none: "
-        "use a network oracle (a2c, appo, dqn, impala, ppo)"),
+        "use a network oracle (a2c, appo, dqn, impala, ppo)",
+    ),
     # config files
-    Row("missing config file", ("--config", "absent.yaml"), "cannot read config file 'absent.yaml': No such file or directory"),
-    Row("malformed YAML", (), "config file 'run.yaml' is not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'", config="game: [kuhn_poker\n"),
-    Row("YAML list", (), "config file 'run.yaml' must hold a mapping of settings, got list", config="- kuhn_poker\n- leduc_poker\n"),
-    Row("unknown YAML key", (), "learning_rate=0.1: Extra inputs are not permitted", config="game: kuhn_poker\nlearning_rate: 0.1\n"),
+    Row(
+        "missing config file",
+        ("--config", "absent.yaml"),
+        "cannot read config file 'absent.yaml': No such file or directory",
+    ),
+    Row(
+        "malformed YAML",
+        (),
+        "config file 'run.yaml' is not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'",
+        config="game: [kuhn_poker\n",
+    ),
+    Row(
+        "YAML list",
+        (),
+        "config file 'run.yaml' must hold a mapping of settings, got list",
+        config="- kuhn_poker\n- leduc_poker\n",
+    ),
+    Row(
+        "unknown YAML key",
+        (),
+        "learning_rate=0.1: Extra inputs are not permitted",
+        config="game: kuhn_poker\nlearning_rate: 0.1\n",
+    ),
     # nested settings
-    Row("negative DQN learning rate", (), "dqn.lr=-1: Input should be greater than 0", config="oracle: dqn\ndqn: {lr: -1}\n"),
-    Row("zero rollout workers", (), "rollout.workers=0: Input should be greater than 0", config="rollout: {workers: 0}\n"),
-    Row("section that is not a mapping", (), "best_response=5: Input should be a valid dictionary or instance of BestResponseTraining",
-        config="best_response: 5\n"),
-    Row("DQN buffer smaller than a batch", (), "dqn: buffer_size 10 is smaller than batch_size 64",
-        config="dqn: {batch_size: 64, buffer_size: 10}\n"),
-    Row("A2C discount above 1", (), "a2c.gamma=1.5: Input should be less than or equal to 1", config="oracle: a2c\na2c: {gamma: 1.5}\n"),
-    Row("misspelt A2C setting", ("--oracle", "a2c"),
+    Row(
+        "negative DQN learning rate",
+        (),
+        "dqn.lr=-1: Input should be greater than 0",
+        config="oracle: dqn\ndqn: {lr: -1}\n",
+    ),
+    Row(
+        "zero rollout workers",
+        (),
+        "rollout.workers=0: Input should be greater than 0",
+        config="rollout: {workers: 0}\n",
+    ),
+    Row(
+        "section that is not a mapping",
+        (),
+        "best_response=5: Input should be a valid dictionary or instance of BestResponseTraining",
+        config="best_response: 5\n",
+    ),
+    Row(
+        "DQN buffer smaller than a batch",
+        (),
+        "dqn: buffer_size 10 is smaller than batch_size 64",
+        config="dqn: {batch_size: 64, buffer_size: 10}\n",
+    ),
+    Row(
+        "A2C discount above 1",
+        (),
+        "a2c.gamma=1.5: Input should be less than or equal to 1",
+        config="oracle: a2c\na2c: {gamma: 1.5}\n",
+    ),
+    Row(
+        "misspelt A2C setting",
+        ("--oracle", "a2c"),
         "a2c.learning_rate=0.1: Extra inputs are not permitted; a2c takes: hidden, shared_trunk, encoder, frame_size, lr, gamma, "
-        "gae_lambda, entropy_coef, value_coef, max_grad_norm, normalize_advantages, seed", config="a2c: {learning_rate: 0.1}\n"),
+        "gae_lambda, entropy_coef, value_coef, max_grad_norm, normalize_advantages, seed",
+        config="a2c: {learning_rate: 0.1}\n",
+    ),
     # the outside world (flows/preflight.py)
-    Row("Ray address refused", ("--ray-address", "127.0.0.1:1"),
-        f"ray_address='127.0.0.1:1': nothing answers at 127.0.0.1:1 (connection refused); {EXPECTED_RAY}"),
-    Row("Ray host that does not resolve", ("--ray-address", "ray://no-such-host.invalid:10001"),
-        f"ray_address='ray://no-such-host.invalid:10001': host 'no-such-host.invalid' does not resolve; {EXPECTED_RAY}"),
-    Row("Ray address that is not Ray", ("--ray-address", "127.0.0.1:{port}"),
+    Row(
+        "Ray address refused",
+        ("--ray-address", "127.0.0.1:1"),
+        f"ray_address='127.0.0.1:1': nothing answers at 127.0.0.1:1 (connection refused); {EXPECTED_RAY}",
+    ),
+    Row(
+        "Ray host that does not resolve",
+        ("--ray-address", "ray://no-such-host.invalid:10001"),
+        f"ray_address='ray://no-such-host.invalid:10001': host 'no-such-host.invalid' does not resolve; {EXPECTED_RAY}",
+    ),
+    Row(
+        "Ray address that is not Ray",
+        ("--ray-address", "127.0.0.1:{port}"),
         "ray_address='127.0.0.1:{port}': 127.0.0.1:{port} answers, but not as Ray (no gRPC reply; "
-        f"the dashboard port is not a Ray address); {EXPECTED_RAY}"),
-    Row("store under a regular file", ("--tracking-uri", "sqlite:///notes.txt/mlflow.db"),
+        f"the dashboard port is not a Ray address); {EXPECTED_RAY}",
+    ),
+    Row(
+        "store under a regular file",
+        ("--tracking-uri", "sqlite:///notes.txt/mlflow.db"),
         f"tracking_uri='sqlite:///notes.txt/mlflow.db': 'notes.txt' is a file, not a directory; {EXPECTED_STORE}",
-        files=("notes.txt",)),
-    Row("store in a missing directory", ("--tracking-uri", "sqlite:///missing/mlflow.db"),
-        f"tracking_uri='sqlite:///missing/mlflow.db': directory 'missing' does not exist; {EXPECTED_STORE}"),
-    Row("store that is not SQLite", ("--tracking-uri", "sqlite:///notes.txt"),
-        f"tracking_uri='sqlite:///notes.txt': 'notes.txt' is not an SQLite database; {EXPECTED_STORE}", files=("notes.txt",)),
-    Row("store with an unknown scheme", ("--tracking-uri", "sqlit:///mlflow.db"),
-        f"tracking_uri='sqlit:///mlflow.db': unknown scheme 'sqlit'; {EXPECTED_STORE}"),
-    Row("MLflow server refused", ("--tracking-uri", "http://127.0.0.1:1"),
-        f"tracking_uri='http://127.0.0.1:1': no MLflow server answers at 127.0.0.1:1 (connection refused); {EXPECTED_STORE}"),
-    Row("non-empty export directory", ("--export", "previous"),
-        f"export='previous': directory 'previous' exists and is not empty; {EXPECTED_EXPORT}", files=("previous/summary.json",)),
-    Row("export onto a file", ("--export", "notes.txt"),
-        f"export='notes.txt': 'notes.txt' is a file, not a directory; {EXPECTED_EXPORT}", files=("notes.txt",)),
+        files=("notes.txt",),
+    ),
+    Row(
+        "store in a missing directory",
+        ("--tracking-uri", "sqlite:///missing/mlflow.db"),
+        f"tracking_uri='sqlite:///missing/mlflow.db': directory 'missing' does not exist; {EXPECTED_STORE}",
+    ),
+    Row(
+        "store that is not SQLite",
+        ("--tracking-uri", "sqlite:///notes.txt"),
+        f"tracking_uri='sqlite:///notes.txt': 'notes.txt' is not an SQLite database; {EXPECTED_STORE}",
+        files=("notes.txt",),
+    ),
+    Row(
+        "store with an unknown scheme",
+        ("--tracking-uri", "sqlit:///mlflow.db"),
+        f"tracking_uri='sqlit:///mlflow.db': unknown scheme 'sqlit'; {EXPECTED_STORE}",
+    ),
+    Row(
+        "MLflow server refused",
+        ("--tracking-uri", "http://127.0.0.1:1"),
+        f"tracking_uri='http://127.0.0.1:1': no MLflow server answers at 127.0.0.1:1 (connection refused); {EXPECTED_STORE}",
+    ),
+    Row(
+        "non-empty export directory",
+        ("--export", "previous"),
+        f"export='previous': directory 'previous' exists and is not empty; {EXPECTED_EXPORT}",
+        files=("previous/summary.json",),
+    ),
+    Row(
+        "export onto a file",
+        ("--export", "notes.txt"),
+        f"export='notes.txt': 'notes.txt' is a file, not a directory; {EXPECTED_EXPORT}",
+        files=("notes.txt",),
+    ),
 ]
 SUBPROCESS_ROWS = ("Ray address refused", "store under a regular file", "exact eval on a PettingZoo env")
 
@@ -251,8 +369,9 @@ def test_a_real_terminal_sees_exactly_that_line(row, store, workdir, not_ray):
     before = _snapshot(store), _snapshot(workdir)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_API", "RAY_"))}
 
-    result = subprocess.run([PSRO, "run", *_with_store(args, store)], capture_output=True, text=True, env=env,
-                            timeout=120, cwd=workdir)
+    result = subprocess.run(
+        [PSRO, "run", *_with_store(args, store)], capture_output=True, text=True, env=env, timeout=120, cwd=workdir
+    )
 
     assert (result.returncode, result.stdout, result.stderr) == (2, "", expected + "\n")
     assert (_snapshot(store), _snapshot(workdir)) == before
@@ -272,54 +391,138 @@ algorithm: impala
 settings: {{asynchronous: {}}}
 """
 OTHER_COMMANDS = [
-    ("league run", ("--algorithm", "sarsa"), None, "algorithm='sarsa': unknown RL algorithm; choose one of: a2c, appo, dqn, impala, ppo, tabular_q"),
-    ("league run", ("--game", "kuhn_poker(players=3)"), None,
-     "game 'kuhn_poker(players=3)' has 3 roles ['player_0', 'player_1', 'player_2']; a league plays two-sided games "
-     "(map agents to two roles with `roles`)"),
+    (
+        "league run",
+        ("--algorithm", "sarsa"),
+        None,
+        "algorithm='sarsa': unknown RL algorithm; choose one of: a2c, appo, dqn, impala, ppo, tabular_q",
+    ),
+    (
+        "league run",
+        ("--game", "kuhn_poker(players=3)"),
+        None,
+        "game 'kuhn_poker(players=3)' has 3 roles ['player_0', 'player_1', 'player_2']; a league plays two-sided games "
+        "(map agents to two roles with `roles`)",
+    ),
     ("league run", ("--generations", "0"), None, "generations=0: Input should be greater than 0"),
-    ("league run", (), "league: {main_agent: {pfsp: 0.9}}\n", "league.main_agent: pfsp + verification + self_play must sum to 1, got 1.4"),
-    ("league run", (), "league: {league_exploiter: {weighting: cubic}}\n",
-     "league.league_exploiter.weighting='cubic': unknown PFSP weighting; choose one of: squared, variance, linear, linear_capped, uniform"),
-    ("league run", (), "league: {main_agentz: 2}\n",
-     "league.main_agentz=2: Extra inputs are not permitted; league takes: main_agents, main_exploiters, league_exploiters, decay, "
-     "main_agent, main_exploiter, league_exploiter, snapshot"),
-    ("league run", (), "league: {snapshot: {min_steps: 10, max_steps: 5}}\n", "league.snapshot: min_steps 10 is above max_steps 5"),
-    ("league run", ("--tracking-uri", "sqlite:///missing/mlflow.db"), None,
-     f"tracking_uri='sqlite:///missing/mlflow.db': directory 'missing' does not exist; {EXPECTED_STORE}"),
+    (
+        "league run",
+        (),
+        "league: {main_agent: {pfsp: 0.9}}\n",
+        "league.main_agent: pfsp + verification + self_play must sum to 1, got 1.4",
+    ),
+    (
+        "league run",
+        (),
+        "league: {league_exploiter: {weighting: cubic}}\n",
+        "league.league_exploiter.weighting='cubic': unknown PFSP weighting; choose one of: squared, variance, linear, linear_capped, uniform",
+    ),
+    (
+        "league run",
+        (),
+        "league: {main_agentz: 2}\n",
+        "league.main_agentz=2: Extra inputs are not permitted; league takes: main_agents, main_exploiters, league_exploiters, decay, "
+        "main_agent, main_exploiter, league_exploiter, snapshot",
+    ),
+    (
+        "league run",
+        (),
+        "league: {snapshot: {min_steps: 10, max_steps: 5}}\n",
+        "league.snapshot: min_steps 10 is above max_steps 5",
+    ),
+    (
+        "league run",
+        ("--tracking-uri", "sqlite:///missing/mlflow.db"),
+        None,
+        f"tracking_uri='sqlite:///missing/mlflow.db': directory 'missing' does not exist; {EXPECTED_STORE}",
+    ),
     ("league resume", ("no-such-run",), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
-    ("ratings", (), None, "give either --run RUN_ID (a league run) or --member (two or more registry members), not both or neither"),
-    ("ratings", ("--member", "x"), None,
-     "member 'x' is not NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest"),
+    (
+        "ratings",
+        (),
+        None,
+        "give either --run RUN_ID (a league run) or --member (two or more registry members), not both or neither",
+    ),
+    (
+        "ratings",
+        ("--member", "x"),
+        None,
+        "member 'x' is not NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest",
+    ),
     ("ratings", ("--run", "no-such-run"), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
     ("ratings", ("--run", "r", "--episodes", "0"), None, "episodes=0: needs 1 or more"),
-    ("ratings", ("--run", "r", "--episodes", "40", "--games-per-match", "50"), None,
-     "games_per_match=50: needs 1 to episodes (40), so that a pairing plays at least one match"),
-    ("pbt run", (), "population: 2\n", "--config run.yaml: no marl section (the learners' settings: env, algorithm, rounds, ...)"),
+    (
+        "ratings",
+        ("--run", "r", "--episodes", "40", "--games-per-match", "50"),
+        None,
+        "games_per_match=50: needs 1 to episodes (40), so that a pairing plays at least one match",
+    ),
+    (
+        "pbt run",
+        (),
+        "population: 2\n",
+        "--config run.yaml: no marl section (the learners' settings: env, algorithm, rounds, ...)",
+    ),
     ("pbt run", ("--population", "1"), PBT_CONFIG, "population=1: Input should be greater than or equal to 2"),
-    ("pbt run", (), PBT_CONFIG.replace("lr: [", "learning_rate: ["),
-     "pbt.hyperparam_mutations: ['learning_rate'] are not settings of mappo; it has ['clip', 'critic_hidden', 'critic_lr', "
-     "'entropy_coef', 'epochs', 'gae_lambda', 'gamma', 'hidden', 'lr', 'max_grad_norm', 'minibatch_size', 'normalize_advantages', "
-     "'seed', 'value_coef', 'value_norm']"),
-    ("pbt run", (), PBT_CONFIG.replace("[1.0e-4, 1.0e-3]", "{loguniform: [0.1, 0.01]}"),
-     "pbt.hyperparam_mutations.lr={'loguniform': [0.1, 0.01]}: loguniform: low 0.1 must be below high 0.01"),
-    ("pbt run", (), PBT_CONFIG.replace("interval: 2", "interval: 2, quantile_fraction: 0.7"),
-     "pbt.quantile_fraction=0.7: Input should be less than or equal to 0.5"),
+    (
+        "pbt run",
+        (),
+        PBT_CONFIG.replace("lr: [", "learning_rate: ["),
+        "pbt.hyperparam_mutations: ['learning_rate'] are not settings of mappo; it has ['clip', 'critic_hidden', 'critic_lr', "
+        "'entropy_coef', 'epochs', 'gae_lambda', 'gamma', 'hidden', 'lr', 'max_grad_norm', 'minibatch_size', 'normalize_advantages', "
+        "'seed', 'value_coef', 'value_norm']",
+    ),
+    (
+        "pbt run",
+        (),
+        PBT_CONFIG.replace("[1.0e-4, 1.0e-3]", "{loguniform: [0.1, 0.01]}"),
+        "pbt.hyperparam_mutations.lr={'loguniform': [0.1, 0.01]}: loguniform: low 0.1 must be below high 0.01",
+    ),
+    (
+        "pbt run",
+        (),
+        PBT_CONFIG.replace("interval: 2", "interval: 2, quantile_fraction: 0.7"),
+        "pbt.quantile_fraction=0.7: Input should be less than or equal to 0.5",
+    ),
     ("pbt resume", ("no-such-run",), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
-    ("pbt run", (), PBT_CONFIG.replace("algorithm: mappo", "algorithm: impala").replace("lr: [", "impala.lr: ["),
-     "marl.algorithm='impala' with asynchronous rounds: PBT trains collect-then-learn rounds only "
-     "(ippo, mappo, a2c, iql, vdn, qmix, maddpg without `asynchronous`)"),
-    ("marl run", (), ASYNC_CONFIG.format("{distributed: {strategy: gossip}}"),
-     "settings.asynchronous.distributed.strategy='gossip': Input should be 'bsp', 'asp' or 'bap' (impala's settings)"),
-    ("marl run", (), ASYNC_CONFIG.format("{device: cuda}"), "device='cuda': torch sees no GPU here; use 'auto' or 'cpu'"),
-    ("marl run", ("--env", "atari:pong_v9", "--algorithm", "ippo"), None,
-     "unknown Atari game 'pong_v9' (No module named 'pettingzoo.atari.pong_v9'); use a module of pettingzoo.atari such as 'pong_v3'"),
-    ("marl run", (), 'env: "pettingzoo:mpe2.simple_spread_v3"\nalgorithm: ippo\nsettings: {ppo: {encoder: nature_cnn}}\n',
-     "settings.ppo.encoder='nature_cnn' reads [channels, 84, 84] frames; policy 'agent' observes 21 numbers, not a multiple "
-     "of 7056 (use an atari: environment with agent_ids: false, or encoder: mlp)"),
+    (
+        "pbt run",
+        (),
+        PBT_CONFIG.replace("algorithm: mappo", "algorithm: impala").replace("lr: [", "impala.lr: ["),
+        "marl.algorithm='impala' with asynchronous rounds: PBT trains collect-then-learn rounds only "
+        "(ippo, mappo, a2c, iql, vdn, qmix, maddpg without `asynchronous`)",
+    ),
+    (
+        "marl run",
+        (),
+        ASYNC_CONFIG.format("{distributed: {strategy: gossip}}"),
+        "settings.asynchronous.distributed.strategy='gossip': Input should be 'bsp', 'asp' or 'bap' (impala's settings)",
+    ),
+    (
+        "marl run",
+        (),
+        ASYNC_CONFIG.format("{device: cuda}"),
+        "device='cuda': torch sees no GPU here; use 'auto' or 'cpu'",
+    ),
+    (
+        "marl run",
+        ("--env", "atari:pong_v9", "--algorithm", "ippo"),
+        None,
+        "unknown Atari game 'pong_v9' (No module named 'pettingzoo.atari.pong_v9'); use a module of pettingzoo.atari such as 'pong_v3'",
+    ),
+    (
+        "marl run",
+        (),
+        'env: "pettingzoo:mpe2.simple_spread_v3"\nalgorithm: ippo\nsettings: {ppo: {encoder: nature_cnn}}\n',
+        "settings.ppo.encoder='nature_cnn' reads [channels, 84, 84] frames; policy 'agent' observes 21 numbers, not a multiple "
+        "of 7056 (use an atari: environment with agent_ids: false, or encoder: mlp)",
+    ),
 ]
 
 
-@pytest.mark.parametrize("command, args, config, message", OTHER_COMMANDS, ids=[f"{c[0]}: {c[3][:40]}" for c in OTHER_COMMANDS])
+@pytest.mark.parametrize(
+    "command, args, config, message", OTHER_COMMANDS, ids=[f"{c[0]}: {c[3][:40]}" for c in OTHER_COMMANDS]
+)
 def test_the_other_commands_refuse_bad_input_the_same_way(command, args, config, message, store, workdir, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the device row means a machine without a GPU
     if config is not None:
@@ -378,7 +581,10 @@ def test_a_non_finite_reward_stops_the_rollout_naming_env_and_step(bad):
 
     worker = RolloutWorker(lambda: PettingZooParallelEnv(BrokenRewards(bad)), envs_per_worker=2)
     request = RolloutRequest(
-        roles=shared_population("all"), populations={}, episodes=4, seed=(0,),
+        roles=shared_population("all"),
+        populations={},
+        episodes=4,
+        seed=(0,),
         learners={"all": LearnerSpec("learner", AlgorithmPolicy("dqn", ALGORITHMS["dqn"].config()))},
     )
     with pytest.raises(ValueError) as raised:

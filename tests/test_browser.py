@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 import headless_browser
+import pytest
 from headless_browser import OPT_OUT, find_chromium, require_browser
 
 
@@ -38,7 +37,9 @@ def _outcome_of_require_browser() -> BaseException:
 def test_without_chromium_the_browser_tests_fail_with_the_install_command(machine_without_chromium):
     outcome = _outcome_of_require_browser()
     assert isinstance(outcome, pytest.fail.Exception), f"{type(outcome).__name__}: {outcome}"
-    assert re.search(r"^missing Chromium .*bash \.ci/run installs it.*set PSRO_TESTS_WITHOUT_BROWSER=1\.$", str(outcome)), outcome
+    assert re.search(
+        r"^missing Chromium .*bash \.ci/run installs it.*set PSRO_TESTS_WITHOUT_BROWSER=1\.$", str(outcome)
+    ), outcome
 
 
 def test_the_opt_out_turns_the_failure_into_a_skip_that_says_why(machine_without_chromium, monkeypatch):
@@ -49,7 +50,9 @@ def test_the_opt_out_turns_the_failure_into_a_skip_that_says_why(machine_without
     monkeypatch.setenv(OPT_OUT, "yes")
     outcome = _outcome_of_require_browser()
     assert isinstance(outcome, pytest.fail.Exception), f"{type(outcome).__name__}: {outcome}"
-    assert str(outcome) == "PSRO_TESTS_WITHOUT_BROWSER='yes': use 1 to skip the browser tests or 0 (or unset) to run them"
+    assert (
+        str(outcome) == "PSRO_TESTS_WITHOUT_BROWSER='yes': use 1 to skip the browser tests or 0 (or unset) to run them"
+    )
 
 
 @pytest.mark.parametrize("where", ["PATH", "Debian's binary", "Playwright's download"])

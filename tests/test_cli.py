@@ -14,13 +14,19 @@ from flows.cli import app
 CASES = [
     (["--game", "no_such_game"], "unknown game 'no_such_game'; run `psro games` to list games"),
     (["--game", "kuhn_poker(players=)"], "cannot load game 'kuhn_poker(players=)'"),
-    (["--meta-solver", "best"], "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform"),
+    (
+        ["--meta-solver", "best"],
+        "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform",
+    ),
     (["--oracle", "sarsa"], "unknown oracle 'sarsa'; choose one of: a2c, appo, dqn, exact, impala, ppo, tabular_q"),
     (["--iterations", "0"], "iterations=0: Input should be greater than 0"),
     (["--iterations", "-5"], "iterations=-5: Input should be greater than 0"),
     (["--episodes", "1"], "episodes=1: Input should be greater than or equal to 2"),
     (["--eval", "approximate"], "eval='approximate': Input should be 'exact' or 'sampled'"),
-    (["--game", "kuhn_poker(players=3)", "--meta-solver", "nash"], "meta-solver 'nash' needs a two-player zero-sum game"),
+    (
+        ["--game", "kuhn_poker(players=3)", "--meta-solver", "nash"],
+        "meta-solver 'nash' needs a two-player zero-sum game",
+    ),
     (["--stop-exploitability", "-1"], "stop_exploitability=-1.0: Input should be greater than or equal to 0"),
 ]
 
@@ -83,10 +89,18 @@ def test_listings_name_every_registered_entry(monkeypatch):
     for module in (cli, marl_cli):
         monkeypatch.setattr(module.console, "width", 300)
 
-    for command, registry in (["solvers"], META_SOLVERS), (["oracles"], ORACLES), (["marl", "algorithms"], MARL_ALGORITHMS):
+    for command, registry in (
+        (["solvers"], META_SOLVERS),
+        (["oracles"], ORACLES),
+        (["marl", "algorithms"], MARL_ALGORITHMS),
+    ):
         listing = CliRunner().invoke(app, command, env={"COLUMNS": "300"})
         assert listing.exit_code == 0, listing.output
-        rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in listing.output.splitlines() if line.count("│") == 3}
+        rows = {
+            line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in listing.output.splitlines()
+            if line.count("│") == 3
+        }
         assert rows == {name: registry.summary(name) for name in registry}, command
     games = CliRunner().invoke(app, ["games"], terminal_width=200)
     assert games.exit_code == 0 and "leduc_poker" in games.output and "kuhn_poker" in games.output

@@ -45,7 +45,9 @@ def serve_cluster(gcs_port: int) -> None:
     from ray.cluster_utils import Cluster
 
     node = dict(node_ip_address="127.0.0.1", num_cpus=1, object_store_memory=128 * 1024**2)
-    cluster = Cluster(initialize_head=True, head_node_args=dict(node, gcs_server_port=gcs_port, include_dashboard=False))
+    cluster = Cluster(
+        initialize_head=True, head_node_args=dict(node, gcs_server_port=gcs_port, include_dashboard=False)
+    )
     worker = cluster.add_node(**node)
     print(json.dumps({"address": cluster.address, "nodes": [cluster.head_node.node_id, worker.node_id]}), flush=True)
     sys.stdin.read()
@@ -60,8 +62,14 @@ def two_node_cluster():
     marker = f"RAY_TMPDIR={ray_tmp}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
     env.update(LOOPBACK_ONLY, RAY_TMPDIR=ray_tmp)
-    child = subprocess.Popen([sys.executable, __file__, str(free_port())], env=env, cwd=ROOT, text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, __file__, str(free_port())],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         line = child.stdout.readline()
         assert line, f"the cluster did not start; see {ray_tmp}/ray/session_latest/logs"
@@ -116,23 +124,47 @@ def test_psro_runs_on_both_nodes_of_a_cluster(prefect_server, two_node_cluster, 
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=server.url)
     settings = tmp_path / "small-dqn.yaml"  # a short learned response: the point is where it runs
-    settings.write_text(textwrap.dedent("""
+    settings.write_text(
+        textwrap.dedent("""
         best_response: {episodes: 1000, episodes_per_round: 250}
         rollout: {workers: 2, envs_per_worker: 8}
-    """))
+    """)
+    )
     command = [
-        str(Path(sys.executable).with_name("psro")), "run", "--config", str(settings), "--game", "kuhn_poker",
-        "--oracle", "dqn", "--iterations", str(ITERATIONS), "--eval", "sampled", "--episodes", "200",
-        "--ray-address", two_node_cluster["address"],
-        "--tracking-uri", mlflow_store(tmp_path), "--experiment", "cluster",
+        str(Path(sys.executable).with_name("psro")),
+        "run",
+        "--config",
+        str(settings),
+        "--game",
+        "kuhn_poker",
+        "--oracle",
+        "dqn",
+        "--iterations",
+        str(ITERATIONS),
+        "--eval",
+        "sampled",
+        "--episodes",
+        "200",
+        "--ray-address",
+        two_node_cluster["address"],
+        "--tracking-uri",
+        mlflow_store(tmp_path),
+        "--experiment",
+        "cluster",
     ]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"Connecting to existing Ray cluster at address: {two_node_cluster['address']}" in result.stdout + result.stderr
+    assert (
+        f"Connecting to existing Ray cluster at address: {two_node_cluster['address']}" in result.stdout + result.stderr
+    )
     # Task logs reach the server in batches after the tasks end: read until every line is in.
-    nodes = poll(lambda: _nodes_of_tasks(server.url),
-                 lambda nodes: nodes.get("rollout-workers") == set(two_node_cluster["nodes"])
-                 and {"train-best-response", "evaluate-payoffs"} <= set(nodes))
+    nodes = poll(
+        lambda: _nodes_of_tasks(server.url),
+        lambda nodes: (
+            nodes.get("rollout-workers") == set(two_node_cluster["nodes"])
+            and {"train-best-response", "evaluate-payoffs"} <= set(nodes)
+        ),
+    )
     report = "\n".join(f"{task:24} {', '.join(sorted(n[:12] for n in ids))}" for task, ids in sorted(nodes.items()))
     artifact = ROOT / "test-artifacts" / "cluster-task-nodes.txt"
     artifact.parent.mkdir(exist_ok=True)
@@ -154,7 +186,12 @@ def test_ray_address_comes_from_the_environment(monkeypatch):
     monkeypatch.setattr("flows.preflight.preflight", lambda config: None)  # no cluster listens here
     runner = CliRunner()
     assert runner.invoke(cli.app, ["run"], env={"RAY_ADDRESS": "127.0.0.1:6379"}).exit_code == 0
-    assert runner.invoke(cli.app, ["run", "--ray-address", "127.0.0.2:6380"], env={"RAY_ADDRESS": "127.0.0.1:6379"}).exit_code == 0
+    assert (
+        runner.invoke(
+            cli.app, ["run", "--ray-address", "127.0.0.2:6380"], env={"RAY_ADDRESS": "127.0.0.1:6379"}
+        ).exit_code
+        == 0
+    )
     assert [config.ray_address for config in seen] == ["127.0.0.1:6379", "127.0.0.2:6380"]
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from marl_core.psro.config import ConfigError, PSROConfig, build_config, load_config_file
 from marl_core.empirical_game.meta_solvers import META_SOLVERS
+from marl_core.psro.config import ConfigError, PSROConfig, build_config, load_config_file
 from marl_core.psro.oracles import ORACLES
 
 
@@ -37,7 +37,13 @@ def test_good_values_are_kept():
         }
     )
     assert config.num_players == 3
-    assert (config.meta_solver, config.iterations, config.eval, config.episodes, config.seed) == ("prd", 4, "sampled", 10, 7)
+    assert (config.meta_solver, config.iterations, config.eval, config.episodes, config.seed) == (
+        "prd",
+        4,
+        "sampled",
+        10,
+        7,
+    )
     assert config.stop_exploitability == 0.0
 
 
@@ -165,7 +171,12 @@ def test_dashes_in_keys_map_to_underscores(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("game: kuhn_poker(players=3)\nmeta-solver: prd\nstop-exploitability: 0.05\niterations: 3\n")
     values = load_config_file(path)
-    assert values == {"game": "kuhn_poker(players=3)", "meta_solver": "prd", "stop_exploitability": 0.05, "iterations": 3}
+    assert values == {
+        "game": "kuhn_poker(players=3)",
+        "meta_solver": "prd",
+        "stop_exploitability": 0.05,
+        "iterations": 3,
+    }
     config = build_config(values)
     assert config.meta_solver == "prd" and config.stop_exploitability == 0.05 and config.num_players == 3
 
@@ -189,7 +200,12 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
 
 def test_the_shipped_example_configs_exist():
-    assert {path.name for path in CONFIGS} >= {"simple_adversary_ppo.yaml", "connect_four_dqn.yaml", "leduc_dqn.yaml", "leduc_tabular_q.yaml"}
+    assert {path.name for path in CONFIGS} >= {
+        "simple_adversary_ppo.yaml",
+        "connect_four_dqn.yaml",
+        "leduc_dqn.yaml",
+        "leduc_tabular_q.yaml",
+    }
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[path.stem for path in CONFIGS])
@@ -199,7 +215,6 @@ def test_every_shipped_example_config_is_valid(path):
         assert config.eval == "exact" and config.approx_exploitability.every == 0
     else:  # the rest measure approximately
         assert config.eval == "sampled" and config.approx_exploitability.every > 0
-
 
 
 MARL_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "marl").glob("*/*.yaml"))
@@ -228,7 +243,9 @@ def test_every_shipped_league_config_is_valid(path):
     from marl_core.league.config import build_league_config
 
     config = build_league_config(load_config_file(path))
-    assert path.stem.split("_")[-1] in (config.algorithm, "pbt") and (config.pbt is not None) == path.stem.endswith("pbt")
+    assert path.stem.split("_")[-1] in (config.algorithm, "pbt") and (config.pbt is not None) == path.stem.endswith(
+        "pbt"
+    )
 
 
 @pytest.mark.parametrize("path", PBT_CONFIGS, ids=[path.stem for path in PBT_CONFIGS])

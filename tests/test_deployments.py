@@ -74,12 +74,21 @@ def served(tmp_path_factory):
     assert not processes_with_env(marker)
     server = LocalPrefectServer(prefect_home(home))  # boots while `psro serve` imports; serve waits for it
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    env.update(PREFECT_HOME=str(home), PREFECT_API_URL=server.url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_RUNNER_POLL_FREQUENCY="1")  # the serving process looks for scheduled runs every second, not every 10
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=server.url,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_RUNNER_POLL_FREQUENCY="1",
+    )  # the serving process looks for scheduled runs every second, not every 10
     log = open(work / "serve.log", "wb")
-    serve = subprocess.Popen([str(Path(sys.executable).with_name("psro")), "serve", "--prefect-yaml", str(ROOT / "prefect.yaml")],
-                             cwd=work, env=env,
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    serve = subprocess.Popen(
+        [str(Path(sys.executable).with_name("psro")), "serve", "--prefect-yaml", str(ROOT / "prefect.yaml")],
+        cwd=work,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         server.wait()
         prefect = Prefect(server.url)
@@ -96,14 +105,29 @@ def served(tmp_path_factory):
 def triggered_run(served):
     """A kuhn-smoke run triggered from the command line, as the README shows, run to completion."""
     work, env, prefect, _ = served
-    config = {"game": "kuhn_poker", "meta_solver": "nash", "iterations": ITERATIONS, "num_cpus": 2,
-              "tracking_uri": mlflow_store(work), "experiment": "smoke", "export": str(work / "export")}
-    command = [str(Path(sys.executable).with_name("prefect")), "deployment", "run", "psro/kuhn-smoke",
-               "--params", json.dumps({"config": config})]
+    config = {
+        "game": "kuhn_poker",
+        "meta_solver": "nash",
+        "iterations": ITERATIONS,
+        "num_cpus": 2,
+        "tracking_uri": mlflow_store(work),
+        "experiment": "smoke",
+        "export": str(work / "export"),
+    }
+    command = [
+        str(Path(sys.executable).with_name("prefect")),
+        "deployment",
+        "run",
+        "psro/kuhn-smoke",
+        "--params",
+        json.dumps({"config": config}),
+    ]
     out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout).group(1)
-    run = wait_until(lambda: (r := prefect("read_flow_run", flow_run_id)).state.is_final() and r, 120, "the triggered run to finish")
+    run = wait_until(
+        lambda: (r := prefect("read_flow_run", flow_run_id)).state.is_final() and r, 120, "the triggered run to finish"
+    )
     assert run.state.is_completed(), (run.state, (work / "serve.log").read_text()[-3000:])
     return run
 
@@ -128,8 +152,12 @@ def test_triggered_run_writes_the_export_it_was_given(served, triggered_run):
     work = served[0]
     summary = json.loads((work / "export" / "summary.json").read_text())
     assert summary["game"] == "kuhn_poker" and summary["iterations"] == ITERATIONS
-    verified = subprocess.run([sys.executable, str(ROOT / "scripts" / "verify_export.py"), str(work / "export")],
-                              capture_output=True, text=True, timeout=120)
+    verified = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "verify_export.py"), str(work / "export")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 

@@ -116,10 +116,15 @@ def _batch(seed: int, streams: int = 3, length: int = 6) -> Experience:
     last[length - 1 :: length] = True
     done = last & (rng.random(n) < 0.5)
     return Experience(
-        obs=rng.normal(size=(n, 4)).astype(np.float32), mask=np.ones((n, 3), bool),
-        action=rng.integers(3, size=n), reward=rng.normal(size=n).astype(np.float32),
-        next_obs=rng.normal(size=(n, 4)).astype(np.float32), next_mask=np.ones((n, 3), bool),
-        done=done, last=last, extras={"logp": np.log(rng.uniform(0.2, 0.5, size=n))},
+        obs=rng.normal(size=(n, 4)).astype(np.float32),
+        mask=np.ones((n, 3), bool),
+        action=rng.integers(3, size=n),
+        reward=rng.normal(size=n).astype(np.float32),
+        next_obs=rng.normal(size=(n, 4)).astype(np.float32),
+        next_mask=np.ones((n, 3), bool),
+        done=done,
+        last=last,
+        extras={"logp": np.log(rng.uniform(0.2, 0.5, size=n))},
     )
 
 
@@ -150,7 +155,9 @@ def test_bsp_with_two_learners_steps_exactly_as_one_learner_on_the_union_of_thei
         batches = [_batch(10 * round), _batch(10 * round + 1, streams=5)]  # unequal sizes: weighted by samples
         results = [None, None]
         threads = [
-            threading.Thread(target=lambda i=i: results.__setitem__(i, _learn(server, i, learners[i], batches[i], versions[i])))
+            threading.Thread(
+                target=lambda i=i: results.__setitem__(i, _learn(server, i, learners[i], batches[i], versions[i]))
+            )
             for i in range(2)
         ]
         for thread in threads:

@@ -21,7 +21,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from headless_browser import (
-    chromium_page, close_mlflow_assistant, dismiss_mlflow_dialog, shoot, start_mlflow_ui, wait_for_text,
+    chromium_page,
+    close_mlflow_assistant,
+    dismiss_mlflow_dialog,
+    shoot,
+    start_mlflow_ui,
+    wait_for_text,
 )
 from processes import assert_all_exited, poll, processes_with_env, wait_until
 
@@ -48,11 +53,24 @@ def finished_run(tmp_path_factory):
     running once it returned (read before anything else here starts on that home)."""
     work = tmp_path_factory.mktemp("e2e")
     command = [
-        str(Path(sys.executable).with_name("psro")), "run", "--game", "kuhn_poker",
-        "--iterations", str(ITERATIONS), "--tracking-uri", f"sqlite:///{work}/mlflow.db",
-        "--experiment", EXPERIMENT, "--export", str(work / "export"), "--num-cpus", "2",
+        str(Path(sys.executable).with_name("psro")),
+        "run",
+        "--game",
+        "kuhn_poker",
+        "--iterations",
+        str(ITERATIONS),
+        "--tracking-uri",
+        f"sqlite:///{work}/mlflow.db",
+        "--experiment",
+        EXPERIMENT,
+        "--export",
+        str(work / "export"),
+        "--num-cpus",
+        "2",
     ]
-    result = subprocess.run(command, cwd=work, env=_clean_env(work / "prefect-home"), capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        command, cwd=work, env=_clean_env(work / "prefect-home"), capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     result.left_running = poll(lambda: processes_with_env(_marker(work / "prefect-home")), lambda found: not found)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
@@ -74,7 +92,11 @@ def served(finished_run):
     try:
         prefect.wait()
         mlflow_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: healthy(mlflow_url) or mlflow_ui.poll() is not None, 90, f"mlflow ui (log: {work / 'mlflow-ui.log'})")
+        wait_until(
+            lambda: healthy(mlflow_url) or mlflow_ui.poll() is not None,
+            90,
+            f"mlflow ui (log: {work / 'mlflow-ui.log'})",
+        )
         assert mlflow_ui.poll() is None, (work / "mlflow-ui.log").read_text()[-2000:]
         yield prefect.url, mlflow_url
     finally:
@@ -115,23 +137,43 @@ def test_mlflow_holds_params_metrics_and_artifacts(finished_run):
     assert values[-1] < values[0]  # PSRO with exact best responses improves on uniform play
     nash_conv = client.get_metric_history(run.info.run_id, "nash_conv")
     assert [m.value / 2 for m in sorted(nash_conv, key=lambda m: m.step)] == pytest.approx(values)
-    for name in ("player_0/best_response_gain", "player_1/population_size", "player_0/meta_entropy",
-                 "seconds/evaluate", "seconds/meta_solve", "iteration_seconds"):
+    for name in (
+        "player_0/best_response_gain",
+        "player_1/population_size",
+        "player_0/meta_entropy",
+        "seconds/evaluate",
+        "seconds/meta_solve",
+        "iteration_seconds",
+    ):
         assert len(client.get_metric_history(run.info.run_id, name)) == ITERATIONS + 1, name
 
-    artifacts = {a.path for folder in ("payoffs", "meta_strategy", "plots")
-                 for a in client.list_artifacts(run.info.run_id, folder)}
+    artifacts = {
+        a.path
+        for folder in ("payoffs", "meta_strategy", "plots")
+        for a in client.list_artifacts(run.info.run_id, folder)
+    }
     assert {f"payoffs/iteration_{i:04d}.csv" for i in range(ITERATIONS + 1)} | {"payoffs/final.csv"} <= artifacts
     assert f"meta_strategy/iteration_{ITERATIONS:04d}.json" in artifacts
     assert {"plots/exploitability.png", "plots/payoff_heatmap.png"} <= artifacts
-    table = pd.read_csv(mlflow.artifacts.download_artifacts(
-        run_id=run.info.run_id, artifact_path="payoffs/final.csv",
-        tracking_uri=f"sqlite:///{finished_run[0]}/mlflow.db"))
+    table = pd.read_csv(
+        mlflow.artifacts.download_artifacts(
+            run_id=run.info.run_id,
+            artifact_path="payoffs/final.csv",
+            tracking_uri=f"sqlite:///{finished_run[0]}/mlflow.db",
+        )
+    )
     assert len(table) == (ITERATIONS + 1) ** 2
-    newest = pd.read_csv(mlflow.artifacts.download_artifacts(  # an iteration logs only its new entries
-        run_id=run.info.run_id, artifact_path=f"payoffs/iteration_{ITERATIONS:04d}.csv",
-        tracking_uri=f"sqlite:///{finished_run[0]}/mlflow.db"))
-    assert len(newest) == 2 * ITERATIONS + 1 and ((newest["member_0"] == ITERATIONS) | (newest["member_1"] == ITERATIONS)).all()
+    newest = pd.read_csv(
+        mlflow.artifacts.download_artifacts(  # an iteration logs only its new entries
+            run_id=run.info.run_id,
+            artifact_path=f"payoffs/iteration_{ITERATIONS:04d}.csv",
+            tracking_uri=f"sqlite:///{finished_run[0]}/mlflow.db",
+        )
+    )
+    assert (
+        len(newest) == 2 * ITERATIONS + 1
+        and ((newest["member_0"] == ITERATIONS) | (newest["member_1"] == ITERATIONS)).all()
+    )
     assert (table["payoff_0"] + table["payoff_1"]).abs().max() < 1e-12  # zero-sum, exact
 
 
@@ -145,13 +187,18 @@ def test_every_member_is_registered_once_with_tags_and_alias(finished_run):
         assert all(v.tags["iteration"] == v.tags["member"] for v in versions)
         final = json.loads((finished_run[0] / "export" / "meta_strategy.json").read_text())[str(player)]
         for version in versions:  # tags carry the final meta-weights
-            assert float(version.tags["meta_weight"]) == pytest.approx(final[int(version.tags["member"])], rel=1e-5, abs=1e-9)
+            assert float(version.tags["meta_weight"]) == pytest.approx(
+                final[int(version.tags["member"])], rel=1e-5, abs=1e-9
+            )
         newest = client.get_model_version_by_alias(name, "newest")
         assert newest.tags["member"] == str(ITERATIONS)
-        policy = json.loads(Path(mlflow.artifacts.download_artifacts(
-            artifact_uri=f"{newest.source}/policy.json")).read_text())
+        policy = json.loads(
+            Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{newest.source}/policy.json")).read_text()
+        )
         assert len(policy) == 6  # Kuhn: six information states per player
-        exported = json.loads((finished_run[0] / "export" / "policies" / f"player_{player}" / f"member_{ITERATIONS}.json").read_text())
+        exported = json.loads(
+            (finished_run[0] / "export" / "policies" / f"player_{player}" / f"member_{ITERATIONS}.json").read_text()
+        )
         from marl_core.games.tree import build_tree
         from marl_core.policies.tabular import policy_from_dict
 

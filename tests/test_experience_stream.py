@@ -14,6 +14,7 @@ import pytest
 import ray
 import ray.cloudpickle
 import torch
+from processes import start_bare_ray
 
 from marl_core.psro.config import build_config
 from marl_core.psro.learned_oracle import collect_experience, learn_best_response, mixtures, train_best_response
@@ -24,7 +25,6 @@ from marl_core.rl.ppo import PPOTrainer
 from marl_core.rollout.pool import PoolConfig, WorkerPool
 from marl_core.rollout.store import StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
-from processes import start_bare_ray
 
 torch.set_num_threads(1)  # as the learner and the workers act: the one loop below must do the same arithmetic
 
@@ -40,7 +40,9 @@ def _pool() -> WorkerPool:
 
 def _call(role: int, pool, collector_step: bool = True) -> OracleCall:
     populations = initial_populations(CONFIG)
-    return OracleCall(CONFIG, role, populations, [np.ones(1), np.ones(1)], iteration=1, pool=pool, collector_step=collector_step)
+    return OracleCall(
+        CONFIG, role, populations, [np.ones(1), np.ones(1)], iteration=1, pool=pool, collector_step=collector_step
+    )
 
 
 def _one_loop(call: OracleCall) -> tuple[dict, dict]:
@@ -59,8 +61,14 @@ def _one_loop(call: OracleCall) -> tuple[dict, dict]:
         pool.push("one-loop", round_index, trainer.policy.get_weights())
         shares = np.array_split(np.arange(episodes), pool.size)
         requests = [
-            RolloutRequest(game.mapping, opponents, len(share), (CONFIG.seed, 1, call.role, round_index, worker),
-                           learners={role: learner}, weights_version=round_index)
+            RolloutRequest(
+                game.mapping,
+                opponents,
+                len(share),
+                (CONFIG.seed, 1, call.role, round_index, worker),
+                learners={role: learner},
+                weights_version=round_index,
+            )
             for worker, share in enumerate(shares)
         ]
         results = pool.collect(requests)
@@ -165,7 +173,9 @@ def test_a_collector_that_raises_fails_its_learner_with_the_collectors_error():
     learner = _in_thread(learn_best_response, _call(0, pool), QUICK)
     with pytest.raises(StreamError) as raised:
         learner.result(timeout=DEADLINE)
-    assert str(raised.value) == "iteration/1/player_0: the collector failed: ValueError: environment step failed (ask 2)"
+    assert (
+        str(raised.value) == "iteration/1/player_0: the collector failed: ValueError: environment step failed (ask 2)"
+    )
     with pytest.raises(ValueError, match="environment step failed"):
         collector.result(timeout=DEADLINE)
 
@@ -202,8 +212,11 @@ def test_a_failure_that_is_not_retried_in_time_fails_the_other_side():
     failing = FailingPool(pool, at=0, error=ConnectionError("reset by peer"))
     collector = _in_thread(collect_experience, _call(0, failing), QUICK)
     impatient = StreamTimeouts(wait=60, retry=1, poll=0.2)
-    with pytest.raises(StreamError, match=r"^iteration/1/player_0: the collector failed: ConnectionError: reset by peer "
-                                          r"\(not retried within 1 s\) \(ask 1\)$"):
+    with pytest.raises(
+        StreamError,
+        match=r"^iteration/1/player_0: the collector failed: ConnectionError: reset by peer "
+        r"\(not retried within 1 s\) \(ask 1\)$",
+    ):
         learn_best_response(_call(0, pool), impatient)
     with pytest.raises(ConnectionError):
         collector.result(timeout=DEADLINE)
@@ -211,9 +224,13 @@ def test_a_failure_that_is_not_retried_in_time_fails_the_other_side():
 
 def test_a_side_whose_partner_never_comes_gives_up_at_its_deadline():
     alone = StreamTimeouts(wait=1, poll=0.2)
-    with pytest.raises(StreamError, match=r"^iteration/1/player_0: the learner waited 1 s for an answer to ask 1 from the collector$"):
+    with pytest.raises(
+        StreamError, match=r"^iteration/1/player_0: the learner waited 1 s for an answer to ask 1 from the collector$"
+    ):
         learn_best_response(_call(0, _pool()), alone)
-    with pytest.raises(StreamError, match=r"^iteration/1/player_1: the collector waited 1 s for an ask from the learner$"):
+    with pytest.raises(
+        StreamError, match=r"^iteration/1/player_1: the collector waited 1 s for an ask from the learner$"
+    ):
         collect_experience(_call(1, _pool()), alone)
 
 
@@ -240,7 +257,11 @@ def test_the_local_runner_runs_each_collector_beside_its_learner(monkeypatch):
     config = CONFIG.model_copy(update={"iterations": 1, "eval": "sampled", "episodes": 20})
     records = [record for record, _ in steps.iterate_psro_local(config)]
     assert len(threads) == 2 and threading.main_thread() not in threads
-    assert records[1].oracle_metrics["player_0/oracle_episodes"] == records[1].oracle_metrics["player_1/oracle_episodes"] == 500
+    assert (
+        records[1].oracle_metrics["player_0/oracle_episodes"]
+        == records[1].oracle_metrics["player_1/oracle_episodes"]
+        == 500
+    )
 
 
 # --- on a small local Ray: learners and collectors as tasks, workers and store as actors -------
@@ -289,7 +310,9 @@ def test_two_learners_and_their_collectors_run_at_once_on_two_cpus(local_ray):
 def test_on_ray_a_failing_side_ends_the_other(local_ray, monkeypatch):
     pool = WorkerPool(PoolConfig("kuhn_poker", workers=2, envs_per_worker=8), on_ray=True)
     try:
-        collector = _collector_task.remote(_call(0, FailingPool(pool, at=1, error=ValueError("environment step failed"))), QUICK)
+        collector = _collector_task.remote(
+            _call(0, FailingPool(pool, at=1, error=ValueError("environment step failed"))), QUICK
+        )
         with pytest.raises(StreamError, match=r"the collector failed: ValueError: environment step failed \(ask 2\)$"):
             learn_best_response(_call(0, pool), QUICK)
         with pytest.raises(ValueError, match="environment step failed"):
@@ -308,9 +331,10 @@ def test_the_flow_submits_a_collector_with_no_cpu_slot(monkeypatch):
     """Ray lends a task's CPU slot to others only while it blocks in `ray.get`: a collector that
     held one would wait to start until its learner blocked. It holds none, so it starts at once
     beside its learner however busy the cores are; the learner keeps its slot."""
+    from prefect_ray.context import RemoteOptionsContext
+
     import tasks
     from flows.psro_flow import RayTaskSteps
-    from prefect_ray.context import RemoteOptionsContext
 
     class Recorder:
         def __init__(self):

@@ -20,10 +20,10 @@ import asyncio
 
 import numpy as np
 import pytest
+from processes import mlflow_store, prefect_home
 
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import iterate_psro_local
-from processes import mlflow_store, prefect_home
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,11 @@ def _local(config: PSROConfig):
 
 
 def _snapshot(state):
-    return state.payoffs.mean.copy(), [m.copy() for m in state.meta_strategy], [p.tables.copy() for p in state.populations]
+    return (
+        state.payoffs.mean.copy(),
+        [m.copy() for m in state.meta_strategy],
+        [p.tables.copy() for p in state.populations],
+    )
 
 
 def _iteration_flow_runs(api_url: str) -> list:
@@ -52,12 +56,13 @@ def _iteration_flow_runs(api_url: str) -> list:
 def _task_runs(api_url: str, flow_run_ids) -> list:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     async def read():
         async with get_client() as client:
-            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(flow_run_ids))))
+            return await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(flow_run_ids)))
+            )
 
     with temporary_settings({PREFECT_API_URL: api_url}):
         return asyncio.run(read())
@@ -86,8 +91,14 @@ def services(tmp_path_factory):
         # sampled evaluation fans out over the cores in the flow and runs as one chunk locally
         dict(game="kuhn_poker", oracle="exact", eval="sampled", episodes=200, iterations=3),
         # learned responses: learner and collector as two tasks in the flow, two threads locally
-        dict(game="kuhn_poker", oracle="ppo", eval="sampled", episodes=100, iterations=2,
-             best_response={"episodes": 600, "episodes_per_round": 200}),
+        dict(
+            game="kuhn_poker",
+            oracle="ppo",
+            eval="sampled",
+            episodes=100,
+            iterations=2,
+            best_response={"episodes": 600, "episodes_per_round": 200},
+        ),
     ],
     ids=["exact-stops-early", "sampled", "learned"],
 )
@@ -102,7 +113,9 @@ def test_flow_and_local_loop_agree(services, settings):
     run_psro(config, lambda record, state: seen.append((record, _snapshot(state))))
 
     assert [r.iteration for r, _ in seen] == [r.iteration for r, _ in expected]
-    for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(seen, expected):
+    for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(
+        seen, expected
+    ):
         np.testing.assert_array_equal(payoffs, local_payoffs, err_msg=f"iteration {record.iteration}")
         for a, b in zip(meta, local_meta):
             np.testing.assert_array_equal(a, b, err_msg=f"iteration {record.iteration}")
@@ -119,7 +132,10 @@ def test_flow_and_local_loop_agree(services, settings):
         assert stopped_early, "the stop threshold was meant to end this run before its last iteration"
 
     tasks = _task_runs(api[0], [run.id for run in runs])
-    by_step = {step: [t for t in tasks if t.name.rsplit("-", 1)[0] == step] for step in ("train-best-response", "collect-experience")}
+    by_step = {
+        step: [t for t in tasks if t.name.rsplit("-", 1)[0] == step]
+        for step in ("train-best-response", "collect-experience")
+    }
     learners, collectors = by_step["train-best-response"], by_step["collect-experience"]
     assert len(learners) == 2 * (iterations - 1)
     if config.oracle == "exact":
@@ -127,8 +143,13 @@ def test_flow_and_local_loop_agree(services, settings):
         return
     assert len(collectors) == len(learners) and {t.state.type.value for t in collectors} == {"COMPLETED"}
     for collector in collectors:  # each ran while a learner of its iteration ran
-        beside = [t for t in learners if t.flow_run_id == collector.flow_run_id
-                  and t.start_time < collector.end_time and collector.start_time < t.end_time]
+        beside = [
+            t
+            for t in learners
+            if t.flow_run_id == collector.flow_run_id
+            and t.start_time < collector.end_time
+            and collector.start_time < t.end_time
+        ]
         assert beside, f"{collector.name} ran from {collector.start_time} to {collector.end_time}, beside no learner"
 
 
@@ -143,9 +164,19 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
 
     _, tracking_uri = services
     config = MARLConfig(
-        env="pettingzoo:mpe2.simple_spread_v3", algorithm="mappo", rounds=3, steps_per_round=25, workers=2,
-        envs_per_worker=2, eval_every=2, eval_episodes=4, checkpoint_every=3, seed=5, num_cpus=2,
-        tracking_uri=tracking_uri, experiment="marl-flow-vs-local",
+        env="pettingzoo:mpe2.simple_spread_v3",
+        algorithm="mappo",
+        rounds=3,
+        steps_per_round=25,
+        workers=2,
+        envs_per_worker=2,
+        eval_every=2,
+        eval_episodes=4,
+        checkpoint_every=3,
+        seed=5,
+        num_cpus=2,
+        tracking_uri=tracking_uri,
+        experiment="marl-flow-vs-local",
     )
     timing = ("seconds/", "env_steps_per_second")
     local, learner = [], None
@@ -167,7 +198,6 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
         assert torch.equal(weights[name], tensor), name
 
 
-
 def test_pipeline_flow_and_local_loop_agree(services):
     """Pipeline PSRO's flow (levels as Ray actors, a `train-levels` task per freeze) computes
     what its in-process loop computes, freeze for freeze."""
@@ -176,10 +206,20 @@ def test_pipeline_flow_and_local_loop_agree(services):
 
     api, tracking_uri = services
     config = PSROConfig(
-        game="kuhn_poker", oracle="dqn", iterations=3, seed=3, tracking_uri=tracking_uri, num_cpus=2,
-        best_response={"episodes": 1200, "episodes_per_round": 200}, rollout={"workers": 2, "envs_per_worker": 8},
+        game="kuhn_poker",
+        oracle="dqn",
+        iterations=3,
+        seed=3,
+        tracking_uri=tracking_uri,
+        num_cpus=2,
+        best_response={"episodes": 1200, "episodes_per_round": 200},
+        rollout={"workers": 2, "envs_per_worker": 8},
         dqn={"learning_starts": 100, "epsilon_decay_steps": 800},
-        pipeline={"active_levels": 2, "window": 400, "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800}},
+        pipeline={
+            "active_levels": 2,
+            "window": 400,
+            "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800},
+        },
     )
     expected = [(record, _snapshot(state)) for record, state in iterate_pipeline_local(config)]
     earlier = {run.id for run in _iteration_flow_runs(api[0])}
@@ -187,13 +227,19 @@ def test_pipeline_flow_and_local_loop_agree(services):
     run_psro(config, lambda record, state: seen.append((record, _snapshot(state))))
 
     assert [r.iteration for r, _ in seen] == [r.iteration for r, _ in expected] == [0, 1, 2, 3]
-    for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(seen, expected):
+    for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(
+        seen, expected
+    ):
         np.testing.assert_array_equal(payoffs, local_payoffs, err_msg=f"iteration {record.iteration}")
         for a, b in zip(populations, local_populations):
             np.testing.assert_array_equal(a, b, err_msg=f"iteration {record.iteration}")
         assert record.report.nash_conv == local_record.report.nash_conv
-        assert record.oracle_metrics.get("player_0/oracle_episodes") == local_record.oracle_metrics.get("player_0/oracle_episodes")
-    assert any(record.oracle_metrics["player_0/oracle_episodes"] < 1200 for record, _ in seen[1:]), "no level froze at its plateau"
+        assert record.oracle_metrics.get("player_0/oracle_episodes") == local_record.oracle_metrics.get(
+            "player_0/oracle_episodes"
+        )
+    assert any(record.oracle_metrics["player_0/oracle_episodes"] < 1200 for record, _ in seen[1:]), (
+        "no level froze at its plateau"
+    )
 
     runs = [run for run in _iteration_flow_runs(api[0]) if run.id not in earlier]
     assert sorted(run.state.type.value for run in runs) == ["COMPLETED"] * 4

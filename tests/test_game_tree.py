@@ -15,8 +15,8 @@ from open_spiel.python.algorithms import exploitability as os_exploitability
 from open_spiel.python.algorithms import policy_aggregator
 
 from marl_core.games.exploitability import mixed_reach, nash_conv
-from marl_core.games.tree import best_response, build_tree, profile_values, sequence_reach
 from marl_core.games.openspiel import GameError, load_game
+from marl_core.games.tree import best_response, build_tree, profile_values, sequence_reach
 
 GAMES = ["kuhn_poker", "leduc_poker", "kuhn_poker(players=3)", "goofspiel(num_cards=3)"]
 
@@ -39,17 +39,13 @@ def to_openspiel(game, tree, policies) -> policy_lib.TabularPolicy:
     tabular = policy_lib.TabularPolicy(game)
     for player, player_tree in enumerate(tree.players):
         for state in tabular.states_per_player[player]:
-            tabular.action_probability_array[tabular.state_lookup[state]] = policies[player][
-                player_tree.index[state]
-            ]
+            tabular.action_probability_array[tabular.state_lookup[state]] = policies[player][player_tree.index[state]]
     return tabular
 
 
 def from_openspiel(tree, player, tabular: policy_lib.TabularPolicy) -> np.ndarray:
     player_tree = tree.players[player]
-    return np.array(
-        [tabular.action_probability_array[tabular.state_lookup[s]] for s in player_tree.infostates]
-    )
+    return np.array([tabular.action_probability_array[tabular.state_lookup[s]] for s in player_tree.infostates])
 
 
 def own_reaches(tree, policies) -> list[np.ndarray]:
@@ -191,8 +187,7 @@ def test_best_response_value_matches_openspiel(game_string, seed):
         assert value == pytest.approx(expected, abs=1e-9)
         # C++ TabularBestResponse agrees too.
         table = {
-            state: list(enumerate(tabular.action_probability_array[i]))
-            for state, i in tabular.state_lookup.items()
+            state: list(enumerate(tabular.action_probability_array[i])) for state, i in tabular.state_lookup.items()
         }
         cpp = pyspiel.TabularBestResponse(game, player, table)
         assert value == pytest.approx(cpp.value(game.new_initial_state().history_str()), abs=1e-9)
@@ -274,7 +269,12 @@ def openspiel_mixture_nash_conv(game, tree, populations, weights) -> float:
 
 @pytest.mark.parametrize(
     "game_string, sizes",
-    [("kuhn_poker", (3, 4)), ("kuhn_poker(players=3)", (2, 3, 2)), ("leduc_poker", (2, 2)), ("goofspiel(num_cards=3)", (2, 3))],
+    [
+        ("kuhn_poker", (3, 4)),
+        ("kuhn_poker(players=3)", (2, 3, 2)),
+        ("leduc_poker", (2, 2)),
+        ("goofspiel(num_cards=3)", (2, 3)),
+    ],
 )
 def test_mixture_nash_conv_matches_openspiel_aggregator(game_string, sizes):
     tree = build_tree(game_string)
@@ -333,7 +333,9 @@ def test_uniform_kuhn_nash_conv_is_eleven_twelfths():
     assert report.nash_conv == pytest.approx(11 / 12, abs=1e-12)
     assert report.exploitability == pytest.approx(11 / 24, abs=1e-12)
     game = load_game("kuhn_poker")
-    assert report.nash_conv == pytest.approx(os_exploitability.nash_conv(game, policy_lib.UniformRandomPolicy(game)), abs=1e-12)
+    assert report.nash_conv == pytest.approx(
+        os_exploitability.nash_conv(game, policy_lib.UniformRandomPolicy(game)), abs=1e-12
+    )
 
 
 def kuhn_equilibrium(alpha: float) -> dict[str, list[float]]:

@@ -114,10 +114,16 @@ def test_exploiters_draw_by_their_own_rules():
     assert league.opponents(league.player("main_exploiter_0")) == {"main_agent_0": 1.0}  # 0.3 > 0.1
     _set_win_rates(league, "main_exploiter_0", {"main_agent_0": 0.1, "main_agent_0@0": 0.2, "main_agent_0@1": 0.5})
     variance = np.array([0.16, 0.25]) / 0.41  # x(1 - x) over the main agent's snapshots
-    assert league.opponents(league.player("main_exploiter_0")) == pytest.approx(dict(zip(["main_agent_0@0", "main_agent_0@1"], variance)))
-    _set_win_rates(league, "league_exploiter_0", {"main_agent_0@0": 0.7, "main_agent_0@1": 0.2, "main_exploiter_0@0": 0.5})
+    assert league.opponents(league.player("main_exploiter_0")) == pytest.approx(
+        dict(zip(["main_agent_0@0", "main_agent_0@1"], variance))
+    )
+    _set_win_rates(
+        league, "league_exploiter_0", {"main_agent_0@0": 0.7, "main_agent_0@1": 0.2, "main_exploiter_0@0": 0.5}
+    )
     capped = np.array([0.3, 0.5, 0.5]) / 1.3  # min(0.5, 1 - x) over every snapshot
-    assert league.opponents(league.player("league_exploiter_0")) == pytest.approx(dict(zip(league.snapshot_ids(), capped)))
+    assert league.opponents(league.player("league_exploiter_0")) == pytest.approx(
+        dict(zip(league.snapshot_ids(), capped))
+    )
 
 
 def test_a_league_where_every_win_rate_is_one_draws_uniformly():
@@ -139,7 +145,9 @@ def test_a_league_where_every_win_rate_is_one_draws_uniformly():
     # weighs nothing either, and it draws the snapshots uniformly.
     _set_win_rates(league, "main_exploiter_0", {"main_agent_0": 0.0})
     with np.errstate(all="raise"):
-        assert league.opponents(league.player("main_exploiter_0")) == pytest.approx({"main_agent_0@0": 0.5, "main_agent_0@1": 0.5})
+        assert league.opponents(league.player("main_exploiter_0")) == pytest.approx(
+            {"main_agent_0@0": 0.5, "main_agent_0@1": 0.5}
+        )
 
 
 def test_the_monotonic_suffix_is_alphastars():
@@ -150,7 +158,14 @@ def test_the_monotonic_suffix_is_alphastars():
 
 
 def test_snapshots_follow_the_win_rate_and_step_rules():
-    league = League.seeded(LeagueSettings(decay=1.0, main_exploiters=1, league_exploiters=1, snapshot={"win_rate": 0.7, "min_steps": 100, "max_steps": 1000}))
+    league = League.seeded(
+        LeagueSettings(
+            decay=1.0,
+            main_exploiters=1,
+            league_exploiters=1,
+            snapshot={"win_rate": 0.7, "min_steps": 100, "max_steps": 1000},
+        )
+    )
     main = league.player("main_agent_0")
     _set_win_rates(league, "main_agent_0", {"main_agent_0@0": 0.8})
     main.steps = 99
@@ -158,7 +173,12 @@ def test_snapshots_follow_the_win_rate_and_step_rules():
     main.steps = 100
     assert league.ready_to_snapshot(main)  # beats every snapshot 0.8 > 0.7
     snapshot = league.take_snapshot(main, generation=3)
-    assert (snapshot.id, snapshot.parent, snapshot.generation, main.snapshot_steps) == ("main_agent_0@1", "main_agent_0", 3, 100)
+    assert (snapshot.id, snapshot.parent, snapshot.generation, main.snapshot_steps) == (
+        "main_agent_0@1",
+        "main_agent_0",
+        3,
+        100,
+    )
     main.steps = 1099
     assert not league.ready_to_snapshot(main)  # 0.5 against its new snapshot
     main.steps = 1100

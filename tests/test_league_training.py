@@ -9,8 +9,13 @@ from marl_core.league.config import build_league_config
 from marl_core.league.generation import initial_state, iterate_league_local
 
 CONFIG = dict(
-    game="kuhn_poker", generations=2, episodes=300, episodes_per_round=150, eval_episodes=40,
-    rollout={"workers": 1, "envs_per_worker": 16}, league={"snapshot": {"max_steps": 600}},
+    game="kuhn_poker",
+    generations=2,
+    episodes=300,
+    episodes_per_round=150,
+    eval_episodes=40,
+    rollout={"workers": 1, "envs_per_worker": 16},
+    league={"snapshot": {"max_steps": 600}},
 )
 
 
@@ -79,11 +84,20 @@ def test_pbt_inside_a_league_copies_a_lower_rated_player_and_its_learner_trains_
     """Two main agents, one at a learning rate that cannot learn: after generation 1 the
     lower-rated one takes the other's networks, trainer state and settings, its learning rate
     explored, and is rated as it is; in generation 2 its learner trains with that learning rate."""
-    config = build_league_config({
-        **CONFIG, "algorithm": "ppo", "league": {"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 600}},
-        "player_settings": {"main_agent_1": {"lr": 1e-7}},
-        "pbt": {"perturbation_interval": 1, "quantile_fraction": 0.5, "resample_probability": 0.0, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}}},
-    })
+    config = build_league_config(
+        {
+            **CONFIG,
+            "algorithm": "ppo",
+            "league": {"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 600}},
+            "player_settings": {"main_agent_1": {"lr": 1e-7}},
+            "pbt": {
+                "perturbation_interval": 1,
+                "quantile_fraction": 0.5,
+                "resample_probability": 0.0,
+                "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}},
+            },
+        }
+    )
     first, second = _run(config)
     (record, state), (record2, state2) = first, second
     ratings = {p: state.ratings[p] for p in ("main_agent_0", "main_agent_1")}

@@ -11,14 +11,14 @@ import mlflow
 import numpy as np
 import pytest
 import torch
+from processes import run_config
 
-from flows.tracking.registry_members import load_member, open_store, parse_member
-from marl_core.games.tree import build_tree
-from marl_core.games.tabularize import tabularize
 from flows.tracking.layout import registered_model_name
+from flows.tracking.registry_members import load_member, open_store, parse_member
+from marl_core.games.tabularize import tabularize
+from marl_core.games.tree import build_tree
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
-from processes import run_config
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,10 @@ def learned_run(tmp_path_factory):
         "experiment: learned\n"
         f"best_response: {{episodes: {EPISODES}, episodes_per_round: 1000}}\n"
         "rollout: {workers: 2, envs_per_worker: 8}\n",
-        "--oracle", "a2c", "--export", str(work / "export"),
+        "--oracle",
+        "a2c",
+        "--export",
+        str(work / "export"),
         env={"PSRO_PROGRESS_EVERY": "1"},
     )
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
@@ -91,8 +94,11 @@ def test_every_learned_member_is_a_weights_only_checkpoint_that_rebuilds_its_pol
         members = [load_member(client, parse_member(f"{name}/{v.version}")).policy for v in versions]
         assert isinstance(members[0], TabularPolicy)  # the uniform start has no network
         for version, member in zip(versions[1:], members[1:]):
-            weights_file = Path(mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{version.source}/weights.pt", tracking_uri=client.tracking_uri))
+            weights_file = Path(
+                mlflow.artifacts.download_artifacts(
+                    artifact_uri=f"{version.source}/weights.pt", tracking_uri=client.tracking_uri
+                )
+            )
             state = torch.load(weights_file, weights_only=True)  # tensors only: nothing unpickled
             assert all(isinstance(t, torch.Tensor) for t in state.values())
             assert isinstance(member, NeuralPolicy)
@@ -109,7 +115,9 @@ def test_each_learned_iteration_shows_its_responses_progress_within_seconds(lear
         ended = next(t for t, line in timed if line.startswith(f"iter {iteration:4d}"))
         pattern = rf"(best response player_[01] \(iteration {iteration}\)): (\d+)/{EPISODES} episodes"
         shown = [(t, match) for t, line in timed if (match := re.match(pattern, line))]
-        assert {match[1] for _, match in shown} == {f"best response player_{r} (iteration {iteration})" for r in (0, 1)}, result.stdout
+        assert {match[1] for _, match in shown} == {
+            f"best response player_{r} (iteration {iteration})" for r in (0, 1)
+        }, result.stdout
         first_time, first = shown[0]
         assert began <= first_time < min(began + 10, ended) and int(first[2]) < EPISODES, result.stdout
         counts = [int(match[2]) for _, match in shown if "player_0" in match[1]]

@@ -19,10 +19,10 @@ import io
 import numpy as np
 import pytest
 import torch
+from joint_rollouts import JointRollouts
 
 from marl_core.marl.maddpg import GumbelSoftmaxPolicy, MADDPGLearner, gumbel_softmax
 from marl_core.marl.training import MARLConfig, make_learner
-from joint_rollouts import JointRollouts
 
 torch.set_num_threads(1)
 
@@ -69,7 +69,9 @@ def test_a_centralized_critic_sees_every_agents_observation_and_action(setup):
     def values(obs, action):
         joint = learner.joint(obs, learner.one_hot(action))
         with torch.no_grad():
-            return learner.critics["adversary"](joint.unsqueeze(1))[:, 0], learner.critics["agent"](joint.unsqueeze(1).expand(-1, 2, -1))
+            return learner.critics["adversary"](joint.unsqueeze(1))[:, 0], learner.critics["agent"](
+                joint.unsqueeze(1).expand(-1, 2, -1)
+            )
 
     adversary, agent = values(t.obs, t.action)
     # agent_1 plays another action: the adversary's critic and agent_0's (same network, other one-hot) move
@@ -82,7 +84,10 @@ def test_a_centralized_critic_sees_every_agents_observation_and_action(setup):
     moved_adversary, moved_agent = values(seen, t.action)
     assert (moved_agent != agent).all()
     # the agents' own one-hot ids are constant parts of the joint vector and are left out of it
-    relabelled = {**t.obs, "agent": torch.cat([t.obs["agent"][..., :10], torch.zeros_like(t.obs["agent"][..., 10:])], dim=2)}
+    relabelled = {
+        **t.obs,
+        "agent": torch.cat([t.obs["agent"][..., :10], torch.zeros_like(t.obs["agent"][..., 10:])], dim=2),
+    }
     assert torch.equal(learner.joint(relabelled, taken), learner.joint(t.obs, taken))
     # the shared critic tells its agents apart
     assert (agent[:, 0] != agent[:, 1]).all()
@@ -118,7 +123,9 @@ def test_acting_and_gumbel_samples_follow_the_softmax_over_legal_actions():
         logits = policy.actor(torch.from_numpy(obs))
     sample = gumbel_softmax(logits, torch.from_numpy(mask), 1.0, torch.Generator().manual_seed(2))
     assert torch.equal(sample.sum(dim=1), torch.ones(len(sample))) and set(sample.unique().tolist()) == {0.0, 1.0}
-    np.testing.assert_allclose(sample.mean(dim=0).numpy(), probs, atol=0.015)  # an exact sample, whatever the temperature
+    np.testing.assert_allclose(
+        sample.mean(dim=0).numpy(), probs, atol=0.015
+    )  # an exact sample, whatever the temperature
 
 
 def test_the_actor_gradient_flows_through_the_gumbel_softmax_sample_into_its_actor(setup):
@@ -153,7 +160,9 @@ def test_the_buffer_keeps_every_agents_own_reward_and_the_team_mean(setup):
     rows = batch.flat()
     np.testing.assert_array_equal(buffer.agent_reward["adversary"][: len(buffer), 0], rows.reward["adversary_0"][:, 0])
     np.testing.assert_array_equal(buffer.agent_reward["agent"][: len(buffer), 1], rows.reward["agent_1"][:, 0])
-    assert not np.allclose(buffer.agent_reward["adversary"][: len(buffer), 0], buffer.agent_reward["agent"][: len(buffer), 0])
+    assert not np.allclose(
+        buffer.agent_reward["adversary"][: len(buffer), 0], buffer.agent_reward["agent"][: len(buffer), 0]
+    )
     team = np.mean([rows.reward[a][:, 0] for a in rows.agents], axis=0)
     np.testing.assert_allclose(buffer.reward[: len(buffer)], team, rtol=1e-6)  # VDN/QMIX's field, unchanged
     np.testing.assert_array_equal(buffer.mask["agent"][: len(buffer), 0], rows.mask["agent_0"][:, 0])
@@ -191,9 +200,14 @@ def test_a_learner_restored_mid_training_makes_exactly_the_same_updates(setup):
 
 def test_a_frozen_policy_acts_but_does_not_learn_while_the_others_do(setup):
     config, workers, _, batch = setup
-    frozen = MARLConfig(env=ADVERSARY, algorithm="maddpg", settings={**SMALL, "frozen": ("adversary",)}, envs_per_worker=2)
+    frozen = MARLConfig(
+        env=ADVERSARY, algorithm="maddpg", settings={**SMALL, "frozen": ("adversary",)}, envs_per_worker=2
+    )
     learner = make_learner(frozen, workers.layout, workers.spec.state_size)
-    before = {name: {p: copy.deepcopy(m.state_dict()) for p, m in getattr(learner, name).items()} for name in ("policies", "critics")}
+    before = {
+        name: {p: copy.deepcopy(m.state_dict()) for p, m in getattr(learner, name).items()}
+        for name in ("policies", "critics")
+    }
     metrics = learner.learn(batch)
     assert metrics["updates"] == 5 and "agent/actor_loss" in metrics and "adversary/actor_loss" not in metrics
     for name, networks in before.items():
@@ -203,12 +217,17 @@ def test_a_frozen_policy_acts_but_does_not_learn_while_the_others_do(setup):
             assert unchanged == (p == "adversary"), f"{name}.{p}"
     learner.frozen = set()  # unfrozen between rounds: it learns again
     learner.learn(batch)
-    assert not torch.equal(before["policies"]["adversary"]["actor.0.weight"], learner.policies["adversary"].state_dict()["actor.0.weight"])
+    assert not torch.equal(
+        before["policies"]["adversary"]["actor.0.weight"], learner.policies["adversary"].state_dict()["actor.0.weight"]
+    )
 
 
 def test_freezing_a_policy_the_layout_lacks_is_refused_before_any_work():
     from marl_core.marl.training import check
 
     config = MARLConfig(env=ADVERSARY, algorithm="maddpg", settings={**SMALL, "frozen": ("adversaries",)})
-    with pytest.raises(ValueError, match=r"settings.frozen=\['adversaries'\]: no such policy; the policies are \['adversary', 'agent'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"settings.frozen=\['adversaries'\]: no such policy; the policies are \['adversary', 'agent'\]",
+    ):
         check(config)

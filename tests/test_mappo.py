@@ -17,16 +17,16 @@ import dataclasses
 
 import numpy as np
 import torch
+from joint_rollouts import JointRollouts
 
 from marl_core.envs import make_env
 from marl_core.envs.agent_mapping import by_prefix
 from marl_core.marl.batch import JointExperience
-from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.mappo import MAPPOLearner
-from marl_core.marl.settings import MAPPOConfig
 from marl_core.marl.rounds import iterate_marl_local
+from marl_core.marl.settings import MAPPOConfig
 from marl_core.marl.training import MARLConfig, make_learner
-from joint_rollouts import JointRollouts
+from marl_core.rollout.layout import PolicyLayout
 
 torch.set_num_threads(1)
 
@@ -141,8 +141,15 @@ def test_mappo_finds_the_optimal_joint_policy_of_the_two_step_game():
     state 2B and both playing action 1 returns 8."""
     settings = dict(hidden=(32,), critic_hidden=(32,), lr=3e-3, epochs=4, minibatch_size=32, seed=3)
     config = MARLConfig(
-        env=TWO_STEP, algorithm="mappo", settings=settings, rounds=20, steps_per_round=16, envs_per_worker=4,
-        eval_every=10, eval_episodes=4, seed=3,
+        env=TWO_STEP,
+        algorithm="mappo",
+        settings=settings,
+        rounds=20,
+        steps_per_round=16,
+        envs_per_worker=4,
+        eval_every=10,
+        eval_episodes=4,
+        seed=3,
     )
     returns = [r.eval_returns["policy/agent"] for r, _ in iterate_marl_local(config) if r.eval_returns]
     assert returns[-1] == 8.0, returns

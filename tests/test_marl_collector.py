@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from joint_rollouts import JointRollouts
 
 from marl_core.envs import by_prefix, make_env, one_population_per_agent
 from marl_core.rl.policy import NetworkPolicy, uniform_legal
-from joint_rollouts import JointRollouts
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 TWO_STEP = "pettingzoo:marl_core.envs.two_step"
@@ -44,8 +44,8 @@ def test_default_state_concatenates_observations_with_zeros_for_agents_not_obser
     size = env.spec.observation_size[acting]
     assert env.spec.state_size == 2 * size and state.shape == (2 * size,)
     offset = env.spec.agents.index(acting) * size
-    np.testing.assert_array_equal(state[offset:offset + size], step.observations[acting])
-    assert not state[size - offset:2 * size - offset].any()
+    np.testing.assert_array_equal(state[offset : offset + size], step.observations[acting])
+    assert not state[size - offset : 2 * size - offset].any()
 
 
 def test_two_step_game_pays_as_in_the_qmix_paper():
@@ -84,7 +84,7 @@ def test_a_segment_records_every_agents_step_state_and_episode_boundaries():
     assert np.abs(batch.next_obs["agent_0"][24, 0, :18]).sum() > 0
     # finished episodes' returns are the rewards of their steps
     rewards = np.stack([batch.reward[a] for a in batch.agents], axis=-1)  # [T, E, N]
-    per_episode = [rewards[start:start + 25, e].sum(axis=0) for e in range(3) for start in (0, 25)]
+    per_episode = [rewards[start : start + 25, e].sum(axis=0) for e in range(3) for start in (0, 25)]
     np.testing.assert_allclose(np.sort(returns, axis=0), np.sort(np.array(per_episode), axis=0), rtol=1e-5)
     batch.agent_experience(["agent_0", "agent_2"]).validate()
 
@@ -120,7 +120,9 @@ def test_independent_learners_fragments_leave_the_global_state_out_and_centraliz
     from marl_core.rollout.pool import WorkerPool
 
     for algorithm, state_size in (("ippo", 0), ("mappo", 54)):  # simple_spread: 3 agents x 18
-        config = MARLConfig(env="pettingzoo:mpe2.simple_spread_v3", algorithm=algorithm, envs_per_worker=2, steps_per_round=5)
+        config = MARLConfig(
+            env="pettingzoo:mpe2.simple_spread_v3", algorithm=algorithm, envs_per_worker=2, steps_per_round=5
+        )
         layout, spec = training.layout_and_spec(config)
         learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
         batch = training.collect_rollouts(config, WorkerPool(training.pool_config(config)), learner, 0).batch
@@ -143,12 +145,20 @@ def _recorded(episode_ends: list[tuple[int, int]], steps: int = 4, envs: int = 2
                 final = np.array([100 + 10 * t + e, 2], np.uint8)
                 step = TimeStep({}, {}, {"a": 0.0}, {"a": False}, {"a": True}, {"a": {"final_observation": final}})
             else:
-                step = TimeStep({"a": seen(t + 1, e)}, {"a": np.ones(2, bool)}, {"a": 0.0}, {"a": False}, {"a": False}, {"a": {}})
+                step = TimeStep(
+                    {"a": seen(t + 1, e)}, {"a": np.ones(2, bool)}, {"a": 0.0}, {"a": False}, {"a": False}, {"a": {}}
+                )
             record.step(t, e, step, np.zeros(1), np.zeros(0, np.float32), False, done, {})
             if done:
                 final[:] = 0  # an environment that reuses its observation's buffer after the reset
-        record.acted(t, {"a": np.stack([seen(t, e) for e in range(envs)])}, {"a": np.ones((envs, 2), bool)},
-                     np.zeros((envs, 0), np.float32), {"a": np.zeros(envs, np.int64)}, {})
+        record.acted(
+            t,
+            {"a": np.stack([seen(t, e) for e in range(envs)])},
+            {"a": np.ones((envs, 2), bool)},
+            np.zeros((envs, 0), np.float32),
+            {"a": np.zeros(envs, np.int64)},
+            {},
+        )
     return record.batch()
 
 
@@ -161,7 +171,9 @@ def test_the_observation_after_each_step_is_recorded_only_where_the_next_row_lac
     batch = _recorded(ends)
     assert isinstance(batch.next_obs, FollowingObservations)
     assert batch.next_obs.ended["a"].tolist() == [[101, 2], [110, 2]]  # (0, 1) then (1, 0): row-major
-    expected = np.array([[[10 * (t + 1) + e, 1] if (t, e) not in ends else [100 + 10 * t + e, 2] for e in range(2)] for t in range(4)])
+    expected = np.array(
+        [[[10 * (t + 1) + e, 1] if (t, e) not in ends else [100 + 10 * t + e, 2] for e in range(2)] for t in range(4)]
+    )
     np.testing.assert_array_equal(batch.next_obs["a"], expected)
     assert batch.next_obs["a"].dtype == np.uint8
 

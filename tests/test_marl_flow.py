@@ -16,10 +16,10 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+from processes import assert_all_exited, mlflow_store, prefect_home
 
 from flows.tracking import layout
 from flows.tracking.marl_tracker import KILL_BEFORE_COMMIT
-from processes import assert_all_exited, mlflow_store, prefect_home
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,9 @@ tracking_uri: {store}
 
 
 def _env(home: Path, **extra: str) -> dict:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_", "MARL_"))}
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_", "MARL_"))
+    }
     return {**env, "PREFECT_HOME": str(home), **extra}
 
 
@@ -49,8 +51,14 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     store = mlflow_store(tmp_path)
     (tmp_path / "run.yaml").write_text(CONFIG.format(store=store))
     home = prefect_home(tmp_path / "prefect-home")
-    killed = subprocess.run([PSRO, "marl", "run", "--config", "run.yaml"], cwd=tmp_path,
-                            env=_env(home, **{KILL_BEFORE_COMMIT: "3"}), capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        [PSRO, "marl", "run", "--config", "run.yaml"],
+        cwd=tmp_path,
+        env=_env(home, **{KILL_BEFORE_COMMIT: "3"}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert_all_exited(f"PREFECT_HOME={home}")
     # its output is no terminal: a plain progress line as training starts, before round 0 ends
@@ -62,10 +70,19 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     (run,) = client.search_runs([client.get_experiment_by_name("marl").experiment_id])
     assert run.data.tags[layout.MARL_COMMITTED_TAG] == "1"
     name = layout.registered_model_name("marl", "pettingzoo:mpe2.simple_spread_v3", "agent")
-    assert sorted(int(v.tags["round"]) for v in client.search_model_versions(f"name='{name}'")) == [1, 3]  # 3: uncommitted
+    assert sorted(int(v.tags["round"]) for v in client.search_model_versions(f"name='{name}'")) == [
+        1,
+        3,
+    ]  # 3: uncommitted
 
-    resumed = subprocess.run([PSRO, "marl", "resume", run.info.run_id, "--tracking-uri", store], cwd=tmp_path,
-                             env=_env(home), capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [PSRO, "marl", "resume", run.info.run_id, "--tracking-uri", store],
+        cwd=tmp_path,
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming run" in resumed.stdout and "round    2" in resumed.stdout and "round    1 " not in resumed.stdout
     assert_all_exited(f"PREFECT_HOME={home}")
@@ -77,8 +94,12 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     assert {m.step for m in client.get_metric_history(run.info.run_id, "env_steps")} == set(range(6))
     played = int(run.data.metrics["env_steps"])
     assert played >= 6 * 50 * 4 and played % (50 * 2) == 0  # at least what the learners took, in whole fragments
-    versions_by_round = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "learner/async/weights_version")}
-    assert versions_by_round[0] == 2 and versions_by_round[1] == 4  # one IMPALA step per fragment, a fragment per worker
+    versions_by_round = {
+        m.step: m.value for m in client.get_metric_history(run.info.run_id, "learner/async/weights_version")
+    }
+    assert (
+        versions_by_round[0] == 2 and versions_by_round[1] == 4
+    )  # one IMPALA step per fragment, a fragment per worker
     for metric in ("samples_in_per_second", "samples_out_per_second", "staleness_mean", "learner_utilisation"):
         assert f"learner/async/{metric}" in run.data.metrics, metric
     assert {m.step for m in client.get_metric_history(run.info.run_id, "eval_return/policy/agent")} == {1, 3, 5}
@@ -87,13 +108,18 @@ def test_a_killed_marl_run_resumes_to_the_same_rounds_without_duplicate_versions
     folder = client.download_artifacts(run.info.run_id, layout.policy_checkpoint_path("agent", 5), str(tmp_path))
     weights = torch.load(Path(folder) / layout.POLICY_WEIGHTS, weights_only=True)
     assert newest.tags["round"] == "5" and all(isinstance(t, torch.Tensor) for t in weights.values())
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {layout.EPISODE_RETURN_PLOT, layout.STALENESS_PLOT}
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {
+        layout.EPISODE_RETURN_PLOT,
+        layout.STALENESS_PLOT,
+    }
 
     # Prefect recorded every round as a flow run with its tasks (rounds 0-3 before the kill, 2-5
     # after), the workers' stream running beside the learner
     rounds, tasks = _prefect_records(home)
     assert sorted(state for state, _ in rounds) == ["COMPLETED"] * 8
-    assert sorted(_step(t) for t in tasks) == sorted(["stream-rollouts", "train-learner"] * 8 + ["evaluate-policies"] * 4)
+    assert sorted(_step(t) for t in tasks) == sorted(
+        ["stream-rollouts", "train-learner"] * 8 + ["evaluate-policies"] * 4
+    )
     for _, round_id in rounds:
         mine = [t for t in tasks if t.flow_run_id == round_id]
         (stream,) = [t for t in mine if _step(t) == "stream-rollouts"]
@@ -122,7 +148,9 @@ def _prefect_records(home: Path) -> tuple[list[tuple[str, object]], list]:
         async def read():
             async with get_client() as client:
                 runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["marl-round"])))
-                tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs])))
+                tasks = await client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs]))
+                )
                 return [(r.state.type.value, r.id) for r in runs], tasks
 
         with temporary_settings({PREFECT_API_URL: server.url}):

@@ -25,7 +25,9 @@ THRESHOLD = 6.5
 
 POLICY_GRADIENT = dict(hidden=(32,), lr=3e-3)
 REPLAY = dict(hidden=(32,), batch_size=32, buffer_size=500, learning_starts=0, train_every=1)
-Q_LEARNING = dict(REPLAY, lr=5e-3, target_update_interval=100, epsilon_start=1.0, epsilon_end=0.05, epsilon_decay_steps=400)
+Q_LEARNING = dict(
+    REPLAY, lr=5e-3, target_update_interval=100, epsilon_start=1.0, epsilon_end=0.05, epsilon_decay_steps=400
+)
 SETTINGS = {
     "ippo": {"ppo": dict(POLICY_GRADIENT, epochs=4, minibatch_size=32)},
     "a2c": {"a2c": dict(POLICY_GRADIENT, lr=5e-3)},
@@ -46,8 +48,16 @@ def test_the_learning_check_covers_every_registered_algorithm():
 @pytest.mark.parametrize("algorithm", sorted(SETTINGS))
 def test_every_algorithm_beats_uniform_play_on_the_two_step_game(algorithm):
     config = MARLConfig(
-        env=TWO_STEP, algorithm=algorithm, settings=SETTINGS[algorithm], rounds=20, steps_per_round=16,
-        envs_per_worker=4, eval_every=20, eval_episodes=64, eval_greedy=False, seed=0,
+        env=TWO_STEP,
+        algorithm=algorithm,
+        settings=SETTINGS[algorithm],
+        rounds=20,
+        steps_per_round=16,
+        envs_per_worker=4,
+        eval_every=20,
+        eval_episodes=64,
+        eval_greedy=False,
+        seed=0,
     )
     (final,) = [record.eval_returns["policy/agent"] for record, _ in iterate_marl_local(config) if record.eval_returns]
     assert final >= THRESHOLD > UNIFORM_RETURN, f"{algorithm}: {final:.2f} after 1,280 joint steps"

@@ -20,19 +20,37 @@ import marl_suite  # noqa: E402
 
 def test_a_quick_run_tables_every_applicable_pair_and_logs_a_plot_per_task(tmp_path, capsys):
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    arguments = ["--quick", "--jobs", "0", "--tasks", "simple_spread", "simple_push", "--algorithms", "ippo", "qmix",
-                 "--results", str(tmp_path / "runs"), "--tracking-uri", store]
+    arguments = [
+        "--quick",
+        "--jobs",
+        "0",
+        "--tasks",
+        "simple_spread",
+        "simple_push",
+        "--algorithms",
+        "ippo",
+        "qmix",
+        "--results",
+        str(tmp_path / "runs"),
+        "--tracking-uri",
+        store,
+    ]
     assert marl_suite.main(arguments) == 0
     out = capsys.readouterr().out
     assert out.count("] simple_") == 3  # a line per run as it finishes
     rows = [line for line in out.splitlines() if line.startswith("| simple_")]
     assert [tuple(cell.strip() for cell in row.split("|")[1:4]) for row in rows] == [
-        ("simple_spread", "team", "ippo"), ("simple_spread", "team", "qmix"),  # cooperative: the team's return
-        ("simple_push", "adversary", "ippo"), ("simple_push", "agent", "ippo"),  # competitive: each role against uniform play
+        ("simple_spread", "team", "ippo"),
+        ("simple_spread", "team", "qmix"),  # cooperative: the team's return
+        ("simple_push", "adversary", "ippo"),
+        ("simple_push", "agent", "ippo"),  # competitive: each role against uniform play
     ]  # and QMIX, which needs one team reward, not on simple_push
     client = mlflow.MlflowClient(tracking_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("marl-suite").experiment_id])
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {"plots/simple_spread.png", "plots/simple_push.png"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {
+        "plots/simple_spread.png",
+        "plots/simple_push.png",
+    }
     assert "| simple_push | agent | ippo |" in mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/table.md")
     assert set(run.data.metrics) >= {"simple_spread/team/qmix/final", "simple_push/adversary/ippo/margin"}
 
@@ -59,12 +77,14 @@ def test_the_table_shows_the_joint_steps_each_pair_played():
     task = marl_suite.TASKS["simple_tag"]
     curves = [
         marl_suite.Curve(marl_suite.Job(task, algorithm, seed, 100_000, 1, 4), [0, steps], {"team": [1.0, final]}, 10.0)
-        for algorithm, steps in (("ippo", 100_352), ("appo", 200_704)) for seed, final in ((0, 3.0), (1, 5.0))
+        for algorithm, steps in (("ippo", 100_352), ("appo", 200_704))
+        for seed, final in ((0, 3.0), (1, 5.0))
     ]
     lines = marl_suite.table(marl_suite.rows(curves, {"simple_tag": {"team": (1.0, 0.1)}})).splitlines()
     assert lines[0].split("|")[-3:-1] == [" joint steps ", " seconds "]
     assert [line.split("|")[3:4] + line.split("|")[-3:-1] for line in lines[2:]] == [
-        [" ippo ", " 100,352 ", " 20 "], [" appo ", " 200,704 ", " 20 "],
+        [" ippo ", " 100,352 ", " 20 "],
+        [" appo ", " 200,704 ", " 20 "],
     ]
     assert all(line.count("|") == lines[1].count("|") for line in lines)  # every row has every column
 
@@ -93,7 +113,9 @@ def test_uniform_play_in_a_roles_seats_faces_the_trained_opponents():
     assert (seats("adversary_0"), seats("agent_0")) == ("uniform/adversary_0", "agent")
     push = {"adversary": ("adversary_0",), "agent": ("agent_0",)}
     assert marl_suite.score_groups(marl_suite.TASKS["simple_push"], push) == push
-    assert marl_suite.score_groups(marl_suite.TASKS["simple_spread"], {"agent": ("agent_0", "agent_1")}) == {"team": ("agent_0", "agent_1")}
+    assert marl_suite.score_groups(marl_suite.TASKS["simple_spread"], {"agent": ("agent_0", "agent_1")}) == {
+        "team": ("agent_0", "agent_1")
+    }
 
 
 def test_a_config_file_for_another_task_is_refused_before_any_run(tmp_path):

@@ -9,13 +9,13 @@ import io
 import numpy as np
 import pytest
 import torch
+from joint_rollouts import JointRollouts
 from typer.testing import CliRunner
 
 from flows import cli
 from marl_core.marl import MARL_ALGORITHMS
 from marl_core.marl.rounds import iterate_marl_local
 from marl_core.marl.training import MARLConfig, make_learner
-from joint_rollouts import JointRollouts
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 
@@ -31,16 +31,44 @@ SMALL_SETTINGS = {
     "a2c": {"a2c": {"hidden": (16,)}},
     "mappo": {"hidden": (16,), "critic_hidden": (16,), "minibatch_size": 32, "epochs": 2},
     # per segment: 96 agent transitions, 16 gradient steps, a target copy every 3
-    "iql": {"dqn": {"hidden": (16,), "batch_size": 16, "buffer_size": 512, "learning_starts": 32, "train_every": 4,
-                    "target_update_interval": 3}},
+    "iql": {
+        "dqn": {
+            "hidden": (16,),
+            "batch_size": 16,
+            "buffer_size": 512,
+            "learning_starts": 32,
+            "train_every": 4,
+            "target_update_interval": 3,
+        }
+    },
     # per segment: 32 joint steps, 12 gradient steps, a target copy every 5
-    "vdn": {"hidden": (16,), "batch_size": 16, "buffer_size": 512, "learning_starts": 8, "train_every": 2,
-            "target_update_interval": 5},
-    "qmix": {"hidden": (16,), "batch_size": 16, "buffer_size": 512, "learning_starts": 8, "train_every": 2,
-             "target_update_interval": 5, "mixing_embed": 8, "hypernet_hidden": 16},
+    "vdn": {
+        "hidden": (16,),
+        "batch_size": 16,
+        "buffer_size": 512,
+        "learning_starts": 8,
+        "train_every": 2,
+        "target_update_interval": 5,
+    },
+    "qmix": {
+        "hidden": (16,),
+        "batch_size": 16,
+        "buffer_size": 512,
+        "learning_starts": 8,
+        "train_every": 2,
+        "target_update_interval": 5,
+        "mixing_embed": 8,
+        "hypernet_hidden": 16,
+    },
     # per segment: 32 joint steps, 6 updates, each averaging into the targets
-    "maddpg": {"hidden": (16,), "critic_hidden": (16,), "batch_size": 16, "buffer_size": 512, "learning_starts": 8,
-               "train_every": 4},
+    "maddpg": {
+        "hidden": (16,),
+        "critic_hidden": (16,),
+        "batch_size": 16,
+        "buffer_size": 512,
+        "learning_starts": 8,
+        "train_every": 4,
+    },
 }
 SEGMENT = 16  # joint steps per environment copy
 
@@ -142,8 +170,12 @@ def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_see
     from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
-        env="pettingzoo:marl_core.envs.two_step", algorithm="ippo", policies={"agent_0": "a", "agent_1": "b"},
-        workers=2, envs_per_worker=3, eval_episodes=7,
+        env="pettingzoo:marl_core.envs.two_step",
+        algorithm="ippo",
+        policies={"agent_0": "a", "agent_1": "b"},
+        workers=2,
+        envs_per_worker=3,
+        eval_episodes=7,
     )
     layout, spec = training.layout_and_spec(config)
     learner = training.LocalLearner(make_learner(config, layout, spec.state_size))
@@ -155,10 +187,17 @@ def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_see
 
 
 def test_the_local_loop_reports_returns_per_agent_and_policy_and_counts_steps():
-    config = MARLConfig(env=SPREAD, algorithm="ippo", rounds=2, eval_every=2, eval_episodes=4, envs_per_worker=2, steps_per_round=50)
+    config = MARLConfig(
+        env=SPREAD, algorithm="ippo", rounds=2, eval_every=2, eval_episodes=4, envs_per_worker=2, steps_per_round=50
+    )
     records = [record for record, _ in iterate_marl_local(config)]
     assert [r.env_steps for r in records] == [100, 200]
-    assert records[0].eval_returns is None and set(records[1].eval_returns) == {"agent_0", "agent_1", "agent_2", "policy/agent"}
+    assert records[0].eval_returns is None and set(records[1].eval_returns) == {
+        "agent_0",
+        "agent_1",
+        "agent_2",
+        "policy/agent",
+    }
     agents = [records[1].eval_returns[a] for a in ("agent_0", "agent_1", "agent_2")]
     assert records[1].eval_returns["policy/agent"] == pytest.approx(np.mean(agents))
     assert set(records[0].train_returns) == {"agent_0", "agent_1", "agent_2", "policy/agent"}  # 4 episodes ended
@@ -167,8 +206,14 @@ def test_the_local_loop_reports_returns_per_agent_and_policy_and_counts_steps():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--env", SPREAD, "--algorithm", "nosuch"], "error: algorithm='nosuch': unknown MARL algorithm; choose one of:"),
-        (["--env", "pettingzoo:classic.connect_four_v3", "--algorithm", "ippo"], "is turn-based; MARL training needs a simultaneous environment"),
+        (
+            ["--env", SPREAD, "--algorithm", "nosuch"],
+            "error: algorithm='nosuch': unknown MARL algorithm; choose one of:",
+        ),
+        (
+            ["--env", "pettingzoo:classic.connect_four_v3", "--algorithm", "ippo"],
+            "is turn-based; MARL training needs a simultaneous environment",
+        ),
         (["--env", SPREAD, "--algorithm", "ippo", "--rounds", "0"], "error: rounds=0: Input should be greater than 0"),
         (["--algorithm", "ippo"], "error: no environment: pass --env or set env in --config"),
     ],
@@ -189,13 +234,20 @@ def test_evaluation_against_uniform_play_matches_the_two_step_games_expected_ret
     from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
-        env="pettingzoo:marl_core.envs.two_step", algorithm="ippo", policies={"agent_0": "a", "agent_1": "b"},
-        envs_per_worker=4, eval_episodes=400, eval_versus_uniform=True, seed=3,
+        env="pettingzoo:marl_core.envs.two_step",
+        algorithm="ippo",
+        policies={"agent_0": "a", "agent_1": "b"},
+        envs_per_worker=4,
+        eval_episodes=400,
+        eval_versus_uniform=True,
+        seed=3,
     )
     training.check(config)
     layout, spec = training.layout_and_spec(config)
     learner = make_learner(config, layout, spec.state_size)
-    evaluation = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), training.LocalLearner(learner), round=0)
+    evaluation = training.evaluate_policies(
+        config, WorkerPool(training.pool_config(config)), training.LocalLearner(learner), round=0
+    )
     assert evaluation.returns.shape == evaluation.versus_uniform.shape == (400, 2)
 
     def greedy(policy: str, state: int) -> int:
@@ -208,7 +260,11 @@ def test_evaluation_against_uniform_play_matches_the_two_step_games_expected_ret
     played = evaluation.versus_uniform
     for column, expected in ((0, expected_a), (1, expected_b)):
         stderr = played[:, column].std(ddof=1) / np.sqrt(len(played)) + 1e-9
-        assert abs(played[:, column].mean() - expected) < 4 * stderr + 1e-9, (column, played[:, column].mean(), expected)
+        assert abs(played[:, column].mean() - expected) < 4 * stderr + 1e-9, (
+            column,
+            played[:, column].mean(),
+            expected,
+        )
     assert not np.array_equal(played, evaluation.returns)  # uniform partners, not the learners themselves
 
 
@@ -219,8 +275,12 @@ def test_evaluation_against_uniform_play_where_agents_differ_in_shape():
     from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
-        env="pettingzoo:mpe2.simple_adversary_v3", algorithm="ippo", agent_ids=False, envs_per_worker=2,
-        eval_episodes=4, eval_versus_uniform=True,
+        env="pettingzoo:mpe2.simple_adversary_v3",
+        algorithm="ippo",
+        agent_ids=False,
+        envs_per_worker=2,
+        eval_episodes=4,
+        eval_versus_uniform=True,
     )
     layout, spec = training.layout_and_spec(config)
     learner = make_learner(config, layout, spec.state_size)

@@ -35,8 +35,13 @@ def _run(work: Path, *args: str, timeout: float) -> tuple[subprocess.CompletedPr
     prefect_home(work / "prefect-home")  # where the script keeps its Prefect home and its store
     mlflow_store(work)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_"))}
-    result = subprocess.run([sys.executable, str(SCRIPT), "--work", str(work), *args],
-                            env=env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--work", str(work), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     report_file = work / "memory_report.json"
     assert report_file.exists(), result.stdout[-3000:] + result.stderr[-3000:]
     return result, json.loads(report_file.read_text())
@@ -52,10 +57,12 @@ def test_60_kuhn_iterations_keep_memory_flat_and_leave_nothing_running(tmp_path)
     assert sorted(by_iteration) == list(range(ITERATIONS + 1))
     early, late = by_iteration[EARLY], by_iteration[ITERATIONS]
     growth = late["driver_kib"] / early["driver_kib"] - 1
-    print(f"driver RSS: iteration {EARLY} {early['driver_kib'] / 1024:.1f} MiB, iteration {ITERATIONS} "
-          f"{late['driver_kib'] / 1024:.1f} MiB ({growth:+.1%}), peak {report['driver_peak_kib'] / 1024:.1f} MiB; "
-          f"Ray workers {early['kib']['ray_worker'] / 1024:.1f} -> {late['kib']['ray_worker'] / 1024:.1f} MiB; "
-          f"{report['wall_seconds']:.0f} s")
+    print(
+        f"driver RSS: iteration {EARLY} {early['driver_kib'] / 1024:.1f} MiB, iteration {ITERATIONS} "
+        f"{late['driver_kib'] / 1024:.1f} MiB ({growth:+.1%}), peak {report['driver_peak_kib'] / 1024:.1f} MiB; "
+        f"Ray workers {early['kib']['ray_worker'] / 1024:.1f} -> {late['kib']['ray_worker'] / 1024:.1f} MiB; "
+        f"{report['wall_seconds']:.0f} s"
+    )
     assert growth < MAX_GROWTH
     workers = late["kib"]["ray_worker"] / early["kib"]["ray_worker"] - 1
     assert workers < MAX_GROWTH
@@ -69,8 +76,9 @@ def test_a_failed_run_leaves_nothing_running_and_its_mlflow_run_failed(tmp_path)
     """on_iteration raises at iteration 3: Ray and the Prefect server stop all the same, and the
     MLflow run is marked FAILED rather than left RUNNING. On Leduc the next iteration, started
     ahead, is still working when the run fails; its thread must end with the run."""
-    result, report = _run(tmp_path, "--iterations", "20", "--fail-at", "3", "--no-register", "--game", "leduc_poker",
-                          timeout=500)
+    result, report = _run(
+        tmp_path, "--iterations", "20", "--fail-at", "3", "--no-register", "--game", "leduc_poker", timeout=500
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["error"] == "RuntimeError: deliberate failure at iteration 3"
     assert [s["iteration"] for s in report["samples"]] == [0, 1, 2, 3]

@@ -68,9 +68,7 @@ def marginals(joint: np.ndarray) -> list[np.ndarray]:
 
 
 def test_registry_holds_the_seven_solvers_with_one_line_summaries():
-    assert ALL == [
-        "alpharank", "fictitious_play", "last", "nash", "prd", "regret_matching", "uniform"
-    ]
+    assert ALL == ["alpharank", "fictitious_play", "last", "nash", "prd", "regret_matching", "uniform"]
     for name, solver in META_SOLVERS.items():
         assert solver.name == name
         assert solver.summary and "\n" not in solver.summary
@@ -99,9 +97,7 @@ def test_nash_is_refused_outside_two_player_zero_sum(players, zero_sum, wording)
     message = str(info.value)
     assert "\n" not in message
     assert "'nash'" in message and wording in message
-    assert message.endswith(
-        "choose one of: alpharank, fictitious_play, last, prd, regret_matching, uniform"
-    )
+    assert message.endswith("choose one of: alpharank, fictitious_play, last, prd, regret_matching, uniform")
 
 
 def test_check_accepts_fitting_solvers():
@@ -179,9 +175,7 @@ def test_nash_uses_the_zero_sum_part_of_a_sampled_table():
     np.testing.assert_allclose(column, [2 / 7, 5 / 7], atol=1e-8)
 
 
-@pytest.mark.parametrize(
-    "seed, shape", [(0, (20, 20)), (1, (20, 20)), (2, (20, 20)), (3, (20, 30))]
-)
+@pytest.mark.parametrize("seed, shape", [(0, (20, 20)), (1, (20, 20)), (2, (20, 20)), (3, (20, 30))])
 def test_nash_admits_no_profitable_pure_deviation(seed, shape):
     matrix = np.random.default_rng(seed).uniform(-1, 1, shape)
     row, column = nash_zero_sum(zero_sum(matrix))
@@ -382,9 +376,7 @@ def test_prd_matches_openspiel(shape):
         prd_gamma=gamma / k,  # OpenSpiel's floor is gamma itself, ours gamma / k
         average_over_last_n_strategies=600,
     )
-    mine = projected_replicator_dynamics(
-        payoffs, iterations=1000, dt=0.1, gamma=gamma, average_over_last=600
-    )
+    mine = projected_replicator_dynamics(payoffs, iterations=1000, dt=0.1, gamma=gamma, average_over_last=600)
     for a, b in zip(mine, expected):
         np.testing.assert_allclose(a, b, atol=1e-9)
 
@@ -416,7 +408,12 @@ def test_nash_returns_the_central_equilibrium_when_members_are_duplicated():
 def test_prd_stays_a_distribution_when_a_player_only_loses():
     """Payoffs all negative for one player (as in MPE's simple_adversary): the replicator step's
     rounding drift in the strategy's sum must not compound into NaN over thousands of steps."""
-    payoffs = np.array([[[-27.96501073, -26.65512414], [-24.59889871, -25.87606549]], [[6.29311662, 9.47493478], [3.94763056, 7.93680652]]])
+    payoffs = np.array(
+        [
+            [[-27.96501073, -26.65512414], [-24.59889871, -25.87606549]],
+            [[6.29311662, 9.47493478], [3.94763056, 7.93680652]],
+        ]
+    )
     for strategy in META_SOLVERS["prd"].solve(payoffs):
         assert np.all(np.isfinite(strategy)) and np.all(strategy >= 0)
         assert strategy.sum() == pytest.approx(1.0, abs=1e-12)

@@ -27,10 +27,10 @@ import signal
 import socket
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from processes import assert_all_exited, command_line, pids_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +99,12 @@ def test_applying_the_patches_again_wraps_nothing_twice():
     apply_all()
     for (owner, name), mark in patched.items():
         function = getattr(owner, name)
-        assert function is before[owner, name] and getattr(function, mark, False), f"{owner.__name__}.{name} was patched again"
-        assert not getattr(function.__wrapped__, mark, False), f"{owner.__name__}.{name} wraps a patched version of itself"
+        assert function is before[owner, name] and getattr(function, mark, False), (
+            f"{owner.__name__}.{name} was patched again"
+        )
+        assert not getattr(function.__wrapped__, mark, False), (
+            f"{owner.__name__}.{name} wraps a patched version of itself"
+        )
     assert logging.getLogger(RAY_WORKER_LOGGER).filters == filters
 
 
@@ -123,7 +127,9 @@ def test_settings_serialization_is_memoized_on_prefects_own_path():
         "flows/patches.py's memoized serialize passes (self, include_secrets) only"
     )
     first, second = serialize_context()["settings_context"], serialize_context()["settings_context"]
-    assert first is second, "serialize_context() no longer goes through SettingsContext.serialize: the memo in flows/patches.py has no effect"
+    assert first is second, (
+        "serialize_context() no longer goes through SettingsContext.serialize: the memo in flows/patches.py has no effect"
+    )
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:1/api"}):
         changed = serialize_context()["settings_context"]
     assert changed is not first and changed["settings"]["api"]["url"] == "http://127.0.0.1:1/api", (
@@ -145,7 +151,9 @@ def test_prefect_clients_share_one_tls_context_and_keep_one_they_are_given():
 
     for client_class in (PrefectClient, SyncPrefectClient):
         patched = client_class.__init__
-        assert getattr(patched, "_shared_tls", False), f"flows/patches.py no longer patches {client_class.__name__}.__init__"
+        assert getattr(patched, "_shared_tls", False), (
+            f"flows/patches.py no longer patches {client_class.__name__}.__init__"
+        )
         assert "httpx_settings" in inspect.signature(patched.__wrapped__).parameters, (
             f"{client_class.__name__}.__init__ no longer takes httpx_settings: flows/patches.py passes the shared context there"
         )
@@ -153,9 +161,14 @@ def test_prefect_clients_share_one_tls_context_and_keep_one_they_are_given():
         assert 'httpx_settings.get("verify")' in source and "isinstance(tls_verify, ssl.SSLContext)" in source, (
             f"{client_class.__name__} no longer skips building an SSL context when given one: the shared context saves nothing"
         )
-    contexts = [client._client._transport._pool._ssl_context for client in (
-        PrefectClient("http://127.0.0.1:1/api"), PrefectClient("http://127.0.0.1:1/api"), SyncPrefectClient("http://127.0.0.1:1/api"),
-    )]
+    contexts = [
+        client._client._transport._pool._ssl_context
+        for client in (
+            PrefectClient("http://127.0.0.1:1/api"),
+            PrefectClient("http://127.0.0.1:1/api"),
+            SyncPrefectClient("http://127.0.0.1:1/api"),
+        )
+    ]
     assert isinstance(contexts[0], ssl.SSLContext) and all(context is contexts[0] for context in contexts)
     own = ssl.create_default_context()
     given = PrefectClient("http://127.0.0.1:1/api", httpx_settings={"verify": own})
@@ -263,7 +276,9 @@ def _sqlite_statements(tmp_path: Path) -> list[str]:
         config = configurations.AioSqliteConfiguration(connection_url=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}")
         engine = await config.engine()
         seen: list[str] = []
-        sa.event.listen(engine.sync_engine, "before_cursor_execute", lambda conn, cursor, statement, *_: seen.append(statement))
+        sa.event.listen(
+            engine.sync_engine, "before_cursor_execute", lambda conn, cursor, statement, *_: seen.append(statement)
+        )
         try:
             async with await config.session(engine) as session, config.begin_transaction(session):
                 await session.execute(sa.text("select 1"))
@@ -284,7 +299,9 @@ def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch
     if getattr(prefects_own, "_immediate", False):  # patched by an earlier test's apply_patches()
         prefects_own = prefects_own.__wrapped__
     monkeypatch.setattr(sqlite, "begin_transaction", prefects_own)  # the patched one is restored after the test
-    assert "self.database_config.begin_transaction(" in inspect.getsource(interface.PrefectDBInterface.session_context), (
+    assert "self.database_config.begin_transaction(" in inspect.getsource(
+        interface.PrefectDBInterface.session_context
+    ), (
         "prefect's server no longer opens transactions through database_config.begin_transaction: flows/patches.py's patch is bypassed"
     )
     assert _sqlite_statements(tmp_path / "before")[0] == "BEGIN DEFERRED", (
@@ -319,8 +336,12 @@ def test_every_flow_run_enters_the_sigterm_swap_a_driver_turns_off(monkeypatch):
     assert inspect.getsource(flow_engine).count("with capture_sigterm():") == 2, (
         "prefect's flow engine no longer enters capture_sigterm() around its sync and async runs: recheck driver_keeps_sigterm"
     )
-    assert flow_engine.capture_sigterm is engine.capture_sigterm or flow_engine.capture_sigterm._leaves_sigterm  # (a CLI test ran here)
-    assert re.search(r"signal\.signal\(\s*signal\.SIGTERM,\s*_prefect_sigterm_handler", inspect.getsource(engine.capture_sigterm))
+    assert (
+        flow_engine.capture_sigterm is engine.capture_sigterm or flow_engine.capture_sigterm._leaves_sigterm
+    )  # (a CLI test ran here)
+    assert re.search(
+        r"signal\.signal\(\s*signal\.SIGTERM,\s*_prefect_sigterm_handler", inspect.getsource(engine.capture_sigterm)
+    )
     monkeypatch.setattr(flow_engine, "capture_sigterm", engine.capture_sigterm)  # put back after the test
     driver_keeps_sigterm()
     patched = flow_engine.capture_sigterm
@@ -344,14 +365,20 @@ def test_rays_notice_of_no_sigterm_handler_is_the_one_quieted():
 
     init = inspect.unwrap(ray.init)
     warnings = [
-        node.args[0].value for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(init))))
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "warning"
-        and node.args and isinstance(node.args[0], ast.Constant) and "SIGTERM" in str(node.args[0].value)
+        node.args[0].value
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(init))))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", None) == "warning"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and "SIGTERM" in str(node.args[0].value)
     ]
-    assert len(warnings) == 1, f"ray.init's warnings about SIGTERM are now {warnings}: flows/patches.py filters one that is gone"
-    assert init.__module__ == RAY_WORKER_LOGGER and "logger = logging.getLogger(__name__)" in inspect.getsource(sys.modules[init.__module__]), (
-        f"ray.init now lives in {init.__module__} or logs elsewhere: flows/patches.py filters {RAY_WORKER_LOGGER}"
+    assert len(warnings) == 1, (
+        f"ray.init's warnings about SIGTERM are now {warnings}: flows/patches.py filters one that is gone"
     )
+    assert init.__module__ == RAY_WORKER_LOGGER and "logger = logging.getLogger(__name__)" in inspect.getsource(
+        sys.modules[init.__module__]
+    ), f"ray.init now lives in {init.__module__} or logs elsewhere: flows/patches.py filters {RAY_WORKER_LOGGER}"
     quiet_ray_notices()
     logger = logging.getLogger(RAY_WORKER_LOGGER)
     notice = logger.makeRecord(logger.name, logging.WARNING, "worker.py", 0, warnings[0], (), None)
@@ -378,7 +405,9 @@ def test_a_worker_takes_a_settings_instance_where_prefect_sends_a_dict():
     )
     context = _with_cached_settings(serialized)
     settings = context["settings_context"]["settings"]
-    assert isinstance(settings, Settings), "flows/ray_runner.py's _with_cached_settings no longer builds a Settings instance"
+    assert isinstance(settings, Settings), (
+        "flows/ray_runner.py's _with_cached_settings no longer builds a Settings instance"
+    )
     with hydrated_context(context, client=object()):  # no flow run in the context: the client goes unused
         assert SettingsContext.get().settings is settings, (
             "prefect's hydrated_context rebuilt the settings: flows/ray_runner.py's per-worker cache no longer saves anything"
@@ -451,7 +480,9 @@ def test_the_worker_client_context_is_the_one_prefects_engine_uses():
     token = SyncClientContext.__var__.set(mine)
     try:
         with SyncClientContext.get_or_create() as used:
-            assert used is mine, "SyncClientContext.get_or_create() ignores the context set in SyncClientContext.__var__"
+            assert used is mine, (
+                "SyncClientContext.get_or_create() ignores the context set in SyncClientContext.__var__"
+            )
     finally:
         SyncClientContext.__var__.reset(token)
 
@@ -461,7 +492,7 @@ def test_module_level_tasks_and_flows_travel_by_name_and_others_whole():
     import it; one made by `with_options` (not bound anywhere) must travel as itself."""
     import tasks
     from flows.psro_flow import psro_iteration
-    from flows.ray_runner import _by_reference, _ModuleAttribute, _loaded
+    from flows.ray_runner import _by_reference, _loaded, _ModuleAttribute
 
     for task_or_flow in (tasks.TASKS["solve-meta-game"], psro_iteration):
         reference = _by_reference(task_or_flow)
@@ -486,7 +517,9 @@ def test_the_serialized_context_carries_its_flow_where_the_runner_swaps_it():
         "flows/ray_runner.py's _with_flow leaves it alone and the flow travels pickled"
     )
     sent = _with_flow(serialized, _by_reference)
-    assert isinstance(sent["flow_run_context"]["flow"], _ModuleAttribute), "flows/ray_runner.py no longer sends the flow by name"
+    assert isinstance(sent["flow_run_context"]["flow"], _ModuleAttribute), (
+        "flows/ray_runner.py no longer sends the flow by name"
+    )
     assert _with_flow(sent, _loaded)["flow_run_context"]["flow"] is psro_iteration
     assert 'flow_run_context["flow"]' in inspect.getsource(hydrated_context), (
         "prefect's hydrated_context no longer reads the flow from flow_run_context['flow']: the worker would get a name, not a flow"
@@ -523,7 +556,9 @@ def test_prefects_log_and_event_workers_still_drain_with_a_timeout():
     from prefect.logging.handlers import APILogWorker
 
     for worker in (APILogWorker, EventsWorker):
-        assert "timeout" in inspect.signature(worker.drain_all).parameters, f"{worker.__name__}.drain_all(timeout=...) is gone"
+        assert "timeout" in inspect.signature(worker.drain_all).parameters, (
+            f"{worker.__name__}.drain_all(timeout=...) is gone"
+        )
 
 
 def test_rays_token_loader_for_joining_a_cluster_is_still_there():
@@ -533,7 +568,9 @@ def test_rays_token_loader_for_joining_a_cluster_is_still_there():
     from ray._private.authentication import authentication_token_setup
 
     function = getattr(authentication_token_setup, "maybe_enable_token_auth_if_token_available", None)
-    assert function is not None, "ray moved maybe_enable_token_auth_if_token_available: flows/runtime.py's ray_session must follow"
+    assert function is not None, (
+        "ray moved maybe_enable_token_auth_if_token_available: flows/runtime.py's ray_session must follow"
+    )
     assert "warn_if_disabled" in inspect.signature(function).parameters
 
 
@@ -568,8 +605,13 @@ def test_a_runs_local_ray_listens_on_loopback_only_and_starts_no_cluster_service
     default Ray that would outlive the run."""
     marker = f"LOOPBACK_TEST={tmp_path}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
-    driver = subprocess.Popen([sys.executable, "-c", LOCAL_RAY], env={**env, "LOOPBACK_TEST": str(tmp_path)},
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", LOCAL_RAY],
+        env={**env, "LOOPBACK_TEST": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert driver.stdout.readline() == "up\n"
         pids = pids_with_env(marker)
@@ -610,7 +652,7 @@ def _host(hex_address: str) -> str:
     raw = bytes.fromhex(hex_address)
     if len(raw) == 4:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])
-    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
     if raw[:12] == b"\0" * 10 + b"\xff\xff":
         return socket.inet_ntop(socket.AF_INET, raw[12:])
     return socket.inet_ntop(socket.AF_INET6, raw)
@@ -652,9 +694,10 @@ def test_the_task_run_recorder_writes_in_the_batches_the_server_environment_sets
     monkeypatch.setattr(task_run_recorder, "consumer", consumer)
     with SettingsContext(profile=SettingsContext.get().profile, settings=settings), pytest.raises(Started):
         asyncio.run(task_run_recorder.TaskRunRecorder().start())
-    assert (given.get("write_batch_size"), given.get("flush_every")) == (recorder_settings.batch_size, int(recorder_settings.flush_interval)), (
-        f"prefect's TaskRunRecorder no longer writes by its batch_size and flush_interval settings (it passed {given})"
-    )
+    assert (given.get("write_batch_size"), given.get("flush_every")) == (
+        recorder_settings.batch_size,
+        int(recorder_settings.flush_interval),
+    ), f"prefect's TaskRunRecorder no longer writes by its batch_size and flush_interval settings (it passed {given})"
 
 
 # --- flows/cli_errors.py ----------------------------------------------------------------------
@@ -672,6 +715,8 @@ def test_typers_bundled_click_errors_are_what_a_bad_flag_raises():
         f"typer's bad-parameter error no longer reaches flows/cli_errors.py's handler (typer._click.exceptions.BadParameter):\n{bad_type.output}"
     )
     unknown = runner.invoke(app, ["run", "--no-such-flag"])
-    assert unknown.exit_code == 2 and unknown.output.strip().splitlines() == ["error: No such option: --no-such-flag"], (
+    assert unknown.exit_code == 2 and unknown.output.strip().splitlines() == [
+        "error: No such option: --no-such-flag"
+    ], (
         f"typer's usage error no longer reaches flows/cli_errors.py's handler (typer._click.exceptions.UsageError):\n{unknown.output}"
     )

@@ -10,17 +10,17 @@ import pandas as pd
 import pyspiel
 import pytest
 from open_spiel.python import policy as policy_lib
-from open_spiel.python.algorithms import exploitability as os_exploitability
 from open_spiel.python.algorithms import expected_game_score, policy_aggregator
+from open_spiel.python.algorithms import exploitability as os_exploitability
 
-from marl_core.psro import steps as psro
+from marl_core.empirical_game.evaluation import EVALUATORS, evaluate_exact
+from marl_core.empirical_game.payoffs import PayoffTable
+from marl_core.games.openspiel import load_game
+from marl_core.games.tree import build_tree
 from marl_core.policies.population import Population
 from marl_core.policies.tabular import TabularPolicy
+from marl_core.psro import steps as psro
 from marl_core.psro.config import build_config
-from marl_core.empirical_game.evaluation import EVALUATORS, evaluate_exact
-from marl_core.games.tree import build_tree
-from marl_core.games.openspiel import load_game
-from marl_core.empirical_game.payoffs import PayoffTable
 
 GAMES = ["kuhn_poker", "leduc_poker", "kuhn_poker(players=3)"]
 
@@ -218,7 +218,8 @@ def evaluate_sampled(tree, tables, profiles, *, episodes, seed):
 
     game = psro_game(tree.game_string)
     populations = [
-        Population.of(role, [TabularPolicy(tree.game_string, p, table) for table in tables[p]]) for p, role in enumerate(game.roles)
+        Population.of(role, [TabularPolicy(tree.game_string, p, table) for table in tables[p]])
+        for p, role in enumerate(game.roles)
     ]
     return EVALUATORS["sampled"](game, populations, profiles, episodes=episodes, seed=seed)
 
@@ -358,7 +359,10 @@ def test_frame_round_trip_is_exact(sizes):
     assert len(frame) == int(np.prod(sizes))
     n = len(sizes)
     assert list(frame.columns) == (
-        [f"member_{p}" for p in range(n)] + [f"payoff_{p}" for p in range(n)] + [f"stderr_{p}" for p in range(n)] + ["episodes"]
+        [f"member_{p}" for p in range(n)]
+        + [f"payoff_{p}" for p in range(n)]
+        + [f"stderr_{p}" for p in range(n)]
+        + ["episodes"]
     )
     back = PayoffTable.from_frame(frame)
     assert_tables_equal(back, table)
@@ -415,7 +419,9 @@ def test_solve_meta_game_records_into_a_copy_and_solves():
     config = build_config({"game": "matrix_rps", "meta_solver": "nash"})
     tree = build_tree("matrix_rps")
     pure = np.eye(3)[:, None, :]
-    populations = [Population.of(f"player_{p}", [TabularPolicy("matrix_rps", p, row) for row in pure]) for p in range(2)]
+    populations = [
+        Population.of(f"player_{p}", [TabularPolicy("matrix_rps", p, row) for row in pure]) for p in range(2)
+    ]
     table = PayoffTable(2)
     chunks = psro.plan_evaluation(table, [3, 3], parts=2)
     evaluations = [psro.evaluate_payoffs(config, populations, chunk) for chunk in chunks]
@@ -478,7 +484,10 @@ def test_run_psro_local_final_table_equals_table_from_scratch():
 def openspiel_nash_conv_of(game, tree, populations, meta_strategy) -> float:
     n = tree.num_players
     members = [
-        [to_openspiel(game, tree, [m if q == p else tree.players[q].uniform_policy() for q in range(n)]) for m in populations[p]]
+        [
+            to_openspiel(game, tree, [m if q == p else tree.players[q].uniform_policy() for q in range(n)])
+            for m in populations[p]
+        ]
         for p in range(n)
     ]
     aggregated = policy_aggregator.PolicyAggregator(game).aggregate(

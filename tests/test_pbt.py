@@ -10,7 +10,9 @@ from marl_core.pbt.settings import PBTSettings
 
 
 def _settings(**values) -> PBTSettings:
-    return PBTSettings(**{"perturbation_interval": 5, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}}, **values})
+    return PBTSettings(
+        **{"perturbation_interval": 5, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}}, **values}
+    )
 
 
 def test_quantiles_are_a_rounded_up_fraction_and_at_most_half():
@@ -24,7 +26,9 @@ def test_quantiles_are_a_rounded_up_fraction_and_at_most_half():
 
 
 def test_a_perturbed_value_is_multiplied_by_a_factor_and_an_integer_stays_one():
-    settings = _settings(resample_probability=0.0, hyperparam_mutations={"lr": {"uniform": [0, 1]}, "epochs": {"randint": [1, 100]}})
+    settings = _settings(
+        resample_probability=0.0, hyperparam_mutations={"lr": {"uniform": [0, 1]}, "epochs": {"randint": [1, 100]}}
+    )
     rng = np.random.default_rng(0)
     seen_lr, seen_epochs = set(), set()
     for _ in range(200):
@@ -46,12 +50,14 @@ def test_a_list_value_moves_one_place_and_stays_in_the_list():
 
 
 def test_resampling_draws_from_the_mutation_and_a_stranger_to_its_list_is_always_resampled():
-    settings = _settings(resample_probability=1.0, hyperparam_mutations={"lr": {"loguniform": [1e-5, 1e-2]}, "batch": [32, 64]})
+    settings = _settings(
+        resample_probability=1.0, hyperparam_mutations={"lr": {"loguniform": [1e-5, 1e-2]}, "batch": [32, 64]}
+    )
     rng = np.random.default_rng(2)
     draws = [explore({"lr": 1.0, "batch": 32}, settings, rng) for _ in range(2000)]
     lrs = np.array([d["lr"] for d in draws])
     assert lrs.min() >= 1e-5 and lrs.max() <= 1e-2
-    assert np.mean(lrs < 10 ** -3.5) == pytest.approx(0.5, abs=0.04)  # log-uniform: half below the log midpoint
+    assert np.mean(lrs < 10**-3.5) == pytest.approx(0.5, abs=0.04)  # log-uniform: half below the log midpoint
     assert {d["batch"] for d in draws} == {32, 64}
     never = _settings(resample_probability=0.0, hyperparam_mutations={"batch": [32, 64]})
     assert {explore({"batch": 48}, never, rng)["batch"] for _ in range(50)} == {32, 64}
@@ -68,7 +74,11 @@ def test_each_bottom_member_copies_a_top_one_and_the_lineage_says_so():
         assert entry.before == {"lr": 1e-7}
         assert entry.after == {"lr": hyperparams[entry.source]["lr"] * 2.0}
         assert (entry.step, entry.member_score, entry.source_score) == (10, scores[entry.member], scores[entry.source])
-    sources = [e.source for _ in range(300) for e in exploit_and_explore(10, scores, hyperparams, settings, np.random.default_rng(_))]
+    sources = [
+        e.source
+        for _ in range(300)
+        for e in exploit_and_explore(10, scores, hyperparams, settings, np.random.default_rng(_))
+    ]
     assert set(sources) == {1, 3}  # uniformly among the top
 
 
@@ -96,12 +106,27 @@ def test_bad_settings_are_refused():
 def _pbt_config(**values):
     from marl_core.pbt.marl import PBTConfig
 
-    marl = dict(env="pettingzoo:mpe2.simple_spread_v3", algorithm="mappo", rounds=4, steps_per_round=25, envs_per_worker=2, eval_episodes=4)
-    return PBTConfig(**{
-        "marl": marl, "population": 4, "members": [{"lr": 1e-7}, {"lr": 1e-7}],
-        "pbt": {"perturbation_interval": 2, "quantile_fraction": 0.5, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}}},
-        **values,
-    })
+    marl = dict(
+        env="pettingzoo:mpe2.simple_spread_v3",
+        algorithm="mappo",
+        rounds=4,
+        steps_per_round=25,
+        envs_per_worker=2,
+        eval_episodes=4,
+    )
+    return PBTConfig(
+        **{
+            "marl": marl,
+            "population": 4,
+            "members": [{"lr": 1e-7}, {"lr": 1e-7}],
+            "pbt": {
+                "perturbation_interval": 2,
+                "quantile_fraction": 0.5,
+                "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 1e-2]}},
+            },
+            **values,
+        }
+    )
 
 
 def test_a_copied_learner_keeps_its_new_learning_rate():
@@ -118,8 +143,13 @@ def test_a_copied_learner_keeps_its_new_learning_rate():
     for policy, network in source.policies.items():
         for a, b in zip(network.parameters(), copy.policies[policy].parameters()):
             assert torch.equal(a, b)
-    rates = {group["lr"] for o in vars(copy).values() for opt in (o.values() if isinstance(o, dict) else [o])
-             if isinstance(opt, torch.optim.Optimizer) for group in opt.param_groups}
+    rates = {
+        group["lr"]
+        for o in vars(copy).values()
+        for opt in (o.values() if isinstance(o, dict) else [o])
+        if isinstance(opt, torch.optim.Optimizer)
+        for group in opt.param_groups
+    }
     assert rates == {0.00123}
 
 
@@ -146,7 +176,9 @@ def test_at_each_point_the_bottom_half_copies_the_top_half_and_the_lineage_says_
 def test_pbt_refuses_mutations_the_algorithm_does_not_have():
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match=r"pbt.hyperparam_mutations: \['learning_rate'\] are not settings of mappo"):
+    with pytest.raises(
+        ValidationError, match=r"pbt.hyperparam_mutations: \['learning_rate'\] are not settings of mappo"
+    ):
         _pbt_config(pbt={"perturbation_interval": 2, "hyperparam_mutations": {"learning_rate": [0.1]}})
     with pytest.raises(ValidationError, match="members: 5 given for a population of 4"):
         _pbt_config(members=[{}] * 5)
@@ -166,9 +198,15 @@ def test_settings_in_a_section_are_mutated_by_their_dotted_name():
     from marl_core.pbt.marl import PBTConfig, PBTState
     from marl_core.pbt.settings import merged
 
-    marl = dict(env="pettingzoo:mpe2.simple_spread_v3", algorithm="ippo", rounds=4, settings={"ppo": {"lr": 3e-4, "epochs": 2}})
-    config = PBTConfig(marl=marl, population=2, members=[{"ppo": {"lr": 1e-7}}],
-                       pbt={"perturbation_interval": 2, "hyperparam_mutations": {"ppo.lr": {"loguniform": [1e-5, 1e-2]}}})
+    marl = dict(
+        env="pettingzoo:mpe2.simple_spread_v3", algorithm="ippo", rounds=4, settings={"ppo": {"lr": 3e-4, "epochs": 2}}
+    )
+    config = PBTConfig(
+        marl=marl,
+        population=2,
+        members=[{"ppo": {"lr": 1e-7}}],
+        pbt={"perturbation_interval": 2, "hyperparam_mutations": {"ppo.lr": {"loguniform": [1e-5, 1e-2]}}},
+    )
     assert config.hyperparameters(0) == {"ppo.lr": 1e-7} and config.hyperparameters(1) == {"ppo.lr": 3e-4}
     assert config.member_config(0).algorithm_settings.ppo.epochs == 2
     assert merged({"ppo": {"lr": 3e-4, "epochs": 2}}, {"ppo.lr": 2e-4}) == {"ppo": {"lr": 2e-4, "epochs": 2}}

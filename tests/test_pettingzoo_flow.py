@@ -14,12 +14,12 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
+from processes import run_config
 
-from flows.tracking.registry_members import load_member, open_store, parse_member
 from flows.tracking import layout
+from flows.tracking.registry_members import load_member, open_store, parse_member
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.storage import NETWORK_FILE, WEIGHTS_FILE
-from processes import run_config
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def adversary_run(tmp_path_factory):
         "episodes: 20\n"
         "best_response: {episodes: 100, episodes_per_round: 50}\n"
         "approx_exploitability: {every: 1, episodes: 100, eval_episodes: 20}\n"
-        "rollout: {workers: 2, envs_per_worker: 8}\n"
+        "rollout: {workers: 2, envs_per_worker: 8}\n",
     )
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("mpe").experiment_id])[0]
@@ -52,7 +52,12 @@ def test_the_run_finishes_cleanly_and_reports_only_approximate_exploitability(ad
     assert run.info.status == "FINISHED"
     assert "Traceback" not in result.stderr and "ERROR" not in result.stderr, result.stderr[-3000:]
     assert run.data.params["eval"] == "sampled" and run.data.params["meta_solver"] == "prd"
-    for name in ("approx_exploitability", "approx_exploitability_stderr", "approx_nash_conv", "adversary/approx_best_response_gain"):
+    for name in (
+        "approx_exploitability",
+        "approx_exploitability_stderr",
+        "approx_nash_conv",
+        "adversary/approx_best_response_gain",
+    ):
         history = client.get_metric_history(run.info.run_id, name)
         assert sorted(m.step for m in history) == list(range(ITERATIONS + 1)), name
     stderr = client.get_metric_history(run.info.run_id, "approx_exploitability_stderr")
@@ -80,7 +85,9 @@ def test_each_role_registers_its_networks_as_weights_only(adversary_run):
         versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
         assert len(versions) == ITERATIONS + 1
         for version in versions[1:]:  # the first member is the uniform policy
-            files = {Path(a.path).name for a in client.list_artifacts(version.run_id, layout.member_path_in(version.source))}
+            files = {
+                Path(a.path).name for a in client.list_artifacts(version.run_id, layout.member_path_in(version.source))
+            }
             assert files == {NETWORK_FILE, WEIGHTS_FILE}, files
             member = load_member(store, parse_member(f"{name}/{version.version}"))
             assert isinstance(member.policy, NeuralPolicy) and member.role == role

@@ -13,7 +13,10 @@ from marl_core.psro.steps import iterate_psro_local
 
 # Kuhn poker, DQN responses of 600 episodes in rounds of 200: seconds per iteration.
 QUICK = {
-    "game": "kuhn_poker", "oracle": "dqn", "iterations": 3, "seed": 5,
+    "game": "kuhn_poker",
+    "oracle": "dqn",
+    "iterations": 3,
+    "seed": 5,
     "best_response": {"episodes": 600, "episodes_per_round": 200},
     "rollout": {"workers": 2, "envs_per_worker": 8},
     "dqn": {"learning_starts": 100, "epsilon_decay_steps": 800},
@@ -37,12 +40,19 @@ def test_the_plateau_rule_compares_the_last_window_with_the_one_before_from_chec
 
 
 def test_a_pipeline_needs_a_learned_oracle():
-    with pytest.raises(ConfigError, match="pipeline: oracle 'exact' computes each best response at once; a pipeline needs a learned oracle"):
+    with pytest.raises(
+        ConfigError,
+        match="pipeline: oracle 'exact' computes each best response at once; a pipeline needs a learned oracle",
+    ):
         build_config({"game": "kuhn_poker", "pipeline": {"active_levels": 2}})
 
 
 def _snapshot(state):
-    return state.payoffs.mean.copy(), [m.copy() for m in state.meta_strategy], [p.tables.copy() for p in state.populations]
+    return (
+        state.payoffs.mean.copy(),
+        [m.copy() for m in state.meta_strategy],
+        [p.tables.copy() for p in state.populations],
+    )
 
 
 def test_one_active_level_without_a_plateau_is_sequential_psro_exactly():
@@ -68,11 +78,18 @@ def test_one_active_level_without_a_plateau_is_sequential_psro_exactly():
 
 
 def test_two_levels_learn_at_once_and_freeze_in_order_at_their_plateau():
-    config = build_config({
-        **QUICK, "iterations": 4,
-        "best_response": {"episodes": 2000, "episodes_per_round": 200},
-        "pipeline": {"active_levels": 2, "window": 400, "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800}},
-    })
+    config = build_config(
+        {
+            **QUICK,
+            "iterations": 4,
+            "best_response": {"episodes": 2000, "episodes_per_round": 200},
+            "pipeline": {
+                "active_levels": 2,
+                "window": 400,
+                "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800},
+            },
+        }
+    )
     seen = []
     original = Pipeline.train_until_frozen
 
@@ -107,7 +124,6 @@ def test_two_levels_learn_at_once_and_freeze_in_order_at_their_plateau():
     assert records[-1][0].exploitability < records[0][0].exploitability
 
 
-
 @pytest.mark.slow  # two `psro` runs, each with its own Prefect server and local Ray
 def test_a_killed_pipeline_run_resumes_keeping_every_frozen_member_and_registering_none_twice(tmp_path):
     """SIGKILL after iteration 2's members are registered and before its commit; `psro resume`
@@ -121,19 +137,27 @@ def test_a_killed_pipeline_run_resumes_keeping_every_frozen_member_and_registeri
 
     import mlflow
     import yaml
+    from mlflow_reads import registered_members
+    from processes import assert_all_exited, mlflow_store, prefect_home
 
     from flows.tracking.layout import COMMITTED_TAG, FINAL_PAYOFFS
     from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
     from marl_core.empirical_game.payoffs import PayoffTable
-    from mlflow_reads import registered_members
-    from processes import assert_all_exited, mlflow_store, prefect_home
 
     iterations, killed_at = 3, 2
     store = mlflow_store(tmp_path)
     settings = {
-        **QUICK, "iterations": iterations, "tracking_uri": store, "experiment": "piped", "num_cpus": 2,
+        **QUICK,
+        "iterations": iterations,
+        "tracking_uri": store,
+        "experiment": "piped",
+        "num_cpus": 2,
         "best_response": {"episodes": 1200, "episodes_per_round": 200},
-        "pipeline": {"active_levels": 2, "window": 400, "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800}},
+        "pipeline": {
+            "active_levels": 2,
+            "window": 400,
+            "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800},
+        },
     }
     (tmp_path / "piped.yaml").write_text(yaml.safe_dump(settings))
     home = prefect_home(tmp_path / "prefect-home")
@@ -141,8 +165,14 @@ def test_a_killed_pipeline_run_resumes_keeping_every_frozen_member_and_registeri
     env["PREFECT_HOME"] = str(home)
     psro = str(Path(sys.executable).with_name("psro"))
 
-    crashed = subprocess.run([psro, "run", "--config", "piped.yaml"], cwd=tmp_path, env={**env, KILL_BEFORE_COMMIT: str(killed_at)},
-                             capture_output=True, text=True, timeout=600)
+    crashed = subprocess.run(
+        [psro, "run", "--config", "piped.yaml"],
+        cwd=tmp_path,
+        env={**env, KILL_BEFORE_COMMIT: str(killed_at)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-3000:]
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("piped").experiment_id])
@@ -151,8 +181,14 @@ def test_a_killed_pipeline_run_resumes_keeping_every_frozen_member_and_registeri
         assert registered_members(client, "piped", role) == [(member, member) for member in range(killed_at + 1)]
     assert_all_exited(f"PREFECT_HOME={home}", timeout=60)
 
-    resumed = subprocess.run([psro, "resume", run.info.run_id, "--tracking-uri", store], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [psro, "resume", run.info.run_id, "--tracking-uri", store],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     for role in ("player_0", "player_1"):  # each member exactly once, the redone iteration's included
@@ -164,7 +200,9 @@ def test_a_killed_pipeline_run_resumes_keeping_every_frozen_member_and_registeri
 
     import pandas as pd
 
-    final = PayoffTable.from_frame(pd.read_csv(io.StringIO(Path(client.download_artifacts(run.info.run_id, FINAL_PAYOFFS)).read_text())))
+    final = PayoffTable.from_frame(
+        pd.read_csv(io.StringIO(Path(client.download_artifacts(run.info.run_id, FINAL_PAYOFFS)).read_text()))
+    )
     *_, (_, uninterrupted) = iterate_pipeline_local(build_config({**settings, "tracking_uri": "sqlite:///unused.db"}))
     kept = (slice(None), slice(0, killed_at), slice(0, killed_at))
     assert final.sizes == (iterations + 1, iterations + 1)

@@ -49,7 +49,12 @@ def _uniform_only(config: PSROConfig):
     populations = [Population.of(role, [UniformPolicy()]) for role in game.roles]
     payoffs = PayoffTable(game.num_roles)
     payoffs.grow((1,) * game.num_roles)
-    payoffs.record(payoffs.missing_profiles(), np.zeros((1, game.num_roles)), np.zeros((1, game.num_roles)), np.ones(1, dtype=np.int64))
+    payoffs.record(
+        payoffs.missing_profiles(),
+        np.zeros((1, game.num_roles)),
+        np.zeros((1, game.num_roles)),
+        np.ones(1, dtype=np.int64),
+    )
     meta = [np.ones(1) for _ in game.roles]
     record = IterationRecord(0, [1] * game.num_roles, None, [[1.0]] * game.num_roles, {}, 0.0, 0.0, roles=game.roles)
     yield record, PSROState(populations, payoffs, meta)
@@ -63,8 +68,13 @@ def store(tmp_path_factory):
     os.chdir(work)  # the store's default artifact root (./mlruns) lands here
     try:
         kuhn = PSROConfig(game="kuhn_poker", iterations=2, tracking_uri=uri, experiment="kuhn")
-        connect_four = PSROConfig(game=CONNECT_FOUR, oracle="dqn", iterations=1, tracking_uri=uri, experiment="connect_four")
-        runs = {"kuhn": _track(kuhn, iterate_psro_local(kuhn)), "connect_four": _track(connect_four, _uniform_only(connect_four))}
+        connect_four = PSROConfig(
+            game=CONNECT_FOUR, oracle="dqn", iterations=1, tracking_uri=uri, experiment="connect_four"
+        )
+        runs = {
+            "kuhn": _track(kuhn, iterate_psro_local(kuhn)),
+            "connect_four": _track(connect_four, _uniform_only(connect_four)),
+        }
     finally:
         os.chdir(previous)
     return uri, runs
@@ -74,7 +84,10 @@ def _exact_outcomes(checkpoint, role: int) -> tuple[float, float, float]:
     """P(win), P(draw) and the expected return of `role`'s final mixture against uniform play,
     from Kuhn poker's tree: each terminal weighted by chance and every player's reach."""
     tree = build_tree("kuhn_poker")
-    tables = [checkpoint.populations[p].tables if p == role else tree.players[p].uniform_policy()[None] for p in range(tree.num_players)]
+    tables = [
+        checkpoint.populations[p].tables if p == role else tree.players[p].uniform_policy()[None]
+        for p in range(tree.num_players)
+    ]
     weights = [checkpoint.meta_strategy[p] if p == role else np.ones(1) for p in range(tree.num_players)]
     weight = tree.chance_reach.copy()
     for player, reach in zip(tree.players, mixed_reach(tree, tables, weights)):
@@ -112,7 +125,9 @@ def test_uniform_against_uniform_mirrors_across_the_seats_of_connect_four(store)
     for mine, theirs in ((first.wins, second.losses), (first.losses, second.wins)):
         p, q = mine / games, theirs / games
         assert abs(p - q) < 4 * np.sqrt((p * (1 - p) + q * (1 - q)) / games), (first, second)
-    assert abs(first.mean_return + second.mean_return) < 4 * np.hypot(first.mean_return_stderr, second.mean_return_stderr)
+    assert abs(first.mean_return + second.mean_return) < 4 * np.hypot(
+        first.mean_return_stderr, second.mean_return_stderr
+    )
 
 
 def test_the_command_line_plays_the_experiments_newest_finished_run(store):
@@ -126,8 +141,19 @@ def test_the_command_line_plays_the_experiments_newest_finished_run(store):
     client.set_terminated(evaluation, status="FINISHED")
     try:
         result = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "play_vs_uniform.py"), "--tracking-uri", uri, "--experiment", "connect_four", "--games", "50"],
-            capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "play_vs_uniform.py"),
+                "--tracking-uri",
+                uri,
+                "--experiment",
+                "connect_four",
+                "--games",
+                "50",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
     finally:
         client.delete_run(running)
@@ -142,7 +168,10 @@ def test_the_command_line_plays_the_experiments_newest_finished_run(store):
 
 
 BAD_INPUTS = [
-    (["--run-id", "0123456789abcdef0123456789abcdef"], "no MLflow run '0123456789abcdef0123456789abcdef' in sqlite:///"),
+    (
+        ["--run-id", "0123456789abcdef0123456789abcdef"],
+        "no MLflow run '0123456789abcdef0123456789abcdef' in sqlite:///",
+    ),
     (["--experiment", "nothing-here"], "no experiment 'nothing-here' in sqlite:///"),
     (["--games", "1"], "--games 1: play 2 or more"),
 ]
@@ -167,4 +196,6 @@ def test_a_missing_store_is_named_and_not_created(tmp_path, capsys):
 def test_a_uri_mlflow_cannot_open_fails_with_one_line(capsys):
     assert main(["--tracking-uri", "foo://bar", "--run-id", "0123456789abcdef0123456789abcdef"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: --tracking-uri foo://bar: ") and "unsupported URI" in err, err
+    assert err.count("\n") == 1 and err.startswith("error: --tracking-uri foo://bar: ") and "unsupported URI" in err, (
+        err
+    )

@@ -28,9 +28,9 @@ ITERATIONS = 4
 
 
 def _track_local_run(**settings) -> str:
+    from flows.tracking.run_tracker import RunTracker
     from marl_core.psro.config import PSROConfig
     from marl_core.psro.steps import iterate_psro_local
-    from flows.tracking.run_tracker import RunTracker
 
     config = PSROConfig(game="kuhn_poker", iterations=ITERATIONS, **settings)
     with RunTracker(config) as tracker:
@@ -67,10 +67,21 @@ def _stored_payoffs(uri: str, run_id: str) -> pd.DataFrame:
 def _evaluation(uri: str, stdout: str):
     """The payoff table and members the evaluate command logged, with each position's member index."""
     run_id = stdout.split("logged to MLflow run ")[1].split()[0]
-    table = pd.read_csv(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=layout.EVALUATION_PAYOFFS, tracking_uri=uri))
-    members = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=layout.EVALUATION_MEMBERS, tracking_uri=uri)).read_text())
+    table = pd.read_csv(
+        mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=layout.EVALUATION_PAYOFFS, tracking_uri=uri)
+    )
+    members = json.loads(
+        Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=layout.EVALUATION_MEMBERS, tracking_uri=uri
+            )
+        ).read_text()
+    )
     client = mlflow.MlflowClient(tracking_uri=uri)
-    index = {p: [layout.VersionTags.of(client.get_model_version(m["name"], m["version"]).tags).member for m in group] for p, group in members.items()}
+    index = {
+        p: [layout.VersionTags.of(client.get_model_version(m["name"], m["version"]).tags).member for m in group]
+        for p, group in members.items()
+    }
     return table, index
 
 
@@ -82,23 +93,45 @@ def _matching_rows(stored: pd.DataFrame, table: pd.DataFrame, index) -> pd.DataF
 
 def test_exact_evaluation_reproduces_the_stored_payoffs(store):
     work, uri, runs = store
-    result = _cli("evaluate", "--tracking-uri", uri,
-                  "--member", "exact-kuhn_poker-player_0@newest", "--member", "exact-kuhn_poker-player_0/2",
-                  "--member", "models:/exact-kuhn_poker-player_1/1", "--member", "exact-kuhn_poker-player_1/4")
+    result = _cli(
+        "evaluate",
+        "--tracking-uri",
+        uri,
+        "--member",
+        "exact-kuhn_poker-player_0@newest",
+        "--member",
+        "exact-kuhn_poker-player_0/2",
+        "--member",
+        "models:/exact-kuhn_poker-player_1/1",
+        "--member",
+        "exact-kuhn_poker-player_1/4",
+    )
     assert result.exit_code == 0, result.output
     assert "payoffs by exact evaluation" in result.output and "exact-kuhn_poker-player_0/5" in result.output
     table, index = _evaluation(uri, result.output)
     assert index == {"0": [ITERATIONS, 1], "1": [0, 3]}  # @newest is the last member; version v is member v-1
     expected = _matching_rows(_stored_payoffs(uri, runs["exact"]), table, index)
     assert len(table) == 4
-    np.testing.assert_array_equal(table[["payoff_0", "payoff_1"]].to_numpy(), expected[["payoff_0", "payoff_1"]].to_numpy())
+    np.testing.assert_array_equal(
+        table[["payoff_0", "payoff_1"]].to_numpy(), expected[["payoff_0", "payoff_1"]].to_numpy()
+    )
 
 
 def test_sampled_evaluation_agrees_within_standard_errors(store):
     work, uri, runs = store
     members = [f"sampled-kuhn_poker-player_{p}/{v}" for p in (0, 1) for v in (1, 3, 5)]
-    result = _cli("evaluate", "--tracking-uri", uri, "--eval", "sampled", "--episodes", "400", "--seed", "7",
-                  *[arg for m in members for arg in ("--member", m)])
+    result = _cli(
+        "evaluate",
+        "--tracking-uri",
+        uri,
+        "--eval",
+        "sampled",
+        "--episodes",
+        "400",
+        "--seed",
+        "7",
+        *[arg for m in members for arg in ("--member", m)],
+    )
     assert result.exit_code == 0, result.output
     assert "stderr 0" in result.output
     table, index = _evaluation(uri, result.output)
@@ -127,16 +160,37 @@ def test_export_of_a_run_passes_openspiels_check(store, tmp_path):
 
 
 BAD_INPUTS = [
-    (["evaluate", "--member", "exact-kuhn_poker-player_0"], "member 'exact-kuhn_poker-player_0' is not NAME@ALIAS or NAME/VERSION"),
-    (["evaluate", "--member", "exact-kuhn_poker-player_0/zero"], "member 'exact-kuhn_poker-player_0/zero' is not NAME@ALIAS or NAME/VERSION"),
+    (
+        ["evaluate", "--member", "exact-kuhn_poker-player_0"],
+        "member 'exact-kuhn_poker-player_0' is not NAME@ALIAS or NAME/VERSION",
+    ),
+    (
+        ["evaluate", "--member", "exact-kuhn_poker-player_0/zero"],
+        "member 'exact-kuhn_poker-player_0/zero' is not NAME@ALIAS or NAME/VERSION",
+    ),
     (["evaluate", "--member", "no-such-model@newest"], "no registered model 'no-such-model' in sqlite:///"),
-    (["evaluate", "--member", "exact-kuhn_poker-player_0@latest"], "model 'exact-kuhn_poker-player_0' has no alias 'latest'; its aliases: newest"),
-    (["evaluate", "--member", "exact-kuhn_poker-player_0/99"], "model 'exact-kuhn_poker-player_0' has no version 99; its versions: 1-5"),
+    (
+        ["evaluate", "--member", "exact-kuhn_poker-player_0@latest"],
+        "model 'exact-kuhn_poker-player_0' has no alias 'latest'; its aliases: newest",
+    ),
+    (
+        ["evaluate", "--member", "exact-kuhn_poker-player_0/99"],
+        "model 'exact-kuhn_poker-player_0' has no version 99; its versions: 1-5",
+    ),
     (["evaluate", "--member", "exact-kuhn_poker-player_0/1"], "no member for role 'player_1' of kuhn_poker"),
-    (["evaluate", "--member", "exact-kuhn_poker-player_0/1", "--eval", "approximate"], "unknown evaluator 'approximate'; choose one of: exact, sampled"),
-    (["export", "--run", "0123456789abcdef0123456789abcdef", "out"], "no MLflow run '0123456789abcdef0123456789abcdef' in sqlite:///"),
+    (
+        ["evaluate", "--member", "exact-kuhn_poker-player_0/1", "--eval", "approximate"],
+        "unknown evaluator 'approximate'; choose one of: exact, sampled",
+    ),
+    (
+        ["export", "--run", "0123456789abcdef0123456789abcdef", "out"],
+        "no MLflow run '0123456789abcdef0123456789abcdef' in sqlite:///",
+    ),
     (["export", "--run", "not-a-run", "out"], "no MLflow run 'not-a-run' in sqlite:///"),
-    (["export", "--run", "0123456789abcdef0123456789abcdef", "/etc"], "export='/etc': directory '/etc' exists and is not empty"),
+    (
+        ["export", "--run", "0123456789abcdef0123456789abcdef", "/etc"],
+        "export='/etc': directory '/etc' exists and is not empty",
+    ),
 ]
 
 

@@ -68,11 +68,13 @@ def test_plain_lines_come_when_work_starts_then_at_most_every_interval():
     view = PlainLines(lines.append, every=10, clock=clock)
     response = lambda done, elapsed: Progress("best response player_0 (iteration 3)", done, 3000, "episodes", elapsed)
     training = lambda done, elapsed: Progress("mappo training", done, 64_000, "steps", elapsed)
-    for second, shown in enumerate([
-        [response(0, 0.5)],
-        [response(400, 1.5)],
-        [response(1200, 2.0), training(0, 0.2)],
-    ]):
+    for second, shown in enumerate(
+        [
+            [response(0, 0.5)],
+            [response(400, 1.5)],
+            [response(1200, 2.0), training(0, 0.2)],
+        ]
+    ):
         clock.now = second
         view.show(shown)
     clock.now = 10.0
@@ -136,15 +138,21 @@ def test_a_learned_psro_run_reports_every_response_up_to_its_budget(monkeypatch)
     from marl_core.psro.steps import iterate_psro_local
 
     ended = _recording_ends(monkeypatch)
-    config = build_config(dict(
-        game="kuhn_poker", oracle="ppo", iterations=1, rollout={"workers": 2, "envs_per_worker": 4},
-        best_response={"episodes": 300, "episodes_per_round": 100},
-        approx_exploitability={"every": 1, "episodes": 200, "eval_episodes": 50},
-    ))
+    config = build_config(
+        dict(
+            game="kuhn_poker",
+            oracle="ppo",
+            iterations=1,
+            rollout={"workers": 2, "envs_per_worker": 4},
+            best_response={"episodes": 300, "episodes_per_round": 100},
+            approx_exploitability={"every": 1, "episodes": 200, "eval_episodes": 50},
+        )
+    )
     list(iterate_psro_local(config))
     assert sorted((p.label, p.done, p.total, p.unit) for p in ended) == [
         (f"approximate-exploitability response player_{role} (iteration {iteration})", 200, 200, "episodes")
-        for role in (0, 1) for iteration in (0, 1)
+        for role in (0, 1)
+        for iteration in (0, 1)
     ] + [
         ("best response player_0 (iteration 1)", 300, 300, "episodes"),
         ("best response player_1 (iteration 1)", 300, 300, "episodes"),
@@ -156,7 +164,9 @@ def test_a_sampled_psro_run_reports_each_iterations_payoff_evaluation(monkeypatc
     from marl_core.psro.steps import iterate_psro_local
 
     ended = _recording_ends(monkeypatch)
-    config = build_config(dict(game="kuhn_poker", eval="sampled", episodes=20, iterations=1, rollout={"workers": 2, "envs_per_worker": 4}))
+    config = build_config(
+        dict(game="kuhn_poker", eval="sampled", episodes=20, iterations=1, rollout={"workers": 2, "envs_per_worker": 4})
+    )
     list(iterate_psro_local(config))
     assert [(p.label, p.done, p.total, p.unit) for p in ended] == [
         ("payoff evaluation (iteration 0)", 20, 20, "episodes"),  # the 1x1 table
@@ -169,13 +179,23 @@ def test_a_marl_run_reports_its_training_steps_round_by_round(monkeypatch):
     from marl_core.marl.training import MARLConfig
 
     ended = _recording_ends(monkeypatch)
-    config = MARLConfig(env="pettingzoo:mpe2.simple_spread_v3", algorithm="ippo", rounds=3, steps_per_round=10,
-                        workers=2, envs_per_worker=2, eval_every=3, eval_episodes=2)
+    config = MARLConfig(
+        env="pettingzoo:mpe2.simple_spread_v3",
+        algorithm="ippo",
+        rounds=3,
+        steps_per_round=10,
+        workers=2,
+        envs_per_worker=2,
+        eval_every=3,
+        eval_episodes=2,
+    )
     list(iterate_marl_local(config))
     assert [(p.label, p.done, p.total, p.unit) for p in ended] == [("ippo training", 120, 120, "steps")]
 
 
-@pytest.mark.parametrize("command", [["run", "--game", "kuhn_poker"], ["marl", "run", "--env", "pettingzoo:mpe2.simple_spread_v3"]])
+@pytest.mark.parametrize(
+    "command", [["run", "--game", "kuhn_poker"], ["marl", "run", "--env", "pettingzoo:mpe2.simple_spread_v3"]]
+)
 def test_a_bad_progress_interval_is_one_line_before_anything_starts(command, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

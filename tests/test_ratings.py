@@ -97,7 +97,11 @@ def test_a_snapshot_starts_at_its_parents_rating_and_self_play_rates_nothing():
     ratings.add("other")
     ratings.record(Game("main", "other", 1, 0))
     ratings.add("main@1", like="main")
-    assert (ratings["main@1"].elo, ratings["main@1"].mu, ratings["main@1"].sigma) == (ratings["main"].elo, ratings["main"].mu, ratings["main"].sigma)
+    assert (ratings["main@1"].elo, ratings["main@1"].mu, ratings["main@1"].sigma) == (
+        ratings["main"].elo,
+        ratings["main"].mu,
+        ratings["main"].sigma,
+    )
     assert ratings["main@1"].games == 0
     before = ratings["main"]
     ratings.record(Game("main", "main", 1, -1))
@@ -129,13 +133,18 @@ def test_a_round_robin_plays_every_pairing_and_rates_round_by_round():
     always_pass = tree.players[1].uniform_policy() * 0
     always_pass[:, 0] = 1.0  # check, or fold to a bet
     players = [
-        [("bet", TabularPolicy("kuhn_poker", 0, always_bet)), ("uniform", TabularPolicy("kuhn_poker", 0, tree.players[0].uniform_policy()))],
+        [
+            ("bet", TabularPolicy("kuhn_poker", 0, always_bet)),
+            ("uniform", TabularPolicy("kuhn_poker", 0, tree.players[0].uniform_policy())),
+        ],
         [("fold", TabularPolicy("kuhn_poker", 1, always_pass))],
     ]
     games = round_robin(psro_game("kuhn_poker"), players, episodes=6, seed=3)
     assert [g.home for g in games] == ["bet", "uniform"] * 6  # round by round, not pairing by pairing
     assert all(g.away == "fold" for g in games)
-    assert all((g.home_return, g.away_return) == (1.0, -1.0) for g in games if g.home == "bet")  # a bet is always folded to
+    assert all(
+        (g.home_return, g.away_return) == (1.0, -1.0) for g in games if g.home == "bet"
+    )  # a bet is always folded to
     ratings = rate(games)
     assert [row["player"] for row in ratings.table()][0] == "bet"
     assert ratings["bet"].games == ratings["uniform"].games == 6 and ratings["fold"].games == 12

@@ -22,7 +22,16 @@ from marl_core.psro.config import GAME_DEFAULTS, ConfigError, build_config
 from marl_core.psro.oracles import ORACLES
 from marl_core.rl import ALGORITHMS
 
-REGISTRIES = [ALGORITHMS, MARL_ALGORITHMS, ORACLES, META_SOLVERS, EVALUATORS, ENVIRONMENT_SOURCES, WEIGHTINGS, MATCHMAKING]
+REGISTRIES = [
+    ALGORITHMS,
+    MARL_ALGORITHMS,
+    ORACLES,
+    META_SOLVERS,
+    EVALUATORS,
+    ENVIRONMENT_SOURCES,
+    WEIGHTINGS,
+    MATCHMAKING,
+]
 
 
 @pytest.mark.parametrize("registry", REGISTRIES, ids=lambda registry: registry.kind)
@@ -64,7 +73,10 @@ def test_a_bad_setting_of_an_algorithm_is_one_line_naming_it_and_what_is_allowed
     assert str(misspelt.value) == f"{name}.sed=5: Extra inputs are not permitted; {name} takes: {fields}"
     with pytest.raises(ConfigError) as wrong_type:
         build_config({"oracle": name, name: {"seed": "five"}})
-    assert str(wrong_type.value) == f"{name}.seed='five': Input should be a valid integer, unable to parse string as an integer"
+    assert (
+        str(wrong_type.value)
+        == f"{name}.seed='five': Input should be a valid integer, unable to parse string as an integer"
+    )
 
 
 def test_exact_has_no_settings():
@@ -81,11 +93,15 @@ def test_every_rl_algorithm_is_a_working_oracle_on_kuhn(name):
     from marl_core.psro import steps
 
     torch.set_num_threads(1)
-    config = build_config({
-        "oracle": name, "iterations": 1, "seed": 1,
-        "best_response": {"episodes": 1500, "episodes_per_round": 500},
-        "rollout": {"workers": 1, "envs_per_worker": 16},
-    })
+    config = build_config(
+        {
+            "oracle": name,
+            "iterations": 1,
+            "seed": 1,
+            "best_response": {"episodes": 1500, "episodes_per_round": 500},
+            "rollout": {"workers": 1, "envs_per_worker": 16},
+        }
+    )
     iterations = list(steps.iterate_psro_local(config))
     last_record, state = iterations[-1]
     assert len(iterations) == 2 and np.isfinite(last_record.exploitability)
@@ -100,7 +116,9 @@ def test_every_rl_algorithm_is_a_working_oracle_on_kuhn(name):
         assert last_record.oracle_metrics[f"player_{role}/oracle_gap_to_exact"] >= -1e-9
         # its parameters moved from where the response's seed started them (buffers such as
         # DQN's epsilon move without a gradient step)
-        untrained = ALGORITHMS[name].trainer(member.obs_size, member.num_actions, ALGORITHMS.settings(name)(**member.config))
+        untrained = ALGORITHMS[name].trainer(
+            member.obs_size, member.num_actions, ALGORITHMS.settings(name)(**member.config)
+        )
         start = dict(untrained.policy.named_parameters())
         assert any(not torch.equal(start[key], value) for key, value in member.network.named_parameters())
 

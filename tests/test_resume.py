@@ -18,16 +18,15 @@ from pathlib import Path
 
 import mlflow
 import pytest
-
+from mlflow_reads import final_tables, registered_members, uninterrupted_tables
+from processes import assert_all_exited, mlflow_store, prefect_home
 from typer.testing import CliRunner
 
 from flows import cli
-from marl_core.psro.config import build_config
 from flows.tracking.layout import COMMITTED_TAG, CONFIG_ARTIFACT
 from flows.tracking.resume import find_resumable
 from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
-from mlflow_reads import final_tables, registered_members, uninterrupted_tables
-from processes import assert_all_exited, mlflow_store, prefect_home
+from marl_core.psro.config import build_config
 
 ITERATIONS = 6
 ROLES = ("player_0", "player_1")  # kuhn_poker's populations
@@ -41,8 +40,18 @@ def _env(home: Path, **extra: str) -> dict:
 
 
 def _settings(store: str, experiment: str) -> list[str]:
-    return ["--game", "kuhn_poker", "--iterations", str(ITERATIONS), "--tracking-uri", store,
-            "--experiment", experiment, "--num-cpus", "2"]
+    return [
+        "--game",
+        "kuhn_poker",
+        "--iterations",
+        str(ITERATIONS),
+        "--tracking-uri",
+        store,
+        "--experiment",
+        experiment,
+        "--num-cpus",
+        "2",
+    ]
 
 
 def _only_run(client, experiment: str):
@@ -56,8 +65,14 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     home = prefect_home(tmp_path / "prefect-home")
 
-    crashed = subprocess.run([PSRO, "run", *_settings(store, "crash")], cwd=tmp_path,
-                             env=_env(home, **{KILL_BEFORE_COMMIT: str(KILLED_AT)}), capture_output=True, text=True, timeout=600)
+    crashed = subprocess.run(
+        [PSRO, "run", *_settings(store, "crash")],
+        cwd=tmp_path,
+        env=_env(home, **{KILL_BEFORE_COMMIT: str(KILLED_AT)}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
     run_id = _only_run(client, "crash").info.run_id
     assert client.get_run(run_id).data.tags[COMMITTED_TAG] == str(KILLED_AT - 1)
@@ -66,10 +81,18 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     # The server stops itself once its driver is gone, and Ray's reaper stops Ray.
     assert_all_exited(f"PREFECT_HOME={home}", timeout=60)
 
-    config = build_config({"game": "kuhn_poker", "iterations": ITERATIONS, "tracking_uri": store, "experiment": "crash"})
+    config = build_config(
+        {"game": "kuhn_poker", "iterations": ITERATIONS, "tracking_uri": store, "experiment": "crash"}
+    )
     assert find_resumable(config) == run_id  # what `psro run ... --resume` continues
-    resumed = subprocess.run([PSRO, "resume", run_id, "--tracking-uri", store], cwd=tmp_path, env=_env(home),
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [PSRO, "resume", run_id, "--tracking-uri", store],
+        cwd=tmp_path,
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"resuming run {run_id}" in resumed.stdout
     first_line = next(line for line in resumed.stdout.splitlines() if line.startswith("iter "))
@@ -93,11 +116,15 @@ def store(tmp_path_factory) -> tuple[Path, str]:
     return directory, uri
 
 
-@pytest.mark.parametrize("stored, named", [
-    ({"ray_address": "127.0.0.1:1"}, "ray_address='127.0.0.1:1': nothing answers"),
-    ({"export": "previous"}, "export='previous': directory 'previous' exists and is not empty"),
-    ({"meta_solver": "retired"}, "'retired'"),
-], ids=["unreachable-ray", "used-export-dir", "unknown-meta-solver"])
+@pytest.mark.parametrize(
+    "stored, named",
+    [
+        ({"ray_address": "127.0.0.1:1"}, "ray_address='127.0.0.1:1': nothing answers"),
+        ({"export": "previous"}, "export='previous': directory 'previous' exists and is not empty"),
+        ({"meta_solver": "retired"}, "'retired'"),
+    ],
+    ids=["unreachable-ray", "used-export-dir", "unknown-meta-solver"],
+)
 def test_resume_refuses_a_stored_setting_that_no_longer_works(store, monkeypatch, stored, named):
     """The settings come from the run's logged config, so they get the checks `psro run` makes."""
     directory, uri = store

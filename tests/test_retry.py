@@ -24,8 +24,8 @@ from mlflow_reads import final_tables, registered_members, uninterrupted_tables
 from processes import assert_all_exited, mlflow_store, prefect_home, wait_until
 
 from flows.tracking.layout import COMMITTED_TAG
-from marl_core.psro.config import build_config
 from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
+from marl_core.psro.config import build_config
 
 pytestmark = pytest.mark.slow
 
@@ -43,9 +43,19 @@ class Served:
         self.log_path = work / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("psro")), "serve", "--deployment", "kuhn-smoke",
-             "--prefect-yaml", str(ROOT / "prefect.yaml")],
-            cwd=work, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                str(Path(sys.executable).with_name("psro")),
+                "serve",
+                "--deployment",
+                "kuhn-smoke",
+                "--prefect-yaml",
+                str(ROOT / "prefect.yaml"),
+            ],
+            cwd=work,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def stop(self) -> None:
@@ -79,23 +89,41 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     server = LocalPrefectServer(prefect_home(home))
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
-    env.update(PREFECT_HOME=str(home), PREFECT_API_URL=server.url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_RUNNER_POLL_FREQUENCY="1")  # the serving process looks for scheduled runs every second, not every 10
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=server.url,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_RUNNER_POLL_FREQUENCY="1",
+    )  # the serving process looks for scheduled runs every second, not every 10
     serving = Served(tmp_path, {**env, KILL_BEFORE_COMMIT: str(KILLED_AT)}, "serve-crashing")
     try:
         server.wait()
         deployment = wait_until(lambda: _deployment(server.url), 120, "psro serve to register kuhn-smoke")
 
         def config_of(experiment: str) -> dict:
-            return {"game": "kuhn_poker", "meta_solver": "nash", "iterations": ITERATIONS, "num_cpus": 2,
-                    "tracking_uri": store, "experiment": experiment}
+            return {
+                "game": "kuhn_poker",
+                "meta_solver": "nash",
+                "iterations": ITERATIONS,
+                "num_cpus": 2,
+                "tracking_uri": store,
+                "experiment": experiment,
+            }
 
         def trigger(experiment: str):
-            return _prefect(server.url, "create_flow_run_from_deployment", deployment.id, parameters={"config": config_of(experiment)}).id
+            return _prefect(
+                server.url,
+                "create_flow_run_from_deployment",
+                deployment.id,
+                parameters={"config": config_of(experiment)},
+            ).id
 
         def final_state(flow_run_id, timeout: float = 300):
-            return wait_until(lambda: (s := _prefect(server.url, "read_flow_run", flow_run_id).state).is_final() and s,
-                         timeout, f"flow run {flow_run_id} to end")
+            return wait_until(
+                lambda: (s := _prefect(server.url, "read_flow_run", flow_run_id).state).is_final() and s,
+                timeout,
+                f"flow run {flow_run_id} to end",
+            )
 
         crashed = trigger("retried")
         state = final_state(crashed)
@@ -107,16 +135,26 @@ def test_a_crashed_deployment_run_retried_as_the_ui_does_continues_its_mlflow_ru
 
         serving.stop()  # the crashed node comes back: served again, without the fault
         serving = Served(tmp_path, env, "serve")
-        _prefect(server.url, "set_flow_run_state", crashed, Scheduled(name="AwaitingRetry", message="Retry from the UI"), force=True)
+        _prefect(
+            server.url,
+            "set_flow_run_state",
+            crashed,
+            Scheduled(name="AwaitingRetry", message="Retry from the UI"),
+            force=True,
+        )
         state = final_state(crashed)
         assert state.is_completed(), (state, serving.log_path.read_text()[-3000:])
         assert _prefect(server.url, "read_flow_run", crashed).run_count == 2
 
         runs = client.search_runs([client.get_experiment_by_name("retried").experiment_id])
-        assert [r.info.run_id for r in runs] == [run.info.run_id], "the retry did not continue the crashed attempt's MLflow run"
+        assert [r.info.run_id for r in runs] == [run.info.run_id], (
+            "the retry did not continue the crashed attempt's MLflow run"
+        )
         retried = client.get_run(run.info.run_id)
         assert retried.info.status == "FINISHED"
-        assert final_tables(client, retried.info.run_id, ITERATIONS) == uninterrupted_tables(build_config(config_of("retried")))
+        assert final_tables(client, retried.info.run_id, ITERATIONS) == uninterrupted_tables(
+            build_config(config_of("retried"))
+        )
         for role in ROLES:  # each member exactly once, the redone one included
             assert registered_members(client, "retried", role) == [(m, m) for m in range(ITERATIONS + 1)]
     finally:

@@ -51,8 +51,11 @@ def _round_trip(state):
 
 def _policies(obs_size=6, num_actions=5):
     q_policy = QPolicy(obs_size, num_actions, DQNConfig(epsilon_start=1.0))
-    return [q_policy, ActorCriticPolicy(obs_size, num_actions, PPOConfig()),
-            ActorCriticPolicy(obs_size, num_actions, PPOConfig(shared_trunk=True))]
+    return [
+        q_policy,
+        ActorCriticPolicy(obs_size, num_actions, PPOConfig()),
+        ActorCriticPolicy(obs_size, num_actions, PPOConfig(shared_trunk=True)),
+    ]
 
 
 @pytest.mark.parametrize("policy", _policies(), ids=["dqn", "ppo", "ppo-shared"])
@@ -107,7 +110,9 @@ def test_q_policy_with_epsilon_eval_means_and_plays_epsilon_greedy():
     np.testing.assert_allclose(policy.action_probs(obs, mask), expected, rtol=0, atol=1e-12)
     # evaluation acts with epsilon_eval, not the training schedule's epsilon (1.0 here)
     n = 20_000
-    actions, _ = policy.act(np.zeros((n, 2), np.float32), np.repeat(mask[:1], n, axis=0), False, np.random.default_rng(0))
+    actions, _ = policy.act(
+        np.zeros((n, 2), np.float32), np.repeat(mask[:1], n, axis=0), False, np.random.default_rng(0)
+    )
     frequencies = np.bincount(actions, minlength=4) / n
     np.testing.assert_allclose(frequencies, expected[0], atol=4 * np.sqrt(0.25 / n))
 
@@ -134,10 +139,14 @@ def test_ppo_log_probs_match_the_masked_softmax():
 
 def _tiny_experience(n=3, obs_size=2, num_actions=2):
     return Experience(
-        obs=np.zeros((n, obs_size), np.float32), mask=np.ones((n, num_actions), bool),
-        action=np.zeros(n, np.int64), reward=np.ones(n, np.float32),
-        next_obs=np.zeros((n, obs_size), np.float32), next_mask=np.ones((n, num_actions), bool),
-        done=np.zeros(n, bool), last=np.array([False] * (n - 1) + [True]),
+        obs=np.zeros((n, obs_size), np.float32),
+        mask=np.ones((n, num_actions), bool),
+        action=np.zeros(n, np.int64),
+        reward=np.ones(n, np.float32),
+        next_obs=np.zeros((n, obs_size), np.float32),
+        next_mask=np.ones((n, num_actions), bool),
+        done=np.zeros(n, bool),
+        last=np.array([False] * (n - 1) + [True]),
         extras={"logp": np.zeros(n, np.float32)},
     )
 
@@ -206,7 +215,6 @@ def test_a_trunk_shared_by_actor_and_critic_is_shipped_once_and_round_trips():
     assert fresh.actor[0] is fresh.critic[0]
 
 
-
 @pytest.mark.parametrize("name", ["dqn", "ppo", "a2c"])
 def test_policy_weights_round_trip(name):
     algorithm = ALGORITHMS[name]
@@ -233,8 +241,17 @@ def _random_rollout(policy, rng, steps=400, obs_size=5, num_actions=4) -> Experi
     next_obs, next_mask = _random_inputs(rng, steps, obs_size, num_actions)
     last = np.zeros(steps, bool)
     last[steps // 4 - 1 :: steps // 4] = True
-    return Experience(obs, mask, action, rng.normal(size=steps).astype(np.float32), next_obs, next_mask,
-                      done=rng.random(steps) < 0.1, last=last, extras=extras)
+    return Experience(
+        obs,
+        mask,
+        action,
+        rng.normal(size=steps).astype(np.float32),
+        next_obs,
+        next_mask,
+        done=rng.random(steps) < 0.1,
+        last=last,
+        extras=extras,
+    )
 
 
 @pytest.mark.parametrize("name", ["dqn", "ppo", "a2c"])
@@ -315,11 +332,14 @@ def _two_step_episodes(policy, contexts, rng) -> Experience:
         return np.stack([a, b], axis=1).reshape(2 * n, *a.shape[1:])
 
     return Experience(
-        obs=interleave(obs1, obs2), mask=interleave(mask1, mask2),
+        obs=interleave(obs1, obs2),
+        mask=interleave(mask1, mask2),
         action=interleave(first, second),
         reward=interleave(np.zeros(n), reward2).astype(np.float32),
-        next_obs=interleave(obs2, np.zeros_like(obs2)), next_mask=interleave(mask2, np.zeros_like(mask2)),
-        done=interleave(np.zeros(n, bool), np.ones(n, bool)), last=interleave(np.zeros(n, bool), np.ones(n, bool)),
+        next_obs=interleave(obs2, np.zeros_like(obs2)),
+        next_mask=interleave(mask2, np.zeros_like(mask2)),
+        done=interleave(np.zeros(n, bool), np.ones(n, bool)),
+        last=interleave(np.zeros(n, bool), np.ones(n, bool)),
     )
 
 
@@ -334,7 +354,9 @@ def test_dqn_values_are_mean_returns_under_noisy_rewards():
     obs = np.ones((n, 1), np.float32)
     mask = np.ones((n, 2), bool)
     batch = Experience(obs, mask, action, reward, obs, mask, np.ones(n, bool), np.ones(n, bool))
-    trainer = DQNTrainer(1, 2, DQNConfig(hidden=(16,), lr=3e-3, batch_size=256, learning_starts=0, train_every=10, seed=0))
+    trainer = DQNTrainer(
+        1, 2, DQNConfig(hidden=(16,), lr=3e-3, batch_size=256, learning_starts=0, train_every=10, seed=0)
+    )
     trainer.learn(batch)
     q = trainer.policy.q(torch.ones(1, 1)).detach().numpy()[0]
     assert q == pytest.approx([reward[action == 0].mean(), 0.9], abs=0.1)
@@ -342,8 +364,18 @@ def test_dqn_values_are_mean_returns_under_noisy_rewards():
 
 
 def test_dqn_learns_masked_two_step_task():
-    config = DQNConfig(hidden=(32,), gamma=0.9, lr=3e-3, learning_starts=200, batch_size=64, train_every=2,
-                       target_update_interval=50, epsilon_decay_steps=2_000, epsilon_end=0.2, seed=0)
+    config = DQNConfig(
+        hidden=(32,),
+        gamma=0.9,
+        lr=3e-3,
+        learning_starts=200,
+        batch_size=64,
+        train_every=2,
+        target_update_interval=50,
+        epsilon_decay_steps=2_000,
+        epsilon_end=0.2,
+        seed=0,
+    )
     trainer = DQNTrainer(5, 3, config)
     rng = np.random.default_rng(0)
     for _ in range(100):  # 100 batches of 16 episodes = 3,200 transitions
@@ -364,8 +396,9 @@ def test_dqn_learns_masked_two_step_task():
 
 
 def _cartpole(copies: int, seed: int) -> tuple[gym.vector.SyncVectorEnv, np.ndarray]:
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * copies,
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1")] * copies, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
     obs, _ = envs.reset(seed=seed)
     return envs, obs
 
@@ -388,7 +421,9 @@ def _collect(envs, policy, obs, steps, rng) -> tuple[Experience, np.ndarray]:
         if "final_obs" in info:
             ended = info["_final_obs"]
             true_next[ended] = np.stack(info["final_obs"][ended])
-        for key, value in zip(columns, (obs, action, reward, true_next, terminated, truncated | (t == steps - 1)), strict=True):
+        for key, value in zip(
+            columns, (obs, action, reward, true_next, terminated, truncated | (t == steps - 1)), strict=True
+        ):
             columns[key].append(value)
         for key, value in acted.items():
             extras.setdefault(key, []).append(value)
@@ -400,10 +435,14 @@ def _collect(envs, policy, obs, steps, rng) -> tuple[Experience, np.ndarray]:
 
     n = steps * copies
     experience = Experience(
-        obs=streams(columns["obs"]).astype(np.float32), mask=np.ones((n, num_actions), bool),
-        action=streams(columns["action"]).astype(np.int64), reward=streams(columns["reward"]).astype(np.float32),
-        next_obs=streams(columns["next_obs"]).astype(np.float32), next_mask=np.ones((n, num_actions), bool),
-        done=streams(columns["done"]), last=streams(columns["last"]),
+        obs=streams(columns["obs"]).astype(np.float32),
+        mask=np.ones((n, num_actions), bool),
+        action=streams(columns["action"]).astype(np.int64),
+        reward=streams(columns["reward"]).astype(np.float32),
+        next_obs=streams(columns["next_obs"]).astype(np.float32),
+        next_mask=np.ones((n, num_actions), bool),
+        done=streams(columns["done"]),
+        last=streams(columns["last"]),
         extras={key: streams(rows) for key, rows in extras.items()},
     )
     return experience, obs
@@ -411,8 +450,9 @@ def _collect(envs, policy, obs, steps, rng) -> tuple[Experience, np.ndarray]:
 
 def _evaluate(policy, episodes=20, seed=10_000) -> float:
     """Mean return of `episodes` deterministic (explore=False) episodes, run side by side."""
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * episodes,
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1")] * episodes, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
     obs, _ = envs.reset(seed=seed)
     returns, running = np.zeros(episodes), np.ones(episodes, bool)
     mask = np.ones((episodes, 2), bool)

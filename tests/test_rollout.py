@@ -15,9 +15,9 @@ from marl_core.policies.base import Observations, Policy
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS
-from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutWorker
 from marl_core.rollout.pool import PoolConfig, WorkerPool
 from marl_core.rollout.store import ParameterStore
+from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutWorker
 
 torch.set_num_threads(1)
 
@@ -92,7 +92,9 @@ def test_all_agents_of_a_role_act_with_the_member_drawn_for_the_episode():
     agents = PolicyMixture(tuple(Recorder(f"agent{m}", log) for m in range(3)), np.array([0.2, 0.3, 0.5]))
     adversary = PolicyMixture((Recorder("adversary", log),), np.array([1.0]))
     worker = RolloutWorker(ADVERSARY, envs_per_worker=4)
-    result = worker.collect(RolloutRequest(ADVERSARY_ROLES, {"adversary": adversary, "agent": agents}, episodes=30, seed=(2,)))
+    result = worker.collect(
+        RolloutRequest(ADVERSARY_ROLES, {"adversary": adversary, "agent": agents}, episodes=30, seed=(2,))
+    )
     steps: list[list] = []
     for name, size, has_infostates in log:
         assert not has_infostates  # PettingZoo gives no information states
@@ -120,7 +122,11 @@ def test_trembling_opponents_make_uniformly_random_moves_at_the_asked_rate(epsil
     # bet that is called: P = (e/2)^2 (1 - e/2) + (e/2)^2 = 0.375 at e = 1.
     passing = {f"player_{p}": PolicyMixture((_always("kuhn_poker", p, PASS, PASS),), np.array([1.0])) for p in (0, 1)}
     worker = RolloutWorker("kuhn_poker", envs_per_worker=8)
-    stakes = np.abs(worker.collect(RolloutRequest(PLAYERS, passing, episodes=4000, seed=(3,), opponent_epsilon=epsilon)).episode_returns[:, 0])
+    stakes = np.abs(
+        worker.collect(
+            RolloutRequest(PLAYERS, passing, episodes=4000, seed=(3,), opponent_epsilon=epsilon)
+        ).episode_returns[:, 0]
+    )
     called = (stakes == 2).mean()
     expected = (epsilon / 2) ** 2 * (2 - epsilon / 2)
     assert abs(called - expected) <= 4 * np.sqrt(max(expected * (1 - expected), 1e-12) / 4000)
@@ -139,7 +145,15 @@ def test_the_learner_never_trembles():
     store = ParameterStore()
     store.push(spec.key, 0, weights)
     worker = RolloutWorker("kuhn_poker", envs_per_worker=8, parameter_store=store)
-    request = RolloutRequest(PLAYERS, {"player_1": always_pass}, episodes=500, seed=(4,), learners={"player_0": spec}, explore=False, opponent_epsilon=1.0)
+    request = RolloutRequest(
+        PLAYERS,
+        {"player_1": always_pass},
+        episodes=500,
+        seed=(4,),
+        learners={"player_0": spec},
+        explore=False,
+        opponent_epsilon=1.0,
+    )
     result = worker.collect(request)
     stakes = np.abs(result.episode_returns[:, 0])
     assert np.all(result.experience["player_0"].action == PASS) and set(np.unique(stakes)) == {1.0}
@@ -156,7 +170,9 @@ def test_mixed_tabular_and_neural_members_in_one_population():
         "player_0": PolicyMixture((_always("kuhn_poker", 0, BET),), np.array([1.0])),
         "player_1": PolicyMixture((_always("kuhn_poker", 1, PASS), network), np.array([0.5, 0.5])),
     }
-    result = RolloutWorker("kuhn_poker", envs_per_worker=4).collect(RolloutRequest(PLAYERS, populations, 400, seed=(3,)))
+    result = RolloutWorker("kuhn_poker", envs_per_worker=4).collect(
+        RolloutRequest(PLAYERS, populations, 400, seed=(3,))
+    )
     folded, networked = result.draws[:, 1] == 0, result.draws[:, 1] == 1
     assert 150 < folded.sum() < 250
     assert np.all(result.episode_returns[folded, 0] == 1.0)
@@ -211,8 +227,12 @@ def test_a_request_is_deterministic_and_returns_exactly_the_asked_episodes():
     policy = ALGORITHMS["dqn"].policy(11, 2, spec.build.config)
     store.push("test", 1, policy.get_weights())
     request = RolloutRequest(
-        PLAYERS, {"player_1": _uniform("kuhn_poker", 1)}, episodes=37, seed=(3, 4),
-        learners={"player_0": spec}, weights_version=1,
+        PLAYERS,
+        {"player_1": _uniform("kuhn_poker", 1)},
+        episodes=37,
+        seed=(3, 4),
+        learners={"player_0": spec},
+        weights_version=1,
     )
     first = RolloutWorker("kuhn_poker", 5, store).collect(request)
     again = RolloutWorker("kuhn_poker", 5, store).collect(request)
@@ -235,8 +255,12 @@ def test_a_learner_role_of_two_agents_returns_both_agents_transitions():
     store = ParameterStore()
     store.push("shared", 1, ALGORITHMS["ppo"].policy(10, 5, spec.build.config).get_weights())
     request = RolloutRequest(
-        ADVERSARY_ROLES, {"adversary": adversary}, episodes=6, seed=(5,),
-        learners={"agent": spec}, weights_version=1,
+        ADVERSARY_ROLES,
+        {"adversary": adversary},
+        episodes=6,
+        seed=(5,),
+        learners={"agent": spec},
+        weights_version=1,
     )
     result = RolloutWorker(ADVERSARY, 3, store).collect(request)
     experience = result.experience["agent"].validate()
@@ -250,14 +274,26 @@ def test_a_learner_role_of_two_agents_returns_both_agents_transitions():
 @pytest.mark.parametrize(
     "populations, learner_role, message",
     [
-        ({"adversary": "recorder"}, None,
-         "simple_adversary_v3: agent 'agent_0' of role 'agent' has neither a learner nor a population (learners: [], populations: ['adversary'])"),
-        ({"adversary": "recorder", "agent": "recorder", "good": "recorder"}, None,
-         "simple_adversary_v3: role(s) ['good'] belong to no agent; the agents' roles are ['adversary', 'agent']"),
-        ({"adversary": "recorder", "agent": "recorder"}, "agent",
-         "role(s) ['agent'] are played by a learner; they cannot also have a population"),
-        ({"adversary": "recorder", "agent": "recorder"}, "good",
-         "simple_adversary_v3: role(s) ['good'] belong to no agent; the agents' roles are ['adversary', 'agent']"),
+        (
+            {"adversary": "recorder"},
+            None,
+            "simple_adversary_v3: agent 'agent_0' of role 'agent' has neither a learner nor a population (learners: [], populations: ['adversary'])",
+        ),
+        (
+            {"adversary": "recorder", "agent": "recorder", "good": "recorder"},
+            None,
+            "simple_adversary_v3: role(s) ['good'] belong to no agent; the agents' roles are ['adversary', 'agent']",
+        ),
+        (
+            {"adversary": "recorder", "agent": "recorder"},
+            "agent",
+            "role(s) ['agent'] are played by a learner; they cannot also have a population",
+        ),
+        (
+            {"adversary": "recorder", "agent": "recorder"},
+            "good",
+            "simple_adversary_v3: role(s) ['good'] belong to no agent; the agents' roles are ['adversary', 'agent']",
+        ),
     ],
     ids=["no-population", "unplayed-population", "learner-and-population", "learner-role-of-no-agent"],
 )
@@ -276,7 +312,9 @@ def test_mixture_weights_are_checked_when_the_mixture_is_made():
     member = _always("kuhn_poker", 0, BET)
     with pytest.raises(ValueError, match=r"^mixture weights must be non-negative and sum to 1, got \[0.5, 0.6\]$"):
         PolicyMixture((member, member), np.array([0.5, 0.6]))
-    with pytest.raises(ValueError, match=r"^a mixture of 2 members needs 2 weights \(at least one\), got shape \(1,\)$"):
+    with pytest.raises(
+        ValueError, match=r"^a mixture of 2 members needs 2 weights \(at least one\), got shape \(1,\)$"
+    ):
         PolicyMixture((member, member), np.array([1.0]))
 
 
@@ -299,8 +337,15 @@ def test_workers_pull_weights_once_per_request_and_only_when_newer():
     worker = RolloutWorker("kuhn_poker", 2, store)
 
     def request(version: int) -> RolloutRequest:
-        return RolloutRequest(PLAYERS, {"player_1": uniform}, 40, seed=(5,), learners={"player_0": spec},
-                              weights_version=version, explore=False)
+        return RolloutRequest(
+            PLAYERS,
+            {"player_1": uniform},
+            40,
+            seed=(5,),
+            learners={"player_0": spec},
+            weights_version=version,
+            explore=False,
+        )
 
     torch.manual_seed(1)
     store.push("test", 1, ALGORITHMS["dqn"].policy(11, 2, spec.build.config).get_weights())
@@ -337,8 +382,8 @@ def test_learned_best_response_to_a_fixed_kuhn_opponent_is_within_002_of_exact(o
     from marl_core.policies.population import Population
     from marl_core.policies.tabular import TabularPolicy
     from marl_core.psro.config import build_config
-    from marl_core.psro.oracles import OracleCall
     from marl_core.psro.learned_oracle import train_best_response
+    from marl_core.psro.oracles import OracleCall
 
     tree = build_tree("kuhn_poker")
     rng = np.random.default_rng(7)
@@ -356,10 +401,14 @@ def test_learned_best_response_to_a_fixed_kuhn_opponent_is_within_002_of_exact(o
         reaches = mixed_reach(tree, tables, meta)
         reaches[player] = sequence_reach(tree.players[player], response.policy.tabular[None])[0]
         assert response.value == pytest.approx(float(profile_values(tree, reaches)[player]))
-        assert exact - response.value <= 0.02, f"{oracle} player {player}: learned {response.value:.4f}, exact best response {exact:.4f}"
+        assert exact - response.value <= 0.02, (
+            f"{oracle} player {player}: learned {response.value:.4f}, exact best response {exact:.4f}"
+        )
         assert response.metrics["gap_to_exact"] == pytest.approx(exact - response.value)
         assert response.metrics["episodes"] == config.best_response.episodes
-        assert set(response.policy.weights()) == set(ALGORITHMS[oracle].policy(11, 2, config.oracle_settings).get_weights())
+        assert set(response.policy.weights()) == set(
+            ALGORITHMS[oracle].policy(11, 2, config.oracle_settings).get_weights()
+        )
 
 
 def test_a_mixture_draws_the_member_numpys_choice_draws_from_the_same_numbers():

@@ -15,15 +15,31 @@ import numpy as np
 import pytest
 import torch
 
-from marl_core.envs import EnvSpec, MultiAgentEnv, TimeStep, by_prefix, make_env, one_population_per_agent, shared_population
+from marl_core.envs import (
+    EnvSpec,
+    MultiAgentEnv,
+    TimeStep,
+    by_prefix,
+    make_env,
+    one_population_per_agent,
+    shared_population,
+)
 from marl_core.envs.api import check_actions
 from marl_core.games.tree import build_tree
 from marl_core.policies.base import Observations, sample_rows
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout.worker import AlgorithmPolicy, EnvSource, LearnerSpec, RolloutRequest, PolicyMixture, RolloutResult, RolloutWorker
 from marl_core.rollout.store import ParameterStore
+from marl_core.rollout.worker import (
+    AlgorithmPolicy,
+    EnvSource,
+    LearnerSpec,
+    PolicyMixture,
+    RolloutRequest,
+    RolloutResult,
+    RolloutWorker,
+)
 
 torch.set_num_threads(1)
 
@@ -31,7 +47,9 @@ SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 ADVERSARY = "pettingzoo:mpe2.simple_adversary_v3"
 
 
-def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: RolloutRequest, learner_role) -> RolloutResult:
+def _reference_collect(
+    env: EnvSource, envs_per_worker: int, policy, request: RolloutRequest, learner_role
+) -> RolloutResult:
     """The rollout loop as first written: a dict per transition, arrays built from lists."""
     envs = [make_env(env) if isinstance(env, str) else env() for _ in range(envs_per_worker)]
     agents = envs[0].spec.agents
@@ -51,8 +69,12 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
     finished, transitions, live, steps = [], [], {}, {}
 
     def begin(i, step):
-        live[i] = {"draws": [m.draw(rng) for m in mixtures], "returns": np.zeros(len(agents)),
-                   "streams": {}, "open": {}}
+        live[i] = {
+            "draws": [m.draw(rng) for m in mixtures],
+            "returns": np.zeros(len(agents)),
+            "streams": {},
+            "open": {},
+        }
         steps[i] = step
 
     def close(episode, agent, transition, next_obs, next_mask, done):
@@ -85,15 +107,22 @@ def _reference_collect(env: EnvSource, envs_per_worker: int, policy, request: Ro
                 episode = live[i]
                 if agent in episode["open"]:
                     close(episode, agent, episode["open"][agent], obs[j], mask[j], False)
-                episode["open"][agent] = dict(obs=obs[j], mask=mask[j], action=int(chosen[j]), reward=0.0,
-                                              extras={k: v[j] for k, v in extras.items()})
+                episode["open"][agent] = dict(
+                    obs=obs[j],
+                    mask=mask[j],
+                    action=int(chosen[j]),
+                    reward=0.0,
+                    extras={k: v[j] for k, v in extras.items()},
+                )
         for k, at in population_at.items():
             members = mixtures[k].members
             if at and tabular[k]:  # one draw for the whole population, rows of its stacked tables
-                probs = np.array([
-                    members[live[i]["draws"][k]].tabular[rows[agent][step.infos[agent]["infostate"]]]
-                    for i, agent, step in at
-                ])
+                probs = np.array(
+                    [
+                        members[live[i]["draws"][k]].tabular[rows[agent][step.infos[agent]["infostate"]]]
+                        for i, agent, step in at
+                    ]
+                )
                 chosen = sample_rows(probs, rng)
                 for j, (i, agent, _) in enumerate(at):
                     actions[i][agent] = int(chosen[j])
@@ -232,8 +261,14 @@ class _ScriptedTurns(MultiAgentEnv):
         mask[self._rng.integers(3)] = True
         self._masks = {agent: mask}
         observation = self._rng.random(4).astype(np.float32)
-        return TimeStep({agent: observation}, {agent: mask}, rewards, dict.fromkeys("ab", False),
-                        dict.fromkeys("ab", False), {agent: {}})
+        return TimeStep(
+            {agent: observation},
+            {agent: mask},
+            rewards,
+            dict.fromkeys("ab", False),
+            dict.fromkeys("ab", False),
+            {agent: {}},
+        )
 
 
 def _leduc_population(player: int, members: int, seed: int) -> PolicyMixture:
@@ -242,7 +277,9 @@ def _leduc_population(player: int, members: int, seed: int) -> PolicyMixture:
     legal = build_tree("leduc_poker").players[player].legal
     policies = rng.random((members, *legal.shape)) * legal
     policies /= policies.sum(axis=2, keepdims=True)
-    return PolicyMixture(tuple(TabularPolicy("leduc_poker", player, p) for p in policies), rng.dirichlet(np.ones(members)))
+    return PolicyMixture(
+        tuple(TabularPolicy("leduc_poker", player, p) for p in policies), rng.dirichlet(np.ones(members))
+    )
 
 
 def _networks(algorithm: str, obs_size: int, num_actions: int, members: int, seed: int) -> list[NeuralPolicy]:
@@ -258,7 +295,9 @@ PLAYERS = one_population_per_agent  # on OpenSpiel games each player is its own 
 def test_leduc_self_play_matches_the_reference_loop():
     # Both players one learner role (the benchmark's setting), an uneven split of episodes over copies.
     result = _run_both(
-        "leduc_poker", 7, "dqn",
+        "leduc_poker",
+        7,
+        "dqn",
         dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=61, seed=(5, 1)),
         epsilon_start=0.3,
     )
@@ -269,7 +308,9 @@ def test_leduc_against_a_population_with_ppo_extras_matches_the_reference_loop()
     # The table path (one draw per episode, sampled rows) and per-sample extras (logp, value).
     populations = {"player_1": _leduc_population(1, 3, seed=11)}
     result = _run_both(
-        "leduc_poker", 5, "ppo",
+        "leduc_poker",
+        5,
+        "ppo",
         dict(roles=PLAYERS, populations=populations, learner_role="player_0", episodes=40, seed=(9,)),
     )
     assert set(result.experience["player_0"].extras) == {"logp", "value"}
@@ -281,9 +322,17 @@ def test_leduc_greedy_learner_against_two_populations_matches_the_reference_loop
     populations = {"player_0": _leduc_population(0, 2, seed=1), "player_1": _leduc_population(1, 4, seed=2)}
     _run_both("leduc_poker", 4, "dqn", dict(roles=PLAYERS, populations=populations, episodes=9, seed=(2, 2)))
     _run_both(
-        "leduc_poker", 3, "dqn",
-        dict(roles=PLAYERS, populations={"player_0": populations["player_0"]}, learner_role="player_1",
-             episodes=10, seed=(4,), explore=False),
+        "leduc_poker",
+        3,
+        "dqn",
+        dict(
+            roles=PLAYERS,
+            populations={"player_0": populations["player_0"]},
+            learner_role="player_1",
+            episodes=10,
+            seed=(4,),
+            explore=False,
+        ),
     )
 
 
@@ -300,15 +349,21 @@ def test_mixed_tabular_and_neural_members_match_the_reference_loop():
 
 
 def test_no_episodes_returns_empty_arrays_like_the_reference_loop():
-    _run_both("leduc_poker", 3, "dqn",
-              dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=0, seed=(1,)))
+    _run_both(
+        "leduc_poker",
+        3,
+        "dqn",
+        dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=0, seed=(1,)),
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["dqn", "ppo"])
 def test_parallel_pettingzoo_env_matches_the_reference_loop(algorithm):
     # Three agents act in every step; rewards arrive every step, not only at the end.
     result = _run_both(
-        SPREAD, 3, algorithm,
+        SPREAD,
+        3,
+        algorithm,
         dict(roles=shared_population("agent"), populations={}, learner_role="agent", episodes=5, seed=(8, 0)),
     )
     assert len(result.experience["agent"]) == 5 * 25 * 3 and result.experience["agent"].reward.min() < 0
@@ -319,7 +374,9 @@ def test_pettingzoo_roles_with_network_populations_match_the_reference_loop():
     roles = by_prefix({"adversary_": "adversary", "agent_": "agent"})
     populations = {"agent": PolicyMixture(tuple(_networks("ppo", 10, 5, 3, seed=2)), np.array([0.2, 0.3, 0.5]))}
     result = _run_both(
-        ADVERSARY, 4, "ppo",
+        ADVERSARY,
+        4,
+        "ppo",
         dict(roles=roles, populations=populations, learner_role="adversary", episodes=9, seed=(1, 1)),
     )
     assert len(result.experience["adversary"]) == 9 * 25
@@ -327,7 +384,9 @@ def test_pettingzoo_roles_with_network_populations_match_the_reference_loop():
 
 def test_irregular_turns_truncations_and_early_rewards_match_the_reference_loop():
     result = _run_both(
-        _ScriptedTurns, 4, "dqn",
+        _ScriptedTurns,
+        4,
+        "dqn",
         dict(roles=shared_population("all"), populations={}, learner_role="all", episodes=30, seed=(6,)),
         epsilon_start=0.5,
     )

@@ -64,7 +64,9 @@ def test_sampled_payoffs_of_network_members_on_pettingzoo_average_each_roles_age
     config = PPOConfig().model_dump(mode="json")
     torch.manual_seed(3)
     populations = [
-        Population.of(role, [NeuralPolicy("ppo", config, game.obs_size[role], game.num_actions[role]) for _ in range(2)])
+        Population.of(
+            role, [NeuralPolicy("ppo", config, game.obs_size[role], game.num_actions[role]) for _ in range(2)]
+        )
         for role in game.roles
     ]
     pool = _pool(ADVERSARY, 2)
@@ -92,8 +94,16 @@ class NaNPool:
 
     def collect(self, requests, progress=None):
         return [
-            RolloutResult(experience={}, joint=None, episode_returns=np.array([[1.0, np.nan]] * r.episodes), episode_lengths=np.ones(r.episodes, np.int64),
-                          draws=np.zeros((r.episodes, 2), np.int64), env_steps=0, weights_version=0, seconds=0.0)
+            RolloutResult(
+                experience={},
+                joint=None,
+                episode_returns=np.array([[1.0, np.nan]] * r.episodes),
+                episode_lengths=np.ones(r.episodes, np.int64),
+                draws=np.zeros((r.episodes, 2), np.int64),
+                env_steps=0,
+                weights_version=0,
+                seconds=0.0,
+            )
             for r in requests
         ]
 
@@ -101,7 +111,10 @@ class NaNPool:
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(populations="swapped"), "kuhn_poker: populations are for roles ['player_1', 'player_0']; the game's roles are ['player_0', 'player_1'], in that order"),
+        (
+            dict(populations="swapped"),
+            "kuhn_poker: populations are for roles ['player_1', 'player_0']; the game's roles are ['player_0', 'player_1'], in that order",
+        ),
         (dict(profiles=[[0, 2]]), "kuhn_poker: profile [0, 2] names a member outside the populations' sizes [2, 2]"),
         (dict(profiles=[0, 1]), "kuhn_poker: profiles must be [m, 2] member indices, got shape (2,)"),
         (dict(episodes=0), "episodes must be a positive integer, got 0"),
@@ -117,5 +130,7 @@ def test_bad_input_is_one_line_naming_the_game_and_value(change, message):
     if args["populations"] == "swapped":
         args["populations"] = populations[::-1]
     with pytest.raises(ValueError) as raised:
-        evaluate_by_rollouts(args["pool"], game, args["populations"], args["profiles"], episodes=args["episodes"], seed=0)
+        evaluate_by_rollouts(
+            args["pool"], game, args["populations"], args["profiles"], episodes=args["episodes"], seed=0
+        )
     assert str(raised.value) == message

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from processes import assert_all_exited, mlflow_store, poll, prefect_home, wait_until
 
 pytestmark = pytest.mark.slow
@@ -32,8 +31,13 @@ def _env(home: Path) -> dict[str, str]:
 def psro_server(tmp_path):
     home = prefect_home(tmp_path / "prefect-home")
     log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([PSRO, "server", "--port", "0", "--num-cpus", "2"], env=_env(home), cwd=tmp_path,
-                              stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [PSRO, "server", "--port", "0", "--num-cpus", "2"],
+        env=_env(home),
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     state = home / "psro-server.json"
     try:
         wait_until(lambda: state.exists() or server.poll() is not None, 180, "the psro server to come up")
@@ -51,22 +55,49 @@ def test_runs_reuse_the_server_a_second_server_is_refused_and_sigterm_stops_ever
     server, home, state = psro_server
     run = subprocess.run(
         [PSRO, "run", "--game", "kuhn_poker", "--iterations", "2", "--tracking-uri", mlflow_store(tmp_path)],
-        env=_env(home), cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env=_env(home),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} (the running psro server's; Ray at {state['ray_address']})" in run.stdout
+    assert (
+        f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} (the running psro server's; Ray at {state['ray_address']})"
+        in run.stdout
+    )
     assert "done: 2 iterations" in run.stdout
     assert server.poll() is None, "the run must leave the server it reused running"
 
     # a MARL run reuses them the same way (it once started a Ray of its own beside the server's)
     (tmp_path / "marl.yaml").write_text("steps_per_round: 10\nworkers: 1\nenvs_per_worker: 1\neval_episodes: 1\n")
     marl = subprocess.run(
-        [PSRO, "marl", "run", "--config", "marl.yaml", "--env", "pettingzoo:mpe2.simple_spread_v3", "--algorithm", "ippo",
-         "--rounds", "1", "--tracking-uri", mlflow_store(tmp_path)],
-        env=_env(home), cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        [
+            PSRO,
+            "marl",
+            "run",
+            "--config",
+            "marl.yaml",
+            "--env",
+            "pettingzoo:mpe2.simple_spread_v3",
+            "--algorithm",
+            "ippo",
+            "--rounds",
+            "1",
+            "--tracking-uri",
+            mlflow_store(tmp_path),
+        ],
+        env=_env(home),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert marl.returncode == 0, marl.stdout[-2000:] + marl.stderr[-2000:]
-    assert f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} (the running psro server's; Ray at {state['ray_address']})" in marl.stdout
+    assert (
+        f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} (the running psro server's; Ray at {state['ray_address']})"
+        in marl.stdout
+    )
     assert "done: 1 rounds" in marl.stdout
     assert server.poll() is None
 
@@ -84,10 +115,13 @@ def test_runs_reuse_the_server_a_second_server_is_refused_and_sigterm_stops_ever
     assert_all_exited(f"PREFECT_HOME={home}")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--port", "80"], "error: port=80: choose a port from 1024 to 65535, or 0 for a free one"),
-    (["--num-cpus", "0"], "error: num_cpus=0: needs 1 or more"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--port", "80"], "error: port=80: choose a port from 1024 to 65535, or 0 for a free one"),
+        (["--num-cpus", "0"], "error: num_cpus=0: needs 1 or more"),
+    ],
+)
 def test_bad_server_settings_fail_in_one_line(tmp_path, args, message):
     result = subprocess.run([PSRO, "server", *args], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
@@ -103,8 +137,11 @@ def test_only_a_one_run_server_turns_its_scheduling_services_off(tmp_path, one_r
 
     server = LocalPrefectServer(tmp_path / "prefect-home", one_run=one_run)
     try:  # read empty while the process is still in its exec (seen once), so poll
-        environ = poll(lambda: Path(f"/proc/{server.process.pid}/environ").read_bytes().decode().split("\0"),
-                       lambda entries: len(entries) > 1, timeout=10)
+        environ = poll(
+            lambda: Path(f"/proc/{server.process.pid}/environ").read_bytes().decode().split("\0"),
+            lambda entries: len(entries) > 1,
+            timeout=10,
+        )
     finally:
         server.stop()
     off = {f"PREFECT_SERVER_SERVICES_{service}_ENABLED=false" for service in ONE_RUN_SERVICES_OFF}

@@ -28,7 +28,9 @@ def test_a_non_http_answer_is_not_healthy():
             connection, _ = listener.accept()
             with connection:
                 connection.recv(1024)
-                connection.sendall(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x03\x7f\xff\xff\xff\x00\x04\x00\x3f\x00\x01")
+                connection.sendall(
+                    b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x03\x7f\xff\xff\xff\x00\x04\x00\x3f\x00\x01"
+                )
 
         thread = threading.Thread(target=answer_in_binary, daemon=True)
         thread.start()

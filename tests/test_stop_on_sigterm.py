@@ -44,8 +44,14 @@ def test_sigterm_ends_a_wait_on_ray_unwinds_and_exits_143(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("ray")  # short: Ray's socket paths must fit in 107 characters
     marker = f"SIGTERM_TEST={tmp_path}"
     env = {**os.environ, "SIGTERM_TEST": str(tmp_path)}
-    process = subprocess.Popen([sys.executable, "-c", WAITS_ON_RAY, str(tmp_path), str(Path(__file__).parent)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", WAITS_ON_RAY, str(tmp_path), str(Path(__file__).parent)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert process.stdout.readline() == "waiting\n", process.stderr.read()[-3000:]
         process.send_signal(signal.SIGTERM)
@@ -84,12 +90,19 @@ def test_sigterm_stops_a_marl_run_as_ctrl_c_does_and_leaves_its_commits(tmp_path
     store = mlflow_store(tmp_path)
     (tmp_path / "run.yaml").write_text(MARL_RUN.format(store=store))
     home = prefect_home(tmp_path / "prefect-home")
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_", "MARL_"))}
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_", "MARL_"))
+    }
     output = tmp_path / "output.txt"
     with output.open("w") as sink:
-        process = subprocess.Popen([str(Path(sys.executable).with_name("psro")), "marl", "run", "--config", "run.yaml"],
-                                   cwd=tmp_path, env={**env, "PREFECT_HOME": str(home)}, stdout=sink, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("psro")), "marl", "run", "--config", "run.yaml"],
+            cwd=tmp_path,
+            env={**env, "PREFECT_HOME": str(home)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_until(lambda: "round    1 " in output.read_text() or process.poll() is not None, 300, "round 1")
         assert process.poll() is None, output.read_text()[-3000:]
@@ -103,4 +116,6 @@ def test_sigterm_stops_a_marl_run_as_ctrl_c_does_and_leaves_its_commits(tmp_path
             os.killpg(process.pid, signal.SIGKILL)
     client = mlflow.MlflowClient(tracking_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("marl").experiment_id])
-    assert run.info.status == "FAILED" and int(run.data.tags[layout.MARL_COMMITTED_TAG]) >= 1  # `psro marl resume` goes on from it
+    assert (
+        run.info.status == "FAILED" and int(run.data.tags[layout.MARL_COMMITTED_TAG]) >= 1
+    )  # `psro marl resume` goes on from it

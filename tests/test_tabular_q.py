@@ -20,8 +20,16 @@ A, B, UNSEEN = np.eye(3, dtype=np.float32)[:1], np.eye(3, dtype=np.float32)[1:2]
 def _experience(obs, action, reward, next_obs, done) -> Experience:
     mask = np.ones((len(action), 2), bool)
     done = np.asarray(done, bool)
-    return Experience(np.concatenate(obs), mask, np.asarray(action), np.asarray(reward, np.float32),
-                      np.concatenate(next_obs), mask.copy(), done, done.copy())
+    return Experience(
+        np.concatenate(obs),
+        mask,
+        np.asarray(action),
+        np.asarray(reward, np.float32),
+        np.concatenate(next_obs),
+        mask.copy(),
+        done,
+        done.copy(),
+    )
 
 
 def _two_states() -> Experience:
@@ -73,8 +81,10 @@ def test_weights_and_trainer_state_round_trip_and_continue_identically():
     worker_side = TabularQPolicy(3, 2, TabularQConfig())  # what a rollout worker builds, then loads
     worker_side.set_weights(_round_trip(original.policy.get_weights()))
     obs, mask = np.concatenate([A, B, UNSEEN] * 30), np.ones((90, 2), bool)
-    np.testing.assert_array_equal(worker_side.act(obs, mask, True, np.random.default_rng(3))[0],
-                                  original.policy.act(obs, mask, True, np.random.default_rng(3))[0])
+    np.testing.assert_array_equal(
+        worker_side.act(obs, mask, True, np.random.default_rng(3))[0],
+        original.policy.act(obs, mask, True, np.random.default_rng(3))[0],
+    )
 
     resumed = TabularQTrainer(3, 2, config)
     resumed.load_state_dict(_round_trip(original.state_dict()))
@@ -103,8 +113,13 @@ def test_a_learned_response_on_kuhn_is_the_exact_best_response():
     from marl_core.rollout.pool import WorkerPool
 
     torch.set_num_threads(1)
-    config = build_config({"oracle": "tabular_q", "best_response": {"episodes": 6000, "episodes_per_round": 1000},
-                           "rollout": {"workers": 1, "envs_per_worker": 32}})
+    config = build_config(
+        {
+            "oracle": "tabular_q",
+            "best_response": {"episodes": 6000, "episodes_per_round": 1000},
+            "rollout": {"workers": 1, "envs_per_worker": 32},
+        }
+    )
     populations, uniform = initial_populations(config), [np.ones(1), np.ones(1)]
     pool = WorkerPool(rollout_pool_config(config))
     for role in (0, 1):

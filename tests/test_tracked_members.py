@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from mlflow_reads import registered_members
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -36,7 +37,6 @@ from marl_core.policies.storage import load_policy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.game import psro_game
-from mlflow_reads import registered_members
 
 ROOT = Path(__file__).resolve().parents[1]
 GAME = "kuhn_poker"
@@ -70,7 +70,9 @@ def _network(player: int, seed: int, tabled: bool) -> NeuralPolicy:
     role = game.roles[player]
     torch.manual_seed(seed)
     member = NeuralPolicy("ppo", PPOConfig().model_dump(mode="json"), game.obs_size[role], game.num_actions[role])
-    return NeuralPolicy.of("ppo", member.config, member.network, tabularize(member.network, build_tree(GAME), player) if tabled else None)
+    return NeuralPolicy.of(
+        "ppo", member.config, member.network, tabularize(member.network, build_tree(GAME), player) if tabled else None
+    )
 
 
 def _random_table(player: int, rng) -> TabularPolicy:
@@ -181,7 +183,9 @@ def test_registry_versions_hold_weights_and_tables_only(store):
             files = {path.name for path in folder.rglob("*") if path.is_file()}
             assert files == expected[tags.member][player], (role, tags.member, files)
             if "weights.pt" in files:  # tensors only: torch's safe loader accepts it
-                assert all(isinstance(t, torch.Tensor) for t in torch.load(folder / "weights.pt", weights_only=True).values())
+                assert all(
+                    isinstance(t, torch.Tensor) for t in torch.load(folder / "weights.pt", weights_only=True).values()
+                )
             _assert_same_member(load_policy(folder, GAME, player), state.populations[player].members[tags.member])
 
 
@@ -198,7 +202,12 @@ def test_a_resumed_tracker_drops_the_uncommitted_iterations_versions_and_registe
             tracker.log_iteration(record, state)
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     client.set_tag(tracker.run_id, layout.COMMITTED_TAG, "1")
-    uncommitted = {role: client.get_model_version_by_alias(layout.registered_model_name("resumed", GAME, role), layout.NEWEST_ALIAS).version for role in ROLES}
+    uncommitted = {
+        role: client.get_model_version_by_alias(
+            layout.registered_model_name("resumed", GAME, role), layout.NEWEST_ALIAS
+        ).version
+        for role in ROLES
+    }
 
     checkpoint = load_checkpoint(uri, tracker.run_id)
     assert [len(p) for p in checkpoint.populations] == [2, 2]
@@ -208,7 +217,9 @@ def test_a_resumed_tracker_drops_the_uncommitted_iterations_versions_and_registe
         resumed.finish(state)
     for role in ROLES:
         assert registered_members(client, "resumed", role) == [(k, k) for k in range(ITERATIONS + 1)]
-        newest = client.get_model_version_by_alias(layout.registered_model_name("resumed", GAME, role), layout.NEWEST_ALIAS)
+        newest = client.get_model_version_by_alias(
+            layout.registered_model_name("resumed", GAME, role), layout.NEWEST_ALIAS
+        )
         assert newest.version != uncommitted[role] and newest.tags["member"] == "2"
 
 
@@ -219,11 +230,22 @@ def _cli(*args):
 def test_evaluate_plays_a_network_member_by_its_table(store):
     uri, runs = store
     _, state = runs["mixed"]
-    result = _cli("evaluate", "--tracking-uri", uri, "--member", "mixed-kuhn_poker-player_0/1",
-                  "--member", "mixed-kuhn_poker-player_0/2", "--member", "mixed-kuhn_poker-player_1/3")
+    result = _cli(
+        "evaluate",
+        "--tracking-uri",
+        uri,
+        "--member",
+        "mixed-kuhn_poker-player_0/1",
+        "--member",
+        "mixed-kuhn_poker-player_0/2",
+        "--member",
+        "mixed-kuhn_poker-player_1/3",
+    )
     assert result.exit_code == 0, result.output
     run_id = result.output.split("logged to MLflow run ")[1].split()[0]
-    table = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=layout.EVALUATION_PAYOFFS, tracking_uri=uri)
+    table = mlflow.artifacts.download_artifacts(
+        run_id=run_id, artifact_path=layout.EVALUATION_PAYOFFS, tracking_uri=uri
+    )
     frame = pd.read_csv(table, float_precision="round_trip")
     tables = [state.populations[0].tables[[0, 1]], state.populations[1].members[2].tabular[None]]
     expected = evaluate_exact(build_tree(GAME), tables, [(0, 0), (1, 0)])
@@ -232,7 +254,15 @@ def test_evaluate_plays_a_network_member_by_its_table(store):
 
 def test_evaluate_names_a_network_member_without_a_table(store):
     uri, _ = store
-    result = _cli("evaluate", "--tracking-uri", uri, "--member", "mixed-kuhn_poker-player_0/1", "--member", "mixed-kuhn_poker-player_1/2")
+    result = _cli(
+        "evaluate",
+        "--tracking-uri",
+        uri,
+        "--member",
+        "mixed-kuhn_poker-player_0/1",
+        "--member",
+        "mixed-kuhn_poker-player_1/2",
+    )
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "mixed-kuhn_poker-player_1/2 of kuhn_poker are networks without a tabular form" in result.output
 
@@ -247,14 +277,22 @@ def test_export_writes_the_networks_beside_tables_openspiel_accepts(store, tmp_p
 
     summary = verify(tmp_path / "export", tolerance=1e-6)
     assert summary["passed"] and summary["population_sizes"] == [ITERATIONS + 1] * 2, summary
-    written = sorted(p.relative_to(tmp_path / "export").as_posix() for p in (tmp_path / "export" / "policies").rglob("*") if p.is_file())
+    written = sorted(
+        p.relative_to(tmp_path / "export").as_posix()
+        for p in (tmp_path / "export" / "policies").rglob("*")
+        if p.is_file()
+    )
     members = [f"policies/{role}/member_{k}.json" for role in ROLES for k in range(ITERATIONS + 1)]
-    networks = [f"policies/{role}/member_1/{name}" for role in ROLES for name in ("network.json", "policy.json", "weights.pt")]
+    networks = [
+        f"policies/{role}/member_1/{name}" for role in ROLES for name in ("network.json", "policy.json", "weights.pt")
+    ]
     assert written == sorted(members + networks)
     for player, role in enumerate(ROLES):
         folder = tmp_path / "export" / "policies" / role / "member_1"
         _assert_same_member(load_policy(folder, GAME, player), state.populations[player].members[1])
-        assert json.loads((folder.parent / "member_1.json").read_text()) == json.loads((folder / "policy.json").read_text())
+        assert json.loads((folder.parent / "member_1.json").read_text()) == json.loads(
+            (folder / "policy.json").read_text()
+        )
 
 
 def test_export_of_a_network_without_a_table_fails_with_one_line(store, tmp_path):
@@ -286,7 +324,11 @@ def _adversary_iterations(roles):
         if iteration:
             torch.manual_seed(iteration)
             populations = [
-                population.added(NeuralPolicy("ppo", PPOConfig().model_dump(mode="json"), game.obs_size[role], game.num_actions[role]))
+                population.added(
+                    NeuralPolicy(
+                        "ppo", PPOConfig().model_dump(mode="json"), game.obs_size[role], game.num_actions[role]
+                    )
+                )
                 for role, population in zip(game.roles, populations)
             ]
         payoffs = payoffs.copy()
@@ -295,7 +337,12 @@ def _adversary_iterations(roles):
         mean = rng.normal(size=(len(missing), game.num_roles))
         payoffs.record(missing, mean, np.full_like(mean, 0.1), np.full(len(missing), 10))
         meta = [rng.dirichlet(np.ones(len(p))) for p in populations]
-        logged = {"approx_nash_conv": 0.5, "approx_nash_conv_stderr": 0.1, "approx_exploitability": 0.5 / game.num_roles, "approx_exploitability_stderr": 0.1 / game.num_roles}
+        logged = {
+            "approx_nash_conv": 0.5,
+            "approx_nash_conv_stderr": 0.1,
+            "approx_exploitability": 0.5 / game.num_roles,
+            "approx_exploitability_stderr": 0.1 / game.num_roles,
+        }
         yield Record(iteration, [m.tolist() for m in meta], logged), State(populations, payoffs, meta)
 
 
@@ -310,7 +357,9 @@ def adversary_store(tmp_path_factory):
     try:
         runs = {}
         for experiment, roles in (("roles", ROLE_TABLE), ("agents", None)):
-            config = PSROConfig(game=ADVERSARY, roles=roles, oracle="ppo", iterations=1, tracking_uri=uri, experiment=experiment)
+            config = PSROConfig(
+                game=ADVERSARY, roles=roles, oracle="ppo", iterations=1, tracking_uri=uri, experiment=experiment
+            )
             with RunTracker(config) as tracker:
                 for record, state in _adversary_iterations(roles):
                     tracker.log_iteration(record, state)
@@ -333,9 +382,20 @@ def test_evaluate_groups_members_by_the_roles_their_run_mapped_agents_to(adversa
 
     uri, runs = adversary_store
     _, state = runs["roles"]
-    result = _cli("evaluate", "--tracking-uri", uri, "--eval", "sampled", "--episodes", 40, "--seed", 3,
-                  *_adversary_member("roles", "adversary", 1), *_adversary_member("roles", "agent", 2),
-                  *_adversary_member("roles", "adversary", 2))
+    result = _cli(
+        "evaluate",
+        "--tracking-uri",
+        uri,
+        "--eval",
+        "sampled",
+        "--episodes",
+        40,
+        "--seed",
+        3,
+        *_adversary_member("roles", "adversary", 1),
+        *_adversary_member("roles", "agent", 2),
+        *_adversary_member("roles", "adversary", 2),
+    )
     assert result.exit_code == 0, result.output
     run_id = result.output.split("logged to MLflow run ")[1].split()[0]
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -354,8 +414,16 @@ def test_evaluate_groups_members_by_the_roles_their_run_mapped_agents_to(adversa
 
 def test_evaluate_refuses_members_of_runs_with_different_roles(adversary_store):
     uri, _ = adversary_store
-    result = _cli("evaluate", "--tracking-uri", uri, "--eval", "sampled",
-                  *_adversary_member("roles", "adversary", 1), *_adversary_member("agents", "agent_0", 1), *_adversary_member("agents", "agent_1", 1))
+    result = _cli(
+        "evaluate",
+        "--tracking-uri",
+        uri,
+        "--eval",
+        "sampled",
+        *_adversary_member("roles", "adversary", 1),
+        *_adversary_member("agents", "agent_0", 1),
+        *_adversary_member("agents", "agent_1", 1),
+    )
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "members come from runs with different roles: " in result.output
     assert "(adversary*->adversary, agent*->agent)" in result.output and "(one role per agent)" in result.output
@@ -378,4 +446,6 @@ def test_export_of_a_run_with_roles_writes_one_population_per_role(adversary_sto
     meta = json.loads((tmp_path / "export" / "meta_strategy.json").read_text())
     for r, role in enumerate(ROLE_TABLE):
         assert meta[str(r)] == state.meta_strategy[r].tolist()  # JSON round-trips floats exactly
-        _assert_same_member(load_policy(tmp_path / "export" / "policies" / role / "member_1"), state.populations[r].members[1])
+        _assert_same_member(
+            load_policy(tmp_path / "export" / "policies" / role / "member_1"), state.populations[r].members[1]
+        )

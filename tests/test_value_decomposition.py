@@ -16,15 +16,15 @@ import io
 import numpy as np
 import pytest
 import torch
+from joint_rollouts import JointRollouts
 
 from marl_core.envs import by_prefix
-from marl_core.marl.settings import QMIXConfig, VDNConfig
 from marl_core.marl.rounds import iterate_marl_local
+from marl_core.marl.settings import QMIXConfig, VDNConfig
 from marl_core.marl.training import MARLConfig
 from marl_core.marl.value_decomposition import JointReplayBuffer, QMixer, VDNMixer
 from marl_core.rl.dqn import QPolicy
 from marl_core.rl.settings import DQNConfig
-from joint_rollouts import JointRollouts
 
 torch.set_num_threads(1)
 
@@ -41,14 +41,30 @@ def train_two_step(algorithm: str, seed: int):
     gamma 0.99, a small replay buffer and batch, one gradient step per joint step. Returns the
     greedy evaluation returns (one per evaluation) and the trained learner."""
     settings = dict(
-        hidden=(32,), lr=5e-3, gamma=0.99, batch_size=32, buffer_size=500, learning_starts=0, train_every=1,
-        target_update_interval=100, epsilon_start=1.0, epsilon_end=1.0, seed=seed,
+        hidden=(32,),
+        lr=5e-3,
+        gamma=0.99,
+        batch_size=32,
+        buffer_size=500,
+        learning_starts=0,
+        train_every=1,
+        target_update_interval=100,
+        epsilon_start=1.0,
+        epsilon_end=1.0,
+        seed=seed,
     )
     if algorithm == "qmix":
         settings.update(mixing_embed=8, hypernet_hidden=16)
     config = MARLConfig(
-        env=TWO_STEP, algorithm=algorithm, settings=settings, rounds=30, steps_per_round=8, envs_per_worker=4,
-        eval_every=10, eval_episodes=4, seed=seed,
+        env=TWO_STEP,
+        algorithm=algorithm,
+        settings=settings,
+        rounds=30,
+        steps_per_round=8,
+        envs_per_worker=4,
+        eval_every=10,
+        eval_episodes=4,
+        seed=seed,
     )
     returns = []
     for record, learner in iterate_marl_local(config):

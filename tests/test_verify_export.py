@@ -63,11 +63,20 @@ def deterministic_policy(game, seed: int) -> policy_lib.TabularPolicy:
 def write_export(directory: pathlib.Path, game_string: str, populations, weights, nash_conv):
     """Write the framework's export layout; populations[p] is a list of TabularPolicy."""
     num_players = len(populations)
-    (directory / "summary.json").write_text(json.dumps({
-        "game": game_string, "num_players": num_players, "iterations": 1,
-        "nash_conv": nash_conv, "exploitability": nash_conv / num_players,
-        "meta_solver": "test", "oracle": "test", "wall_seconds": 0.0,
-    }))
+    (directory / "summary.json").write_text(
+        json.dumps(
+            {
+                "game": game_string,
+                "num_players": num_players,
+                "iterations": 1,
+                "nash_conv": nash_conv,
+                "exploitability": nash_conv / num_players,
+                "meta_solver": "test",
+                "oracle": "test",
+                "wall_seconds": 0.0,
+            }
+        )
+    )
     (directory / "meta_strategy.json").write_text(
         json.dumps({str(p): list(map(float, w)) for p, w in enumerate(weights)})
     )
@@ -124,8 +133,7 @@ def hand_mixture(game, populations, weights) -> policy_lib.TabularPolicy:
 def test_uniform_kuhn_matches_known_nash_conv(tmp_path):
     game = load_turn_based("kuhn_poker")
     uniform = policy_lib.TabularPolicy(game)
-    write_export(tmp_path, "kuhn_poker", [[uniform, uniform], [uniform]],
-                 [[0.3, 0.7], [1.0]], KUHN_UNIFORM_NASH_CONV)
+    write_export(tmp_path, "kuhn_poker", [[uniform, uniform], [uniform]], [[0.3, 0.7], [1.0]], KUHN_UNIFORM_NASH_CONV)
     result = verify_export.verify(tmp_path, 1e-9)
     assert result["openspiel_nash_conv"] == pytest.approx(KUHN_UNIFORM_NASH_CONV, abs=1e-12)
     assert result["openspiel_exploitability"] == pytest.approx(KUHN_UNIFORM_NASH_CONV / 2)
@@ -134,8 +142,10 @@ def test_uniform_kuhn_matches_known_nash_conv(tmp_path):
 
 def test_mixture_of_deterministic_kuhn_policies(tmp_path):
     game = load_turn_based("kuhn_poker")
-    populations = [[deterministic_policy(game, 1), deterministic_policy(game, 2)],
-                   [deterministic_policy(game, 3), deterministic_policy(game, 4)]]
+    populations = [
+        [deterministic_policy(game, 1), deterministic_policy(game, 2)],
+        [deterministic_policy(game, 3), deterministic_policy(game, 4)],
+    ]
     weights = [[0.25, 0.75], [0.6, 0.4]]
     expected = exploitability.nash_conv(game, hand_mixture(game, populations, weights))
     write_export(tmp_path, "kuhn_poker", populations, weights, expected)
@@ -169,10 +179,13 @@ def pure_rps_members(game, player):
     return members
 
 
-@pytest.mark.parametrize("weights, expected", [
-    ([[1 / 3, 1 / 3, 1 / 3], [1 / 3, 1 / 3, 1 / 3]], 0.0),  # the equilibrium
-    ([[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]], 1.0),  # player 1 gains 1 by playing paper
-])
+@pytest.mark.parametrize(
+    "weights, expected",
+    [
+        ([[1 / 3, 1 / 3, 1 / 3], [1 / 3, 1 / 3, 1 / 3]], 0.0),  # the equilibrium
+        ([[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]], 1.0),  # player 1 gains 1 by playing paper
+    ],
+)
 def test_turn_based_conversion_of_a_simultaneous_game(tmp_path, weights, expected):
     game = pyspiel.load_game(TURN_BASED_RPS)
     populations = [pure_rps_members(game, 0), pure_rps_members(game, 1)]
@@ -186,10 +199,14 @@ def test_a_simultaneous_game_string_is_refused_naming_its_conversion(tmp_path):
     """Turn-based policies under a simultaneous game's name: the script does not guess the
     conversion, it says which string the export should have named."""
     game = pyspiel.load_game(TURN_BASED_RPS)
-    write_export(tmp_path, "matrix_rps", [pure_rps_members(game, 0), pure_rps_members(game, 1)],
-                 [[1 / 3] * 3, [1 / 3] * 3], 0.0)
-    with pytest.raises(verify_export.ExportError, match=r"'matrix_rps' is a simultaneous-move game; .* "
-                       r"turn_based_simultaneous_game\(game=matrix_rps\(\)\)"):
+    write_export(
+        tmp_path, "matrix_rps", [pure_rps_members(game, 0), pure_rps_members(game, 1)], [[1 / 3] * 3, [1 / 3] * 3], 0.0
+    )
+    with pytest.raises(
+        verify_export.ExportError,
+        match=r"'matrix_rps' is a simultaneous-move game; .* "
+        r"turn_based_simultaneous_game\(game=matrix_rps\(\)\)",
+    ):
         verify_export.verify(tmp_path)
 
 
@@ -205,7 +222,9 @@ def test_psro_export_of_a_simultaneous_game_checks_with_openspiel_alone(tmp_path
     config = PSROConfig(game=game_string, iterations=2)
     records = []
     state = run_psro_local(config, on_iteration=lambda record, _: records.append(record))
-    psro_export(tmp_path, config, state.populations, state.meta_strategy, records[-1].report, records[-1].iteration, 0.0)
+    psro_export(
+        tmp_path, config, state.populations, state.meta_strategy, records[-1].report, records[-1].iteration, 0.0
+    )
 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["configured_game"] == game_string

@@ -21,10 +21,13 @@ def test_vtrace_equals_a_hand_computed_example():
     behaviour = np.log([0.25, 0.8, 0.3, 0.5, 0.5])
     target = np.log([0.5, 0.4, 0.3, 0.5, 0.5])
     trace = vtrace(
-        behaviour_logp=behaviour, target_logp=target,
-        reward=np.array([1.0, 0.0, 2.0, 1.0, 1.0]), value=np.array([1.0, 2.0, 3.0, 0.5, 0.5]),
+        behaviour_logp=behaviour,
+        target_logp=target,
+        reward=np.array([1.0, 0.0, 2.0, 1.0, 1.0]),
+        value=np.array([1.0, 2.0, 3.0, 0.5, 0.5]),
         next_value=np.array([0.0, 0.0, 4.0, 0.0, 99.0]),  # read only where last and not done
-        done=np.array([False, False, False, False, True]), last=np.array([False, False, True, False, True]),
+        done=np.array([False, False, False, False, True]),
+        last=np.array([False, False, True, False, True]),
         gamma=0.9,
     )
     np.testing.assert_allclose(trace.targets, [4.168, 3.52, 5.6, 1.9, 1.0], atol=1e-12)
@@ -35,8 +38,16 @@ def test_vtrace_equals_a_hand_computed_example():
 def test_clipping_thresholds_apply_where_the_paper_puts_them():
     """rho_bar truncates the TD errors, c_bar the traces, pg_rho_bar the policy gradient: one step,
     ratio 3, terminal, reward 1, V = 0.5 -> delta uses min(rho_bar, 3), advantage min(pg_rho_bar, 3)."""
-    args = dict(behaviour_logp=np.log([0.25]), target_logp=np.log([0.75]), reward=np.array([1.0]),
-                value=np.array([0.5]), next_value=np.array([0.0]), done=np.array([True]), last=np.array([True]), gamma=0.9)
+    args = dict(
+        behaviour_logp=np.log([0.25]),
+        target_logp=np.log([0.75]),
+        reward=np.array([1.0]),
+        value=np.array([0.5]),
+        next_value=np.array([0.0]),
+        done=np.array([True]),
+        last=np.array([True]),
+        gamma=0.9,
+    )
     trace = vtrace(**args, clipping=VTraceClipping(rho_bar=2.0, pg_rho_bar=1.5))
     assert trace.targets[0] == pytest.approx(0.5 + 2.0 * 0.5)
     assert trace.advantages[0] == pytest.approx(1.5 * (1.0 - 0.5))

@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 import ray
 import ray.cloudpickle
+from processes import start_bare_ray
 
 from marl_core.envs import OpenSpielEnv, one_population_per_agent
 from marl_core.games.tree import build_tree
-from marl_core.rl import ALGORITHMS
 from marl_core.policies.tabular import TabularPolicy
-from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest
+from marl_core.rl import ALGORITHMS
 from marl_core.rollout.pool import PoolConfig, WorkerPool
-from processes import start_bare_ray
+from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest
 
 pytestmark = pytest.mark.slow
 
@@ -87,8 +87,14 @@ def _requests(episodes: int) -> list[RolloutRequest]:
     uniform = PolicyMixture((TabularPolicy("leduc_poker", 1, tree.players[1].uniform_policy()),), np.array([1.0]))
     learner = LearnerSpec("learner", AlgorithmPolicy("dqn", ALGORITHMS["dqn"].config()))
     return [
-        RolloutRequest(one_population_per_agent, {"player_1": uniform}, episodes, seed=(worker,), learners={"player_0": learner},
-                       weights_version=1)
+        RolloutRequest(
+            one_population_per_agent,
+            {"player_1": uniform},
+            episodes,
+            seed=(worker,),
+            learners={"player_0": learner},
+            weights_version=1,
+        )
         for worker in range(2)
     ]
 
@@ -99,7 +105,9 @@ def _pids(pool: WorkerPool) -> list[int]:
 
 def test_a_worker_killed_during_rollout_is_replaced_and_its_request_replayed_exactly(local_ray, tmp_path):
     armed, fired = tmp_path / "armed", tmp_path / "fired"
-    pool = WorkerPool(PoolConfig(functools.partial(DiesOnce, armed, fired, KILL_AT_STEP), workers=2, envs_per_worker=8), on_ray=True)
+    pool = WorkerPool(
+        PoolConfig(functools.partial(DiesOnce, armed, fired, KILL_AT_STEP), workers=2, envs_per_worker=8), on_ray=True
+    )
     policy = ALGORITHMS["dqn"].policy(30, 3, ALGORITHMS["dqn"].config())
     pool.push("learner", 1, policy.get_weights())
     pids = _pids(pool)
@@ -129,7 +137,9 @@ def test_a_deterministic_error_fails_at_once_with_its_message(local_ray, tmp_pat
     """Ray replays a request after a worker dies, never after the request itself raised: the
     error comes back from the first attempt and the worker process stays."""
     attempts = tmp_path / "attempts"
-    pool = WorkerPool(PoolConfig(functools.partial(FailsEveryStep, attempts), workers=1, envs_per_worker=1), on_ray=True)
+    pool = WorkerPool(
+        PoolConfig(functools.partial(FailsEveryStep, attempts), workers=1, envs_per_worker=1), on_ray=True
+    )
     pool.push("learner", 1, ALGORITHMS["dqn"].policy(30, 3, ALGORITHMS["dqn"].config()).get_weights())
     pid = _pids(pool)[0]
     with pytest.raises(Exception, match="deterministic failure in the environment"):

@@ -80,14 +80,25 @@ class VersionTags:
 
     def as_tags(self) -> dict[str, str]:
         return {
-            "run_id": self.run_id, "game": self.game, "role": self.role, "member": str(self.member),
-            "iteration": str(self.iteration), META_WEIGHT_TAG: meta_weight_tag(self.meta_weight),
+            "run_id": self.run_id,
+            "game": self.game,
+            "role": self.role,
+            "member": str(self.member),
+            "iteration": str(self.iteration),
+            META_WEIGHT_TAG: meta_weight_tag(self.meta_weight),
         }
 
     @classmethod
-    def of(cls, tags: dict[str, str]) -> "VersionTags":
+    def of(cls, tags: dict[str, str]) -> VersionTags:
         """Raises KeyError naming the first missing tag: the version was not registered by a run."""
-        return cls(tags["run_id"], tags["game"], tags["role"], int(tags["member"]), int(tags["iteration"]), float(tags[META_WEIGHT_TAG]))
+        return cls(
+            tags["run_id"],
+            tags["game"],
+            tags["role"],
+            int(tags["member"]),
+            int(tags["iteration"]),
+            float(tags[META_WEIGHT_TAG]),
+        )
 
 
 def meta_weight_tag(weight: float) -> str:

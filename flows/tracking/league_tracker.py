@@ -21,7 +21,6 @@ import os
 import signal
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from flows.tracking import layout
 from flows.tracking.background import BackgroundTracker
@@ -67,10 +66,16 @@ def load_league_state(config, checkpoint: LeagueCheckpoint):
     game = psro_game_of(config)
     client = mlflow.MlflowClient(tracking_uri=config.tracking_uri)
     with tempfile.TemporaryDirectory() as directory:
-        slot = Path(client.download_artifacts(checkpoint.run_id, layout.league_checkpoint_path(checkpoint.generation), directory))
+        slot = Path(
+            client.download_artifacts(
+                checkpoint.run_id, layout.league_checkpoint_path(checkpoint.generation), directory
+            )
+        )
         saved = torch.load(slot / layout.LEAGUE_CHECKPOINT_FILE, weights_only=True)
         if saved["generation"] != checkpoint.generation:
-            raise ResumeError(f"run {checkpoint.run_id}: its checkpoint holds generation {saved['generation']}, its commit tag says {checkpoint.generation}")
+            raise ResumeError(
+                f"run {checkpoint.run_id}: its checkpoint holds generation {saved['generation']}, its commit tag says {checkpoint.generation}"
+            )
         league = League.from_state(config.league, saved["league"])
         members_root = Path(client.download_artifacts(checkpoint.run_id, "league/members", directory))
 
@@ -81,15 +86,23 @@ def load_league_state(config, checkpoint: LeagueCheckpoint):
         members.update({p.id: load(slot / "members", p.id) for p in league.players})
     trainers = {player: tuple(states) for player, states in saved["trainers"].items()}
     lineage = [LineageEntry(**e) for e in json.loads(saved["lineage"])]
-    return LeagueState(league, Ratings.from_state(saved["ratings"]), members, trainers, checkpoint.generation, json.loads(saved["settings"]), lineage)
+    return LeagueState(
+        league,
+        Ratings.from_state(saved["ratings"]),
+        members,
+        trainers,
+        checkpoint.generation,
+        json.loads(saved["settings"]),
+        lineage,
+    )
 
 
 class LeagueTracker(BackgroundTracker):
-    def __init__(self, config, resume: Optional[LeagueCheckpoint] = None):
+    def __init__(self, config, resume: LeagueCheckpoint | None = None):
         super().__init__()
         self.config = config
         self.resume = resume
-        self.run_id: Optional[str] = None
+        self.run_id: str | None = None
 
     def commit_seed(self, state) -> None:
         """A new run's generation 0: the seeded league, its snapshots registered."""
@@ -118,7 +131,9 @@ class LeagueTracker(BackgroundTracker):
             self._forget_uncommitted(self.resume.generation)
             return
         self.run_id = create_run(
-            self.client, config, f"league-{config.game}-{config.algorithm}",
+            self.client,
+            config,
+            f"league-{config.game}-{config.algorithm}",
             {"game": config.game, "algorithm": config.algorithm, "scenario": "league"},
         )
 
@@ -144,7 +159,9 @@ class LeagueTracker(BackgroundTracker):
 
         if metrics:
             now = int(time.time() * 1000)
-            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, generation) for k, v in metrics.items()])
+            self.client.log_batch(
+                self.run_id, metrics=[Metric(k, float(v), now, generation) for k, v in metrics.items()]
+            )
         with tempfile.TemporaryDirectory() as directory:
             root = Path(directory)
             tables = root / "tables"
@@ -159,9 +176,12 @@ class LeagueTracker(BackgroundTracker):
                 self._store_snapshot(root, state, snapshot)
             slot = root / "slot"
             saved = {
-                "generation": generation, "league": state.league.state(), "ratings": state.ratings.state(),
+                "generation": generation,
+                "league": state.league.state(),
+                "ratings": state.ratings.state(),
                 "trainers": {player: list(states) for player, states in state.trainers.items()},
-                "settings": json.dumps(state.settings), "lineage": json.dumps([dataclasses.asdict(e) for e in state.lineage]),
+                "settings": json.dumps(state.settings),
+                "lineage": json.dumps([dataclasses.asdict(e) for e in state.lineage]),
             }
             self._save_members(slot / "members", state, [p.id for p in state.league.players])
             torch.save(saved, slot / layout.LEAGUE_CHECKPOINT_FILE)
@@ -190,7 +210,9 @@ class LeagueTracker(BackgroundTracker):
                 continue
             name = layout.registered_model_name(self.config.experiment, self.config.game, role)
             ensure_registered_model(self.client, name, f"league snapshots of {self.config.game}, role {role}")
-            tags = layout.VersionTags(self.run_id, self.config.game, role, index, snapshot.generation, float("nan")).as_tags()
+            tags = layout.VersionTags(
+                self.run_id, self.config.game, role, index, snapshot.generation, float("nan")
+            ).as_tags()
             tags.update(snapshot=snapshot.id, parent=snapshot.parent, kind=snapshot.kind)
             version = self.client.create_model_version(name, f"{artifact_uri}/{path}", run_id=self.run_id, tags=tags)
             self.client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
@@ -212,13 +234,21 @@ class LeagueTracker(BackgroundTracker):
         if curves:
             figures[layout.RATINGS_PLOT] = plots.ratings_curve(curves, f"league ratings on {self.config.game}")
         everyone = state.league.table.players
-        figures[layout.WIN_RATE_HEATMAP] = plots.win_rate_heatmap(state.league.table.win_rate_matrix(everyone), everyone, f"win rates on {self.config.game}")
+        figures[layout.WIN_RATE_HEATMAP] = plots.win_rate_heatmap(
+            state.league.table.win_rate_matrix(everyone), everyone, f"win rates on {self.config.game}"
+        )
         for main in (p.id for p in state.league.of_kind("main_agent")):
-            history = sorted((m.step, m.value) for m in self.client.get_metric_history(self.run_id, f"{main}/exploitability"))
+            history = sorted(
+                (m.step, m.value) for m in self.client.get_metric_history(self.run_id, f"{main}/exploitability")
+            )
             if history:
                 generations, values = zip(*history)
                 figures[layout.EXPLOITABILITY_PLOT] = plots.exploitability_curve(
-                    generations, values, [2 * v for v in values], f"{main}'s exploitability on {self.config.game}", xlabel="generation"
+                    generations,
+                    values,
+                    [2 * v for v in values],
+                    f"{main}'s exploitability on {self.config.game}",
+                    xlabel="generation",
                 )
                 break
         for path, figure in figures.items():

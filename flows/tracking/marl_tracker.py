@@ -18,10 +18,9 @@ import os
 import signal
 import tempfile
 from pathlib import Path
-from typing import Optional
 
-from flows.tracking.background import BackgroundTracker
 from flows.tracking import layout
+from flows.tracking.background import BackgroundTracker
 from flows.tracking.resume import committed_run
 from flows.tracking.run_tracker import create_run, ensure_registered_model
 
@@ -44,13 +43,24 @@ def load_marl_checkpoint(tracking_uri: str, run_id: str) -> MARLCheckpoint:
     import torch
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    run = committed_run(client, run_id, layout.MARL_COMMITTED_TAG, f"run {run_id} has no committed round to resume from (was it a `psro marl run`?)")
+    run = committed_run(
+        client,
+        run_id,
+        layout.MARL_COMMITTED_TAG,
+        f"run {run_id} has no committed round to resume from (was it a `psro marl run`?)",
+    )
     with tempfile.TemporaryDirectory() as directory:
         config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
         # map_location: a state a GPU learner saved resumes on a machine without one
-        state = torch.load(client.download_artifacts(run_id, layout.MARL_CHECKPOINT, directory), weights_only=True, map_location="cpu")
+        state = torch.load(
+            client.download_artifacts(run_id, layout.MARL_CHECKPOINT, directory), weights_only=True, map_location="cpu"
+        )
     return MARLCheckpoint(
-        run_id, config, int(run.data.tags[layout.MARL_COMMITTED_TAG]), int(run.data.tags[layout.MARL_ENV_STEPS_TAG]), state
+        run_id,
+        config,
+        int(run.data.tags[layout.MARL_COMMITTED_TAG]),
+        int(run.data.tags[layout.MARL_ENV_STEPS_TAG]),
+        state,
     )
 
 
@@ -69,17 +79,21 @@ def store_policy(client, run_id: str, config, policy: str, weights: dict, path: 
     name = layout.registered_model_name(config.experiment, config.env, policy)
     ensure_registered_model(client, name, f"MARL policy {policy} of {config.env}")
     source = f"{client.get_run(run_id).info.artifact_uri}/{path}"
-    version = client.create_model_version(name, source, run_id=run_id, tags={"run_id": run_id, "policy": policy, **tags})
+    version = client.create_model_version(
+        name, source, run_id=run_id, tags={"run_id": run_id, "policy": policy, **tags}
+    )
     client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
 
 
 class MARLTracker(BackgroundTracker):
-    def __init__(self, config, resume: Optional[MARLCheckpoint] = None):
+    def __init__(self, config, resume: MARLCheckpoint | None = None):
         super().__init__()
         self.config = config
         self.resume = resume
-        self.run_id: Optional[str] = None
-        self._curve: dict[str, dict[int, float]] = {}  # line (`_curve_line`) -> env steps -> evaluation return (tracking thread's)
+        self.run_id: str | None = None
+        self._curve: dict[
+            str, dict[int, float]
+        ] = {}  # line (`_curve_line`) -> env steps -> evaluation return (tracking thread's)
         self._staleness: collections.Counter[int] = collections.Counter()  # since this process started the run
 
     def log_round(self, record) -> None:
@@ -110,7 +124,9 @@ class MARLTracker(BackgroundTracker):
             self._reload_curve(self.resume.round)
             return
         self.run_id = create_run(
-            self.client, config, f"marl-{config.env}-{config.algorithm}",
+            self.client,
+            config,
+            f"marl-{config.env}-{config.algorithm}",
             {"env": config.env, "algorithm": config.algorithm, "scenario": "marl"},
         )
 
@@ -153,10 +169,20 @@ class MARLTracker(BackgroundTracker):
 
         with tempfile.TemporaryDirectory() as directory:
             torch.save(state, Path(directory) / "learner.pt")
-            self.client.log_artifact(self.run_id, str(Path(directory) / "learner.pt"), layout.MARL_CHECKPOINT.rsplit("/", 1)[0])
+            self.client.log_artifact(
+                self.run_id, str(Path(directory) / "learner.pt"), layout.MARL_CHECKPOINT.rsplit("/", 1)[0]
+            )
         tags = {"round": str(round), "env_steps": str(env_steps)}
         for policy, policy_weights in weights.items():
-            store_policy(self.client, self.run_id, self.config, policy, policy_weights, layout.policy_checkpoint_path(policy, round), tags)
+            store_policy(
+                self.client,
+                self.run_id,
+                self.config,
+                policy,
+                policy_weights,
+                layout.policy_checkpoint_path(policy, round),
+                tags,
+            )
         if os.environ.get(KILL_BEFORE_COMMIT) == str(round):
             os.kill(os.getpid(), signal.SIGKILL)
         self.client.set_tag(self.run_id, layout.MARL_ENV_STEPS_TAG, str(env_steps))
@@ -182,7 +208,7 @@ class MARLTracker(BackgroundTracker):
             self.client.set_terminated(self.run_id, status)
 
 
-def _curve_line(metric: str) -> Optional[str]:
+def _curve_line(metric: str) -> str | None:
     """The line of the final return plot a metric belongs to: each policy's evaluation return,
     and each agent's against uniform play (`eval_versus_uniform`); None for other metrics."""
     if metric.startswith("eval_return/policy/"):

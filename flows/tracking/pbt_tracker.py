@@ -19,7 +19,6 @@ import os
 import signal
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from flows.tracking import layout
 from flows.tracking.background import BackgroundTracker
@@ -36,7 +35,7 @@ KILL_BEFORE_COMMIT = "PBT_KILL_BEFORE_COMMIT"
 class PBTCheckpoint:
     run_id: str
     config: dict  # as the run logged it
-    state: "PBTState"  # after the last committed round
+    state: PBTState  # after the last committed round
     learners: list[dict]  # per member, its training state
 
 
@@ -48,7 +47,12 @@ def load_pbt_checkpoint(tracking_uri: str, run_id: str) -> PBTCheckpoint:
     from marl_core.pbt.marl import PBTState
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    run = committed_run(client, run_id, layout.PBT_COMMITTED_TAG, f"run {run_id} has no committed round to resume from (was it a `psro pbt run`?)")
+    run = committed_run(
+        client,
+        run_id,
+        layout.PBT_COMMITTED_TAG,
+        f"run {run_id} has no committed round to resume from (was it a `psro pbt run`?)",
+    )
     committed = int(run.data.tags[layout.PBT_COMMITTED_TAG])
     with tempfile.TemporaryDirectory() as directory:
         config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
@@ -56,20 +60,24 @@ def load_pbt_checkpoint(tracking_uri: str, run_id: str) -> PBTCheckpoint:
         slot = Path(client.download_artifacts(run_id, layout.pbt_checkpoint_path(committed, every), directory))
         state = PBTState.from_json(json.loads((slot / layout.PBT_STATE_FILE).read_text()))
         if state.round != committed + 1:
-            raise ResumeError(f"run {run_id}: its checkpoint holds round {state.round - 1}, its commit tag says {committed}")
+            raise ResumeError(
+                f"run {run_id}: its checkpoint holds round {state.round - 1}, its commit tag says {committed}"
+            )
         learners = [torch.load(slot / f"member_{i}.pt", weights_only=True) for i in range(len(state.settings))]
     return PBTCheckpoint(run_id, config, state, learners)
 
 
 class PBTTracker(BackgroundTracker):
-    def __init__(self, config, resume: Optional[PBTCheckpoint] = None):
+    def __init__(self, config, resume: PBTCheckpoint | None = None):
         super().__init__()
         self.config = config
         self.resume = resume
-        self.run_id: Optional[str] = None
+        self.run_id: str | None = None
         self._scores: dict[int, dict[int, float]] = {}  # member -> round -> score (tracking thread's)
         self._values: dict[int, dict[int, dict]] = {}  # member -> round -> hyperparameters
-        self._lineage: list[dict] = [dataclasses.asdict(e) for e in resume.state.lineage] if resume else []  # as committed
+        self._lineage: list[dict] = (
+            [dataclasses.asdict(e) for e in resume.state.lineage] if resume else []
+        )  # as committed
 
     def log_round(self, record) -> None:
         self._raise_failures()
@@ -99,8 +107,11 @@ class PBTTracker(BackgroundTracker):
             self._reload_curves(self.resume.state.round - 1)
             return
         self.run_id = create_run(
-            self.client, self.config, f"pbt-{marl.env}-{marl.algorithm}",
-            {"env": marl.env, "algorithm": marl.algorithm, "scenario": "pbt"}, marl.experiment,
+            self.client,
+            self.config,
+            f"pbt-{marl.env}-{marl.algorithm}",
+            {"env": marl.env, "algorithm": marl.algorithm, "scenario": "pbt"},
+            marl.experiment,
         )
 
     def _forget_uncommitted(self, committed: int) -> None:
@@ -137,7 +148,9 @@ class PBTTracker(BackgroundTracker):
         for i, values in enumerate(record.hyperparameters):
             self._values.setdefault(i, {})[record.round] = dict(values)
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, record.round) for k, v in record.metrics().items()])
+        self.client.log_batch(
+            self.run_id, metrics=[Metric(k, float(v), now, record.round) for k, v in record.metrics().items()]
+        )
 
     def _commit(self, state: dict, learners: list[tuple[dict, dict]]) -> None:
         import pandas as pd
@@ -157,19 +170,40 @@ class PBTTracker(BackgroundTracker):
             copied = {e["member"]: e["source"] for e in state["lineage"] if e["step"] == state["round"]}
             for i, (_, weights) in enumerate(learners):
                 networks = copied.get(i, i)
-                tags = {"round": str(round), "member": str(i), "env_steps": str(state["env_steps"][i]),
-                        "score": str(self._scores.get(networks, {}).get(round, float("nan"))),
-                        "hyperparameters": json.dumps(state["hyperparameters"][i])}
+                tags = {
+                    "round": str(round),
+                    "member": str(i),
+                    "env_steps": str(state["env_steps"][i]),
+                    "score": str(self._scores.get(networks, {}).get(round, float("nan"))),
+                    "hyperparameters": json.dumps(state["hyperparameters"][i]),
+                }
                 if i in copied:
                     tags["copied_from"] = str(networks)
                 for policy, policy_weights in weights.items():
-                    store_policy(self.client, self.run_id, marl, policy, policy_weights, layout.pbt_policy_path(i, policy, round), tags)
+                    store_policy(
+                        self.client,
+                        self.run_id,
+                        marl,
+                        policy,
+                        policy_weights,
+                        layout.pbt_policy_path(i, policy, round),
+                        tags,
+                    )
             lineage = Path(directory) / "lineage"
             lineage.mkdir()
             (lineage / "lineage.json").write_text(json.dumps(state["lineage"], indent=1))
-            rows = [{"step": e["step"], "member": e["member"], "source": e["source"], "member_score": e["member_score"],
-                     "source_score": e["source_score"], **{f"before.{k}": v for k, v in e["before"].items()},
-                     **{f"after.{k}": v for k, v in e["after"].items()}} for e in state["lineage"]]
+            rows = [
+                {
+                    "step": e["step"],
+                    "member": e["member"],
+                    "source": e["source"],
+                    "member_score": e["member_score"],
+                    "source_score": e["source_score"],
+                    **{f"before.{k}": v for k, v in e["before"].items()},
+                    **{f"after.{k}": v for k, v in e["after"].items()},
+                }
+                for e in state["lineage"]
+            ]
             pd.DataFrame(rows).to_csv(lineage / "lineage.csv", index=False)
             self.client.log_artifacts(self.run_id, str(lineage), layout.PBT_LINEAGE)
         if os.environ.get(KILL_BEFORE_COMMIT) == str(round):

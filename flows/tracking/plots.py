@@ -46,8 +46,13 @@ def approx_exploitability_curve(iterations, approx, stderr, title: str, exact=No
     point sits at or below the exact one up to its error). Linear axes: an estimate may be negative."""
     figure, axis = plt.subplots(figsize=(7, 4.2))
     axis.errorbar(
-        iterations, approx, yerr=1.96 * np.asarray(stderr, dtype=np.float64),
-        fmt="o-", capsize=4, lw=2, label="approx_exploitability (±1.96 stderr)",
+        iterations,
+        approx,
+        yerr=1.96 * np.asarray(stderr, dtype=np.float64),
+        fmt="o-",
+        capsize=4,
+        lw=2,
+        label="approx_exploitability (±1.96 stderr)",
     )
     if exact is not None:
         axis.plot(*exact, lw=1.5, alpha=0.8, label="exploitability (exact)")
@@ -141,11 +146,21 @@ def win_rate_heatmap(win_rates: np.ndarray, players: list[str], title: str):
     return figure
 
 
-def pbt_curves(scores: dict[int, dict[int, float]], values: dict[int, dict[int, dict]], lineage: list[dict], title: str):
+def pbt_curves(
+    scores: dict[int, dict[int, float]], values: dict[int, dict[int, dict]], lineage: list[dict], title: str
+):
     """A PBT run: each member's score against the round, an arrow where it copied another
     member (from the source's score to its own next one), and below, each numeric mutated
     hyperparameter per member (log scale where it spans a decade)."""
-    names = sorted({name for by_round in values.values() for v in by_round.values() for name, x in v.items() if isinstance(x, (int, float))})
+    names = sorted(
+        {
+            name
+            for by_round in values.values()
+            for v in by_round.values()
+            for name, x in v.items()
+            if isinstance(x, (int, float))
+        }
+    )
     figure, axes = plt.subplots(1 + len(names), 1, figsize=(7, 3.2 * (1 + len(names))), sharex=True, squeeze=False)
     colors = {}
     for member, by_round in sorted(scores.items()):
@@ -153,8 +168,12 @@ def pbt_curves(scores: dict[int, dict[int, float]], values: dict[int, dict[int, 
         (line,) = axes[0, 0].plot(rounds, [by_round[r] for r in rounds], marker="o", ms=3, label=f"member {member}")
         colors[member] = line.get_color()
     for entry in lineage:
-        axes[0, 0].annotate("", xy=(entry["step"] - 1, entry["source_score"]), xytext=(entry["step"] - 1, entry["member_score"]),
-                            arrowprops=dict(arrowstyle="->", color=colors.get(entry["member"], "grey"), alpha=0.7))
+        axes[0, 0].annotate(
+            "",
+            xy=(entry["step"] - 1, entry["source_score"]),
+            xytext=(entry["step"] - 1, entry["member_score"]),
+            arrowprops=dict(arrowstyle="->", color=colors.get(entry["member"], "grey"), alpha=0.7),
+        )
     axes[0, 0].set_ylabel("greedy return (score)")
     axes[0, 0].set_title(title + "\n(arrows: a bottom member takes a top one's weights)")
     axes[0, 0].legend(fontsize=8)
@@ -162,7 +181,13 @@ def pbt_curves(scores: dict[int, dict[int, float]], values: dict[int, dict[int, 
     for axis, name in zip(axes[1:, 0], names):
         for member, by_round in sorted(values.items()):
             rounds = sorted(r for r in by_round if name in by_round[r])
-            axis.step(rounds, [by_round[r][name] for r in rounds], where="post", color=colors.get(member), label=f"member {member}")
+            axis.step(
+                rounds,
+                [by_round[r][name] for r in rounds],
+                where="post",
+                color=colors.get(member),
+                label=f"member {member}",
+            )
         spread = [v[name] for by_round in values.values() for v in by_round.values() if name in v and v[name] > 0]
         if spread and max(spread) / min(spread) > 10:
             axis.set_yscale("log")

@@ -46,7 +46,9 @@ class MemberSpec:
     version: str | None = None
 
 
-RoleTable = Optional[tuple[tuple[str, str], ...]]  # a run's `roles` as sorted (prefix, role) pairs, as `psro_game` takes them
+RoleTable = Optional[
+    tuple[tuple[str, str], ...]
+]  # a run's `roles` as sorted (prefix, role) pairs, as `psro_game` takes them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +86,9 @@ def open_store(tracking_uri: str):
     if tracking_uri.startswith("sqlite:///"):
         path = Path(tracking_uri.removeprefix("sqlite:///"))
         if not path.is_file():
-            raise PopulationError(f"no MLflow store at {str(path)!r} (--tracking-uri {tracking_uri}); pass the store a run wrote to")
+            raise PopulationError(
+                f"no MLflow store at {str(path)!r} (--tracking-uri {tracking_uri}); pass the store a run wrote to"
+            )
     return mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
@@ -92,20 +96,24 @@ def open_store(tracking_uri: str):
 
 
 def load_member(client, spec: MemberSpec) -> Member:
+    from flows.tracking.resume import table_key
     from marl_core.policies.storage import load_policy
     from marl_core.psro.game import psro_game
-    from flows.tracking.resume import table_key
 
     version = _resolve_version(client, spec)
     label = f"{spec.name}/{version.version}"
     try:
         tags = layout.VersionTags.of(version.tags or {})
     except (KeyError, ValueError):
-        raise PopulationError(f"{label} lacks the tags `psro run` registers members with (game, role, member, ...); only versions it registered are population members") from None
+        raise PopulationError(
+            f"{label} lacks the tags `psro run` registers members with (game, role, member, ...); only versions it registered are population members"
+        ) from None
     roles = _run_roles(client, label, tags)
     game = psro_game(tags.game, roles)
     if tags.role not in game.roles:
-        raise PopulationError(f"{label} is tagged role {tags.role!r}, which {tags.game} does not have; its roles: {', '.join(game.roles)}")
+        raise PopulationError(
+            f"{label} is tagged role {tags.role!r}, which {tags.game} does not have; its roles: {', '.join(game.roles)}"
+        )
     try:
         with tempfile.TemporaryDirectory() as directory:
             folder = _download(client, version.source, directory)
@@ -124,9 +132,13 @@ def _run_roles(client, label: str, tags: layout.VersionTags) -> RoleTable:
     try:
         settings = logged_config(client, tags.run_id)
     except (MlflowException, OSError, ValueError) as error:  # the run or its config.json is gone or unreadable
-        raise PopulationError(f"{label}: cannot read the settings of its run {tags.run_id} ({str(error).splitlines()[0]}); members are played by their run's roles") from None
+        raise PopulationError(
+            f"{label}: cannot read the settings of its run {tags.run_id} ({str(error).splitlines()[0]}); members are played by their run's roles"
+        ) from None
     if settings.get("game") != tags.game:
-        raise PopulationError(f"{label} is tagged game {tags.game!r} but its run {tags.run_id} played {settings.get('game')!r}")
+        raise PopulationError(
+            f"{label} is tagged game {tags.game!r} but its run {tags.run_id} played {settings.get('game')!r}"
+        )
     roles = settings.get("roles")
     return tuple(sorted(roles.items())) if roles else None
 
@@ -138,7 +150,9 @@ def describe_roles(roles: RoleTable) -> str:
 def _download(client, artifact_uri: str, directory: str) -> str:
     import mlflow
 
-    return mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=directory, tracking_uri=client.tracking_uri)
+    return mlflow.artifacts.download_artifacts(
+        artifact_uri=artifact_uri, dst_path=directory, tracking_uri=client.tracking_uri
+    )
 
 
 def _resolve_version(client, spec: MemberSpec):
@@ -154,7 +168,9 @@ def _resolve_version(client, spec: MemberSpec):
     if spec.alias:
         aliases = sorted(model.aliases or {})
         if spec.alias not in aliases:
-            raise PopulationError(f"model {spec.name!r} has no alias {spec.alias!r}; its aliases: {', '.join(aliases) or 'none'}")
+            raise PopulationError(
+                f"model {spec.name!r} has no alias {spec.alias!r}; its aliases: {', '.join(aliases) or 'none'}"
+            )
         return client.get_model_version_by_alias(spec.name, spec.alias)
     try:
         return client.get_model_version(spec.name, spec.version)
@@ -164,7 +180,7 @@ def _resolve_version(client, spec: MemberSpec):
         raise PopulationError(f"model {spec.name!r} has no version {spec.version}; its versions: {span}") from None
 
 
-def populations_of(members: list[Member]) -> tuple["PSROGame", list[list[Member]]]:
+def populations_of(members: list[Member]) -> tuple[PSROGame, list[list[Member]]]:
     """The game the members' runs played, with their roles, and the members grouped by role (in
     the order given; roles in the game's order). All must come from one game played with the
     same roles, and every role needs at least one."""
@@ -176,7 +192,9 @@ def populations_of(members: list[Member]) -> tuple["PSROGame", list[list[Member]
         raise PopulationError(f"members come from different games: {by_game}; pick members of one game")
     if len({m.roles for m in members}) > 1:
         by_roles = ", ".join(f"{m.label} ({describe_roles(m.roles)})" for m in members)
-        raise PopulationError(f"members come from runs with different roles: {by_roles}; pick members of runs with the same roles")
+        raise PopulationError(
+            f"members come from runs with different roles: {by_roles}; pick members of runs with the same roles"
+        )
     game = psro_game(games[0], members[0].roles)
     groups = [[m for m in members if m.role == role] for role in game.roles]
     for role, group in zip(game.roles, groups):
@@ -190,10 +208,12 @@ def check_evaluable(game: str, groups: list[list[Member]], evaluator: str = "exa
     has one where the run could compute it); the sampled one plays any member by rollouts."""
     untabled = [m.label for group in groups for m in group if m.policy.tabular is None]
     if untabled and evaluator == "exact":
-        raise PopulationError(f"member(s) {', '.join(untabled)} of {game} are networks without a tabular form; evaluate them with --eval sampled")
+        raise PopulationError(
+            f"member(s) {', '.join(untabled)} of {game} are networks without a tabular form; evaluate them with --eval sampled"
+        )
 
 
-def evaluate(game: "PSROGame", groups: list[list[Member]], evaluator: str, episodes: int, seed: int):
+def evaluate(game: PSROGame, groups: list[list[Member]], evaluator: str, episodes: int, seed: int):
     """Every profile of the populations, by one of marl_core's evaluators; a PayoffTable."""
     from marl_core.empirical_game.evaluation import EVALUATORS
     from marl_core.empirical_game.payoffs import PayoffTable
@@ -207,7 +227,7 @@ def evaluate(game: "PSROGame", groups: list[list[Member]], evaluator: str, episo
     return table
 
 
-def log_evaluation(client, experiment: str, game: "PSROGame", groups, table, settings: dict) -> str:
+def log_evaluation(client, experiment: str, game: PSROGame, groups, table, settings: dict) -> str:
     """A new MLflow run: the settings (and the game's roles) as params, `payoffs.csv`
     (PayoffTable's frame, members by position, roles in the game's order) and `members.json`
     (position -> registry name, version, source run)."""
@@ -220,7 +240,9 @@ def log_evaluation(client, experiment: str, game: "PSROGame", groups, table, set
             client.log_param(run_id, key, str(value))
         client.log_text(run_id, table.to_frame().to_csv(index=False), layout.EVALUATION_PAYOFFS)
         members = {
-            str(player): [{"name": m.name, "version": m.version, "spec": m.spec.text, "run_id": m.run_id} for m in group]
+            str(player): [
+                {"name": m.name, "version": m.version, "spec": m.spec.text, "run_id": m.run_id} for m in group
+            ]
             for player, group in enumerate(groups)
         }
         client.log_dict(run_id, members, layout.EVALUATION_MEMBERS)
@@ -243,21 +265,30 @@ def export_run(client, run_id: str, directory: Path) -> dict:
     OpenSpiel. Returns the summary plus the exact NashConv recomputed here from the same
     artifacts where the game has a tree (else None).
     """
+    from flows.tracking.resume import committed_iteration, game_of_logged, logged_config, read_population
     from marl_core.games.exploitability import NashConvReport, nash_conv
     from marl_core.games.tree import build_tree
     from marl_core.policies.population import stacked_tables
     from marl_core.psro.export import write_export
     from marl_core.psro.steps import ApproxNashConv
-    from flows.tracking.resume import committed_iteration, game_of_logged, logged_config, read_population
 
     run = _finished_run(client, run_id)
     iteration = committed_iteration(run)
     if not run.data.params.get("game") or iteration is None:
-        raise PopulationError(f"run {run_id} has no 'game' param or committed no iteration; it was not written by `psro run`")
+        raise PopulationError(
+            f"run {run_id} has no 'game' param or committed no iteration; it was not written by `psro run`"
+        )
     exact = _logged_by(client, run_id, iteration, ("nash_conv", "exploitability"))
-    approx = _logged_by(client, run_id, iteration, ("approx_nash_conv", "approx_nash_conv_stderr", "approx_exploitability", "approx_exploitability_stderr"))
+    approx = _logged_by(
+        client,
+        run_id,
+        iteration,
+        ("approx_nash_conv", "approx_nash_conv_stderr", "approx_exploitability", "approx_exploitability_stderr"),
+    )
     if exact is None and approx is None:
-        raise PopulationError(f"run {run_id} logged neither nash_conv nor approx_nash_conv; it was not written by `psro run`")
+        raise PopulationError(
+            f"run {run_id} logged neither nash_conv nor approx_nash_conv; it was not written by `psro run`"
+        )
     settings = logged_config(client, run_id)
     game = game_of_logged(settings)
     with tempfile.TemporaryDirectory() as scratch:
@@ -272,9 +303,17 @@ def export_run(client, run_id: str, directory: Path) -> dict:
     logged = NashConvReport(*exact, [], []) if exact else None
     logged_approx = ApproxNashConv(*approx, gains=[], gains_stderr=[]) if approx else None
     wall = ((run.info.end_time or run.info.start_time) - run.info.start_time) / 1000
-    write_export(directory, SimpleNamespace(**settings), populations, meta_strategy, logged, iteration, wall, logged_approx)
-    return {"game": game.name, "iterations": iteration, "population_sizes": [len(p) for p in populations],
-            "logged": logged, "approx": logged_approx, "recomputed": recomputed}
+    write_export(
+        directory, SimpleNamespace(**settings), populations, meta_strategy, logged, iteration, wall, logged_approx
+    )
+    return {
+        "game": game.name,
+        "iterations": iteration,
+        "population_sizes": [len(p) for p in populations],
+        "logged": logged,
+        "approx": logged_approx,
+        "recomputed": recomputed,
+    }
 
 
 def _logged_by(client, run_id: str, iteration: int, names: tuple[str, ...]):
@@ -292,7 +331,9 @@ def _finished_run(client, run_id: str):
     try:
         run = client.get_run(run_id)
     except MlflowException:
-        raise PopulationError(f"no MLflow run {run_id!r} in {client.tracking_uri}; run ids are listed in MLflow's UI and by `mlflow runs list`") from None
+        raise PopulationError(
+            f"no MLflow run {run_id!r} in {client.tracking_uri}; run ids are listed in MLflow's UI and by `mlflow runs list`"
+        ) from None
     if run.info.status != "FINISHED":
         raise PopulationError(f"run {run_id} is {run.info.status}; only a FINISHED run can be exported")
     return run

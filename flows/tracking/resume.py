@@ -20,7 +20,6 @@ import json
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -117,7 +116,9 @@ def committed_run(client, run_id: str, tag: str, nothing_committed: str):
 
 
 def _committed_run(client, run_id: str):
-    return committed_run(client, run_id, layout.COMMITTED_TAG, f"run {run_id} committed no iteration; start it again with `psro run`")
+    return committed_run(
+        client, run_id, layout.COMMITTED_TAG, f"run {run_id} committed no iteration; start it again with `psro run`"
+    )
 
 
 def committed_iteration(run) -> int | None:
@@ -139,14 +140,16 @@ def game_of_logged(config: dict) -> PSROGame:
     return psro_game_of(SimpleNamespace(**config))
 
 
-def table_key(game: PSROGame, role: str) -> tuple[Optional[str], Optional[int]]:
+def table_key(game: PSROGame, role: str) -> tuple[str | None, int | None]:
     """The (OpenSpiel game, player) whose information states key a `role` member's table, as
     `marl_core.policies.storage` takes them: on an OpenSpiel game the roles are its players, in
     order. Other environments have no tables: (None, None)."""
     return (game.name, game.roles.index(role)) if game.is_openspiel else (None, None)
 
 
-def read_population(client, run_id: str, config: dict, iteration: int, scratch: str) -> tuple[list[Population], list[np.ndarray]]:
+def read_population(
+    client, run_id: str, config: dict, iteration: int, scratch: str
+) -> tuple[list[Population], list[np.ndarray]]:
     """The meta-strategies iteration `iteration` solved and the population members they weigh."""
     game = game_of_logged(config)
     meta = _read_json(client, run_id, layout.meta_strategy_path(iteration), scratch)

@@ -19,8 +19,8 @@ import tempfile
 
 import numpy as np
 
-from flows.tracking.background import BackgroundTracker
 from flows.tracking import layout, plots
+from flows.tracking.background import BackgroundTracker
 from flows.tracking.resume import table_key
 from marl_core.pbt.settings import dotted
 from marl_core.psro.game import psro_game_of
@@ -92,7 +92,9 @@ class RunTracker(BackgroundTracker):
         self.tags = tags or {}
         self.run_id: str | None = None
         self._history: list = []
-        self._earlier: dict[str, dict[int, float]] = {}  # a resumed run's committed CURVES points: name -> step -> value
+        self._earlier: dict[
+            str, dict[int, float]
+        ] = {}  # a resumed run's committed CURVES points: name -> step -> value
         self._versions: dict[tuple[str, int], str] = {}  # (role, member) -> registry version
         self._logged_sizes: tuple[int, ...] = (0,) * self.game.num_roles  # payoff rows already logged
         if resume is not None:  # committed members are registered, their payoffs logged
@@ -117,6 +119,7 @@ class RunTracker(BackgroundTracker):
         frame = state.payoffs.to_frame(beyond=self._logged_sizes)  # only this iteration's entries
         self._logged_sizes = state.payoffs.sizes
         self._submit(self._log_iteration, record, frame, new_members)
+
     def finish(self, state) -> None:
         payoff_mean = state.payoffs.mean.copy()
         meta = [m.copy() for m in state.meta_strategy]
@@ -133,11 +136,18 @@ class RunTracker(BackgroundTracker):
         if self.resume is not None:
             return self._continue(self.resume)
         experiment = self.client.get_experiment_by_name(self.config.experiment)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(self.config.experiment)
+        experiment_id = (
+            experiment.experiment_id if experiment else self.client.create_experiment(self.config.experiment)
+        )
         run = self.client.create_run(
             experiment_id,
             run_name=f"psro-{self.config.game}-{self.config.meta_solver}",
-            tags={"game": self.config.game, "oracle": self.config.oracle, "meta_solver": self.config.meta_solver, **self.tags},
+            tags={
+                "game": self.config.game,
+                "oracle": self.config.oracle,
+                "meta_solver": self.config.meta_solver,
+                **self.tags,
+            },
         )
         self.artifact_uri = run.info.artifact_uri
         params = [Param(key, str(value)) for key, value in dotted(self.config.model_dump()).items()]
@@ -166,7 +176,11 @@ class RunTracker(BackgroundTracker):
                     else:
                         self.client.delete_model_version(name, version.version)
         self._earlier = {
-            name: {m.step: m.value for m in self.client.get_metric_history(self.run_id, name) if m.step <= checkpoint.iteration}
+            name: {
+                m.step: m.value
+                for m in self.client.get_metric_history(self.run_id, name)
+                if m.step <= checkpoint.iteration
+            }
             for name in CURVES
         }
 
@@ -208,7 +222,9 @@ class RunTracker(BackgroundTracker):
     def _register(self, role: str, member: int, iteration: int, weight: float, path: str) -> None:
         name = self._model_name(role)
         tags = layout.VersionTags(self.run_id, self.config.game, role, member, iteration, weight)
-        version = self.client.create_model_version(name, f"{self.artifact_uri}/{path}", run_id=self.run_id, tags=tags.as_tags())
+        version = self.client.create_model_version(
+            name, f"{self.artifact_uri}/{path}", run_id=self.run_id, tags=tags.as_tags()
+        )
         self.client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
         self._versions[(role, member)] = version.version
 
@@ -233,7 +249,10 @@ class RunTracker(BackgroundTracker):
         if approx:  # measured every few iterations where the run learns responses to estimate it
             steps = sorted(approx)
             figure = plots.approx_exploitability_curve(
-                steps, [approx[s] for s in steps], [curves["approx_exploitability_stderr"][s] for s in steps], title=title,
+                steps,
+                [approx[s] for s in steps],
+                [curves["approx_exploitability_stderr"][s] for s in steps],
+                title=title,
                 exact=(sorted(exact), [exact[s] for s in sorted(exact)]) if exact else None,
             )
             self.client.log_figure(self.run_id, figure, layout.APPROX_EXPLOITABILITY_PLOT)

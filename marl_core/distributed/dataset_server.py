@@ -27,12 +27,12 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from marl_core.distributed.settings import DatasetConfig
-
 
 STORED, FULL, CLOSED, RESERVED = "stored", "full", "closed", "reserved"  # what a put or reserve did
 
@@ -56,7 +56,9 @@ class DatasetStats:
 
 
 class DatasetServer:
-    def __init__(self, config: DatasetConfig = DatasetConfig(), seed: int = 0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, config: DatasetConfig = DatasetConfig(), seed: int = 0, clock: Callable[[], float] = time.monotonic
+    ):
         self.config = config
         self._fragments: collections.deque[Fragment] = collections.deque()
         self._priorities: dict[int, float] = {}
@@ -71,7 +73,7 @@ class DatasetServer:
         self._stored_index: dict[str, int] = {}  # stream -> index of its newest fragment stored
         self._reserved: dict[str, int] = {}  # stream -> index of the fragment it has room for, being played
 
-    def put(self, item: Any, version: int, timeout: float, origin: Optional[tuple[str, int]] = None) -> str:
+    def put(self, item: Any, version: int, timeout: float, origin: tuple[str, int] | None = None) -> str:
         """Store `item`, played by weights `version`: STORED; FULL if (FIFO) the buffer stayed full
         for `timeout` seconds, and the caller tries again; CLOSED if producers should stop.
         `origin` (stream, index): a fragment of a stream at or before the last one stored is
@@ -105,7 +107,7 @@ class DatasetServer:
             self._reserved[stream] = index
             return RESERVED
 
-    def _wait_for_room(self, timeout: float) -> Optional[str]:
+    def _wait_for_room(self, timeout: float) -> str | None:
         """None once a fragment may go in (replay: at once); else CLOSED, or FULL after `timeout`
         seconds of a full FIFO buffer. Called holding the lock."""
         if self.config.kind == "fifo":
@@ -121,7 +123,7 @@ class DatasetServer:
     def _room(self) -> bool:
         return len(self._fragments) + len(self._reserved) < self.config.capacity
 
-    def _store(self, item: Any, version: int, origin: Optional[tuple[str, int]]) -> None:
+    def _store(self, item: Any, version: int, origin: tuple[str, int] | None) -> None:
         if len(self._fragments) >= self.config.capacity:  # replay: the oldest makes room
             self._priorities.pop(self._fragments.popleft().key, None)
         fragment = Fragment(self._inserted, item, version)
@@ -133,7 +135,7 @@ class DatasetServer:
             self._stored_index[origin[0]] = origin[1]
         self._changed.notify_all()
 
-    def take(self, count: int, learner_version: int, timeout: float) -> Optional[list[Fragment]]:
+    def take(self, count: int, learner_version: int, timeout: float) -> list[Fragment] | None:
         """`count` fragments for a learner whose weights are `learner_version`: the oldest (FIFO,
         removed) or a sample (replay, kept); None if fewer were there within `timeout` seconds,
         or are there once the server closed."""
@@ -187,8 +189,13 @@ class DatasetServer:
     def stats(self) -> DatasetStats:
         with self._changed:
             return DatasetStats(
-                self._inserted, self._taken, len(self._fragments), self.config.capacity,
-                self._put_wait, self._take_wait, dict(self._staleness),
+                self._inserted,
+                self._taken,
+                len(self._fragments),
+                self.config.capacity,
+                self._put_wait,
+                self._take_wait,
+                dict(self._staleness),
             )
 
 
@@ -206,13 +213,13 @@ class DatasetClient:
 
         return ray.get(getattr(self.handle, method).remote(*args))
 
-    def put(self, item: Any, version: int, timeout: float, origin: Optional[tuple[str, int]] = None) -> str:
+    def put(self, item: Any, version: int, timeout: float, origin: tuple[str, int] | None = None) -> str:
         return self._call("put", item, version, timeout, origin)
 
     def reserve(self, stream: str, index: int, timeout: float) -> str:
         return self._call("reserve", stream, index, timeout)
 
-    def take(self, count: int, learner_version: int, timeout: float) -> Optional[list[Fragment]]:
+    def take(self, count: int, learner_version: int, timeout: float) -> list[Fragment] | None:
         return self._call("take", count, learner_version, timeout)
 
     def next_index(self, stream: str) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class LearnerReport:
 
 
 def resolve_device(device: str) -> str:
-    """"auto" -> "cuda" where torch sees a GPU, else "cpu"; "cuda" without one is an error."""
+    """ "auto" -> "cuda" where torch sees a GPU, else "cpu"; "cuda" without one is an error."""
     import torch
 
     if device == "auto":
@@ -111,7 +111,7 @@ def learn_from_dataset(
     dataset,
     batches: int,
     fragments_per_batch: int,
-    publish: Optional[Callable[[int], None]] = None,
+    publish: Callable[[int], None] | None = None,
     publish_every: int = 1,
     take_timeout: float = 600.0,
     index: int = 0,
@@ -129,7 +129,9 @@ def learn_from_dataset(
         fragments = dataset.take(fragments_per_batch, max(steps.version, 0), take_timeout)
         taken = time.perf_counter()
         if fragments is None:
-            raise TimeoutError(f"learner {index}: no {fragments_per_batch} fragment(s) from the dataset server within {take_timeout:g} s")
+            raise TimeoutError(
+                f"learner {index}: no {fragments_per_batch} fragment(s) from the dataset server within {take_timeout:g} s"
+            )
         batch = JointExperience.concat_envs([fragment.item.joint for fragment in fragments])
         for step in learner.loss_steps(batch):
             steps.step(step)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from marl_core.distributed.settings import StrategyConfig
 from marl_core.rl.gradient_steps import Gradients, apply_gradients, mean_gradient
@@ -65,7 +65,7 @@ class ParameterServer:
         self._iteration_started = [clock()] * n
         self._interrupted = [False] * n
         self._pending: dict[int, tuple[Gradients, int]] = {}  # BSP: this step's pushes so far
-        self._step_opened: Optional[float] = None
+        self._step_opened: float | None = None
         self._applied = self._dropped = self._max_lead = 0
         self._waited = 0.0
 
@@ -115,7 +115,9 @@ class ParameterServer:
 
     def stats(self) -> ServerStats:
         with self._changed:
-            return ServerStats(self.version, self._applied, self._dropped, self._waited, list(self._clocks), self._max_lead)
+            return ServerStats(
+                self.version, self._applied, self._dropped, self._waited, list(self._clocks), self._max_lead
+            )
 
     # --- strategies (the lock held) ------------------------------------------------------------
 

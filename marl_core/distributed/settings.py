@@ -17,9 +17,14 @@ class DatasetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["fifo", "uniform", "prioritized"] = Field(
-        "fifo", description="fifo: each fragment is taken once, oldest first (on-policy); uniform or prioritized: replay"
+        "fifo",
+        description="fifo: each fragment is taken once, oldest first (on-policy); uniform or prioritized: replay",
     )
-    capacity: int = Field(2, gt=0, description="fragments held at most; a full FIFO buffer makes the workers wait (on-policy: small, or the data goes stale)")
+    capacity: int = Field(
+        2,
+        gt=0,
+        description="fragments held at most; a full FIFO buffer makes the workers wait (on-policy: small, or the data goes stale)",
+    )
     priority_exponent: float = Field(0.6, ge=0, description="prioritized: alpha, how much priorities skew sampling")
 
 
@@ -51,10 +56,13 @@ class AsyncConfig(BaseModel):
 
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     distributed: StrategyConfig = Field(default_factory=StrategyConfig)
-    fragments_per_batch: int = Field(1, gt=0, description="fragments a learner takes from the dataset server per update")
+    fragments_per_batch: int = Field(
+        1, gt=0, description="fragments a learner takes from the dataset server per update"
+    )
     publish_every: int = Field(1, gt=0, description="updates between the weights the workers act with")
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="where learners train: auto takes a GPU when torch sees one, else the CPU (workers always act on CPUs)"
+        "auto",
+        description="where learners train: auto takes a GPU when torch sees one, else the CPU (workers always act on CPUs)",
     )
 
     @model_validator(mode="after")

@@ -8,14 +8,13 @@ the standard error of the mean (`marl_core.empirical_game.sampled`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from marl_core.empirical_game.payoffs import ProfilePayoffs
 from marl_core.games.tree import GameTree, build_tree, sequence_reach
 from marl_core.registry import Registry
-
 
 EvaluateFn = Callable[..., ProfilePayoffs]
 
@@ -50,7 +49,9 @@ def _sampled(game, populations, profiles, *, episodes: int, seed: int, pool=None
     from marl_core.rollout.pool import pool_or_local
 
     with pool_or_local(pool, game.make_env) as workers:
-        return evaluate_by_rollouts(workers, game, populations, profiles, episodes=episodes, seed=seed, progress=progress)
+        return evaluate_by_rollouts(
+            workers, game, populations, profiles, episodes=episodes, seed=seed, progress=progress
+        )
 
 
 # Every evaluator takes (game: PSROGame, populations: list[Population], profiles, *, episodes,

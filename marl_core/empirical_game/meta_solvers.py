@@ -11,7 +11,7 @@ rejects a solver that cannot handle the game before any training starts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import highspy
 import numpy as np
@@ -67,9 +67,7 @@ def _payoff_tensor(payoffs: np.ndarray) -> np.ndarray:
     so that a malformed table fails with a clear message instead of a broadcasting error."""
     table = np.asarray(payoffs, dtype=np.float64)
     if table.ndim < 2 or table.shape[0] != table.ndim - 1 or 0 in table.shape:
-        raise MetaSolverError(
-            f"payoff table of shape {table.shape} is not [n_players, k_0, ..., k_(n-1)]"
-        )
+        raise MetaSolverError(f"payoff table of shape {table.shape} is not [n_players, k_0, ..., k_(n-1)]")
     if not np.all(np.isfinite(table)):
         raise MetaSolverError("payoff table contains NaN or infinite entries")
     return table
@@ -152,7 +150,11 @@ def _maximin_strategies(matrix: np.ndarray) -> list[np.ndarray]:
     rows, cols = matrix.shape
     solver = highspy.Highs()
     for option, value in (
-        ("output_flag", False), ("solver", "ipm"), ("run_crossover", "off"), ("presolve", "off"), ("threads", 1)
+        ("output_flag", False),
+        ("solver", "ipm"),
+        ("run_crossover", "off"),
+        ("presolve", "off"),
+        ("threads", 1),
     ):
         solver.setOptionValue(option, value)
     inf = highspy.kHighsInf
@@ -161,10 +163,12 @@ def _maximin_strategies(matrix: np.ndarray) -> list[np.ndarray]:
     lp.col_cost_ = np.append(np.zeros(rows), -1.0)  # minimise -v
     lp.col_lower_ = np.append(np.zeros(rows), -inf)
     lp.col_upper_ = np.full(rows + 1, inf)
-    constraints = np.vstack([
-        np.hstack([matrix.T, -np.ones((cols, 1))]),  # x^T matrix[:, j] - v >= 0
-        np.append(np.ones(rows), 0.0)[None, :],  # sum x = 1
-    ])
+    constraints = np.vstack(
+        [
+            np.hstack([matrix.T, -np.ones((cols, 1))]),  # x^T matrix[:, j] - v >= 0
+            np.append(np.ones(rows), 0.0)[None, :],  # sum x = 1
+        ]
+    )
     lp.row_lower_ = np.append(np.zeros(cols), 1.0)
     lp.row_upper_ = np.append(np.full(cols, inf), 1.0)
     sparse = scipy.sparse.csc_matrix(constraints)
@@ -190,9 +194,7 @@ def nash_zero_sum(payoffs: np.ndarray) -> list[np.ndarray]:
     """
     payoffs = _payoff_tensor(payoffs)
     if payoffs.shape[0] != 2:
-        raise MetaSolverError(
-            f"meta-solver 'nash' needs a two-player zero-sum game, got {payoffs.shape[0]} players"
-        )
+        raise MetaSolverError(f"meta-solver 'nash' needs a two-player zero-sum game, got {payoffs.shape[0]} players")
     return _maximin_strategies((payoffs[0] - payoffs[1]) / 2.0)
 
 
@@ -408,9 +410,7 @@ def _reduce_states(rates: np.ndarray) -> np.ndarray:
     return _normalise(distribution)
 
 
-def _solve_by_gmres(
-    size: int, sources: np.ndarray, targets: np.ndarray, rates: np.ndarray
-) -> np.ndarray:
+def _solve_by_gmres(size: int, sources: np.ndarray, targets: np.ndarray, rates: np.ndarray) -> np.ndarray:
     """Stationary distribution of a large irreducible chain, by solving pi Q = 0 with one entry
     fixed to 1 using Jacobi-preconditioned GMRES (LU factors of a profile graph, a product of
     cliques, fill in completely).
@@ -430,26 +430,22 @@ def _solve_by_gmres(
     lhs = scipy.sparse.csr_matrix(
         (
             np.concatenate([rates[kept], -exit_rate[free]]),
-            (np.concatenate([unknown[targets[kept]], unknown[free]]),
-             np.concatenate([unknown[sources[kept]], unknown[free]])),
+            (
+                np.concatenate([unknown[targets[kept]], unknown[free]]),
+                np.concatenate([unknown[sources[kept]], unknown[free]]),
+            ),
         ),
         shape=(size - 1, size - 1),
     )
-    rhs = -np.bincount(
-        unknown[targets[from_anchor]], weights=rates[from_anchor], minlength=size - 1
-    )
+    rhs = -np.bincount(unknown[targets[from_anchor]], weights=rates[from_anchor], minlength=size - 1)
     jacobi = scipy.sparse.diags(1.0 / exit_rate[free])
-    solution, info = scipy.sparse.linalg.gmres(
-        lhs, rhs, rtol=1e-12, M=jacobi, restart=100, maxiter=100
-    )
+    solution, info = scipy.sparse.linalg.gmres(lhs, rhs, rtol=1e-12, M=jacobi, restart=100, maxiter=100)
     if info != 0:  # not seen in testing; exact, but slow for very large classes
         solution = scipy.sparse.linalg.spsolve(lhs.tocsc(), rhs)
     return _normalise(np.insert(solution, anchor, 1.0))
 
 
-def _class_distribution(
-    size: int, sources: np.ndarray, targets: np.ndarray, rates: np.ndarray
-) -> np.ndarray:
+def _class_distribution(size: int, sources: np.ndarray, targets: np.ndarray, rates: np.ndarray) -> np.ndarray:
     """Stationary distribution of one closed class, given its internal edges in local numbering:
     exact for small classes, GMRES for large ones."""
     if size == 1:
@@ -506,8 +502,7 @@ def _between_class_log_rates(
     graph = scipy.sparse.csr_matrix(
         (
             np.concatenate([jump_cost, offset - log_flow]),
-            (np.concatenate([sources[transient], n + exits // n]),
-             np.concatenate([targets[transient], exits % n])),
+            (np.concatenate([sources[transient], n + exits // n]), np.concatenate([targets[transient], exits % n])),
         ),
         shape=(n + count, n + count),
     )
@@ -518,9 +513,7 @@ def _between_class_log_rates(
     return source, target, log_rate[source, target]
 
 
-def _stationary_distribution(
-    n: int, sources: np.ndarray, targets: np.ndarray, log_rates: np.ndarray
-) -> np.ndarray:
+def _stationary_distribution(n: int, sources: np.ndarray, targets: np.ndarray, log_rates: np.ndarray) -> np.ndarray:
     """Stationary distribution of a continuous-time chain given by its edges' log rates.
 
     With alpha = 100 the rates span hundreds of orders of magnitude, many underflow to 0, and
@@ -561,9 +554,7 @@ def _stationary_distribution(
     return distribution
 
 
-def alpharank(
-    payoffs: np.ndarray, alpha: float = 100.0, population_size: int = 50
-) -> list[np.ndarray]:
+def alpharank(payoffs: np.ndarray, alpha: float = 100.0, population_size: int = 50) -> list[np.ndarray]:
     """alpha-Rank (multi-population, n players); returns each player's marginal.
 
     The Markov chain runs over pure profiles: one population at a time adopts a single mutant
@@ -592,8 +583,10 @@ def _solver(name: str, summary: str, solve: SolveFn, two_player_zero_sum_only: b
 _solver("uniform", "uniform over each population (fictitious self-play)", uniform)
 _solver("last", "all weight on each player's newest population member (self-play)", last)
 _solver(
-    "nash", "Nash equilibrium by linear programming, central point of the optimal face (two-player zero-sum)",
-    nash_zero_sum, two_player_zero_sum_only=True,
+    "nash",
+    "Nash equilibrium by linear programming, central point of the optimal face (two-player zero-sum)",
+    nash_zero_sum,
+    two_player_zero_sum_only=True,
 )
 _solver("prd", "projected replicator dynamics (n players, general-sum)", projected_replicator_dynamics)
 _solver("fictitious_play", "fictitious play, empirical average (n players, general-sum)", fictitious_play)

@@ -57,7 +57,7 @@ class PayoffTable:
         known[old] = self.known
         self.episodes, self.known = episodes, known
 
-    def copy(self) -> "PayoffTable":
+    def copy(self) -> PayoffTable:
         twin = PayoffTable(self.num_players)
         twin.mean, twin.stderr = self.mean.copy(), self.stderr.copy()
         twin.episodes, twin.known = self.episodes.copy(), self.known.copy()
@@ -115,7 +115,7 @@ class PayoffTable:
         return pd.DataFrame(columns)
 
     @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> "PayoffTable":
+    def from_frame(cls, frame: pd.DataFrame) -> PayoffTable:
         num_players = sum(1 for c in frame.columns if c.startswith("member_"))
         table = cls(num_players)
         members = frame[[f"member_{p}" for p in range(num_players)]].to_numpy()

@@ -13,7 +13,7 @@ one worker, so an entry does not depend on how many workers the pool has or whic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -26,11 +26,18 @@ if TYPE_CHECKING:
 
 
 class Pool(Protocol):
-    def collect(self, requests: list[RolloutRequest], progress: Optional[str] = None) -> list[RolloutResult]: ...
+    def collect(self, requests: list[RolloutRequest], progress: str | None = None) -> list[RolloutResult]: ...
 
 
 def evaluate_by_rollouts(
-    pool: Pool, game: "PSROGame", populations: list[Population], profiles, *, episodes: int, seed: int, progress: Optional[str] = None
+    pool: Pool,
+    game: PSROGame,
+    populations: list[Population],
+    profiles,
+    *,
+    episodes: int,
+    seed: int,
+    progress: str | None = None,
 ) -> ProfilePayoffs:
     """[m, num_roles] profiles of member indices -> each role's mean payoff and its standard error.
     `progress`: the open work in the pool's progress that each profile's episodes count towards."""
@@ -61,16 +68,20 @@ def evaluate_by_rollouts(
     return ProfilePayoffs(mean=mean, stderr=stderr, episodes=np.full(len(profiles), episodes))
 
 
-def _checked_profiles(game: "PSROGame", populations: list[Population], profiles, episodes: int) -> np.ndarray:
+def _checked_profiles(game: PSROGame, populations: list[Population], profiles, episodes: int) -> np.ndarray:
     """The profiles as an [m, num_roles] int array; a one-line error for anything that does not fit."""
     roles = [population.role for population in populations]
     if roles != list(game.roles):
-        raise ValueError(f"{game.name}: populations are for roles {roles}; the game's roles are {list(game.roles)}, in that order")
+        raise ValueError(
+            f"{game.name}: populations are for roles {roles}; the game's roles are {list(game.roles)}, in that order"
+        )
     if not isinstance(episodes, (int, np.integer)) or episodes < 1:
         raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
     profiles = np.asarray(profiles, dtype=np.int64)
     if profiles.ndim != 2 or profiles.shape[1] != game.num_roles:
-        raise ValueError(f"{game.name}: profiles must be [m, {game.num_roles}] member indices, got shape {profiles.shape}")
+        raise ValueError(
+            f"{game.name}: profiles must be [m, {game.num_roles}] member indices, got shape {profiles.shape}"
+        )
     sizes = np.array([len(population) for population in populations])
     outside = (profiles < 0) | (profiles >= sizes)
     if outside.any():

@@ -1,11 +1,11 @@
 """Multi-agent environments behind one interface (see `api.py`), and `make_env` to name them.
 
-    make_env("leduc_poker")                       # an OpenSpiel game string (the default)
-    make_env("pettingzoo:mpe2.simple_spread_v3")  # a module: parallel_env(), else env()
-    make_env("pettingzoo:classic.connect_four_v3")  # a module of PettingZoo itself
-    make_env("pettingzoo:classic/tictactoe-v3")   # a PettingZoo registry id: parallel if registered so
-    make_env("gymnasium:CartPole-v1")             # a Gymnasium id, as one agent "agent_0"
-    make_env("atari:pong_v3")                     # a PettingZoo Atari game from pixels, preprocessed
+make_env("leduc_poker")                       # an OpenSpiel game string (the default)
+make_env("pettingzoo:mpe2.simple_spread_v3")  # a module: parallel_env(), else env()
+make_env("pettingzoo:classic.connect_four_v3")  # a module of PettingZoo itself
+make_env("pettingzoo:classic/tictactoe-v3")   # a PettingZoo registry id: parallel if registered so
+make_env("gymnasium:CartPole-v1")             # a Gymnasium id, as one agent "agent_0"
+make_env("atari:pong_v3")                     # a PettingZoo Atari game from pixels, preprocessed
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from marl_core.envs.agent_mapping import (
     one_population_per_agent,
     shared_population,
 )
-from marl_core.envs.atari import AtariEnv, AtariSettings, rom_directory
 from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep
+from marl_core.envs.atari import AtariEnv, AtariSettings, rom_directory
 from marl_core.envs.gymnasium_env import GymnasiumEnv
 from marl_core.envs.openspiel_env import OpenSpielEnv
 from marl_core.envs.pettingzoo_env import PettingZooAECEnv, PettingZooParallelEnv
@@ -110,6 +110,10 @@ def _atari(name: str, game: str) -> MultiAgentEnv:
 # Where environments come from, by the prefix of their name ("pettingzoo:mpe2.simple_spread_v3");
 # a name without a prefix is an OpenSpiel game string.
 ENVIRONMENT_SOURCES: Registry = Registry("environment source")
-ENVIRONMENT_SOURCES.add("pettingzoo", _pettingzoo, "PettingZoo: a registry id (classic/tictactoe-v3) or a module path (mpe2.simple_spread_v3)")
+ENVIRONMENT_SOURCES.add(
+    "pettingzoo",
+    _pettingzoo,
+    "PettingZoo: a registry id (classic/tictactoe-v3) or a module path (mpe2.simple_spread_v3)",
+)
 ENVIRONMENT_SOURCES.add("gymnasium", _gymnasium, "Gymnasium: a single-agent environment id (CartPole-v1)")
 ENVIRONMENT_SOURCES.add("atari", _atari, "PettingZoo's multi-player Atari from pixels, preprocessed as DQN's (pong_v3)")

@@ -76,7 +76,9 @@ def _parallel_game(game: str, **kwargs):
     try:
         module = importlib.import_module(f"pettingzoo.atari.{game}")
     except ImportError as exc:
-        raise ValueError(f"unknown Atari game {game!r} ({exc}); use a module of pettingzoo.atari such as 'pong_v3'") from None
+        raise ValueError(
+            f"unknown Atari game {game!r} ({exc}); use a module of pettingzoo.atari such as 'pong_v3'"
+        ) from None
     with warnings.catch_warnings():  # the module's own constructor is the one that takes game options
         warnings.simplefilter("ignore", DeprecationWarning)
         return module.raw_env(auto_rom_install_path=str(rom_directory()), **kwargs).unwrapped
@@ -95,8 +97,12 @@ class AtariEnv(MultiAgentEnv):
         self.observation_shape = s.observation_shape(len(agents))
         size = int(np.prod(self.observation_shape))
         self.spec = EnvSpec(
-            name=f"atari:{game}", agents=agents, observation_size=dict.fromkeys(agents, size),
-            num_actions=num_actions, simultaneous=True, state_size=s.frame_stack * s.frame_size * s.frame_size,
+            name=f"atari:{game}",
+            agents=agents,
+            observation_size=dict.fromkeys(agents, size),
+            num_actions=num_actions,
+            simultaneous=True,
+            state_size=s.frame_stack * s.frame_size * s.frame_size,
             observation_dtype="uint8",
         )
         self._masks_all = {a: np.ones(n, dtype=bool) for a, n in num_actions.items()}
@@ -174,7 +180,9 @@ class AtariEnv(MultiAgentEnv):
     def _timestep(self, rewards: dict[AgentID, float], infos: dict[AgentID, dict]) -> TimeStep:
         observations = {a: self._observation(a) for a in self._live}
         self._masks = {a: self._masks_all[a] for a in self._live}
-        self._last = TimeStep(observations, dict(self._masks), rewards, dict(self._terminations), dict(self._truncations), infos)
+        self._last = TimeStep(
+            observations, dict(self._masks), rewards, dict(self._terminations), dict(self._truncations), infos
+        )
         return self._last
 
 
@@ -189,4 +197,3 @@ def _split_rewards(rewards: dict[AgentID, float], total: dict[AgentID, float], p
     if sum(rewards.values()) == 0:
         for agent, reward in rewards.items():
             points[agent] += float(reward)
-

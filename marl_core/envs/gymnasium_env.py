@@ -57,5 +57,7 @@ class GymnasiumEnv(MultiAgentEnv):
             mask = info.get("action_mask")
             masks[AGENT] = np.ones(self.spec.num_actions[AGENT], dtype=bool) if mask is None else np.asarray(mask, bool)
         self._masks = masks
-        self._last = TimeStep(observations, masks, {AGENT: reward}, {AGENT: terminated}, {AGENT: truncated}, {AGENT: info})
+        self._last = TimeStep(
+            observations, masks, {AGENT: reward}, {AGENT: terminated}, {AGENT: truncated}, {AGENT: info}
+        )
         return self._last

@@ -30,7 +30,7 @@ EDGE = 0.8  # the prey turns back beyond this coordinate; simple_tag penalises i
 def flee(prey_position: np.ndarray, predator_positions: np.ndarray) -> int:
     """The move most aligned with away-from-the-predators plus back-from-the-edge."""
     offsets = prey_position - predator_positions  # [predators, 2]
-    squared = np.maximum((offsets ** 2).sum(axis=1, keepdims=True), 1e-6)
+    squared = np.maximum((offsets**2).sum(axis=1, keepdims=True), 1e-6)
     away = (offsets / squared).sum(axis=0)  # each predator's push falls with its distance
     beyond = np.abs(prey_position) - EDGE
     back = -np.sign(prey_position) * np.maximum(beyond, 0.0) * 10.0 * max(np.linalg.norm(away), 1.0)

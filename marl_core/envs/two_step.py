@@ -36,11 +36,11 @@ class TwoStepGame(ParallelEnv):
         self._state = STATE_1
         self.state_space = spaces.Box(0.0, 1.0, (3,), np.float32)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def observation_space(self, agent):
         return spaces.Box(0.0, 1.0, (3,), np.float32)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def action_space(self, agent):
         return spaces.Discrete(2)
 

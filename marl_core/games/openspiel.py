@@ -62,9 +62,7 @@ def load_game(game_string: str) -> pyspiel.Game:
     except pyspiel.SpielError as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "unknown error"
         detail = detail.split(" Available games are")[0].rstrip(". :")
-        raise GameError(
-            f"cannot load game {game_string!r} ({detail}); run `psro games` to list games"
-        ) from None
+        raise GameError(f"cannot load game {game_string!r} ({detail}); run `psro games` to list games") from None
     reason = _unfit_reason(game.get_type())
     if reason:
         raise GameError(f"game {game_string!r} cannot be used: {reason}")

@@ -12,8 +12,8 @@ import functools
 
 import numpy as np
 
-from marl_core.games.tree import GameTree, build_tree
 from marl_core.games.openspiel import load_game
+from marl_core.games.tree import GameTree, build_tree
 from marl_core.policies.tabular import check_policy
 
 
@@ -71,8 +71,12 @@ def tabular_forms(populations, tree: GameTree) -> list[np.ndarray]:
         if population.tables is not None:
             forms.append(population.tables)
             continue
-        forms.append(np.stack([
-            member.tabular if member.tabular is not None else tabularize(member.network, tree, role)
-            for member in population.members
-        ]))
+        forms.append(
+            np.stack(
+                [
+                    member.tabular if member.tabular is not None else tabularize(member.network, tree, role)
+                    for member in population.members
+                ]
+            )
+        )
     return forms

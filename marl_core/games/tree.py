@@ -211,9 +211,7 @@ def profile_values(tree: GameTree, reaches: list[np.ndarray]) -> np.ndarray:
     return tree.expected_returns(weight[None])[0]
 
 
-def best_response(
-    tree: GameTree, player: int, reaches: list[np.ndarray]
-) -> tuple[float, np.ndarray]:
+def best_response(tree: GameTree, player: int, reaches: list[np.ndarray]) -> tuple[float, np.ndarray]:
     """Exact best response of ``player`` to the others' sequence reaches.
 
     Returns the best-response value and a deterministic policy [I, A]. ``reaches[player]`` is

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
-from typing import Callable, Optional
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -48,12 +47,17 @@ class LeagueState:
     settings: dict[str, dict] = dataclasses.field(default_factory=dict)  # learning player -> its own algorithm settings
     lineage: list[LineageEntry] = dataclasses.field(default_factory=list)  # PBT's copies so far
 
-    def copy(self) -> "LeagueState":
+    def copy(self) -> LeagueState:
         """A state the next generation may change; members and trainer states are never changed
         in place, only replaced, so they are shared."""
         return LeagueState(
-            League.from_state(self.league.settings, self.league.state()), Ratings.from_state(self.ratings.state()),
-            dict(self.members), dict(self.trainers), self.generation, {p: dict(v) for p, v in self.settings.items()}, list(self.lineage),
+            League.from_state(self.league.settings, self.league.state()),
+            Ratings.from_state(self.ratings.state()),
+            dict(self.members),
+            dict(self.trainers),
+            self.generation,
+            {p: dict(v) for p, v in self.settings.items()},
+            list(self.lineage),
         )
 
 
@@ -69,7 +73,9 @@ class GenerationRecord:
     seconds: float
     elapsed_seconds: float
     lineage: list[LineageEntry] = dataclasses.field(default_factory=list)  # PBT's copies at the generation's end
-    hyperparameters: dict[str, dict] = dataclasses.field(default_factory=dict)  # learning player -> PBT's values after them
+    hyperparameters: dict[str, dict] = dataclasses.field(
+        default_factory=dict
+    )  # learning player -> PBT's values after them
 
     def summary(self) -> str:
         parts = []
@@ -86,12 +92,22 @@ class GenerationRecord:
         return "  ".join(parts)
 
     def metrics(self) -> dict[str, float]:
-        metrics = {"generation_seconds": self.seconds, "elapsed_seconds": self.elapsed_seconds, "snapshots_taken": float(len(self.snapshots))}
+        metrics = {
+            "generation_seconds": self.seconds,
+            "elapsed_seconds": self.elapsed_seconds,
+            "snapshots_taken": float(len(self.snapshots)),
+        }
         metrics.update(self.measured)
         metrics.update(self.training)
         for row in self.ratings:  # the learning players' (each generation's table has every snapshot's)
             if row["player"] in self.opponents:
-                metrics.update({f"rating/{row['player']}/elo": row["elo"], f"rating/{row['player']}/mu": row["mu"], f"rating/{row['player']}/sigma": row["sigma"]})
+                metrics.update(
+                    {
+                        f"rating/{row['player']}/elo": row["elo"],
+                        f"rating/{row['player']}/mu": row["mu"],
+                        f"rating/{row['player']}/sigma": row["sigma"],
+                    }
+                )
         for player, values in self.hyperparameters.items():
             metrics.update({f"hp/{player}/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))})
         if self.hyperparameters:
@@ -150,7 +166,9 @@ def initial_state(config) -> LeagueState:
         ratings.add(snapshot.id, like=snapshot.parent)
     everyone = [p.id for p in league.players] + [s.id for s in league.snapshots]
     settings = {p.id: dict(config.player_settings.get(p.id, {})) for p in league.players}
-    return LeagueState(league, ratings, {id: members for id in everyone}, {p.id: trainers for p in league.players}, settings=settings)
+    return LeagueState(
+        league, ratings, {id: members for id in everyone}, {p.id: trainers for p in league.players}, settings=settings
+    )
 
 
 # --- the steps -------------------------------------------------------------------------------
@@ -169,27 +187,58 @@ class Matchup:
     settings: dict  # the player's own algorithm settings over the config's
 
     @classmethod
-    def of(cls, state: LeagueState, game: PSROGame, player: LearningPlayer) -> "Matchup":
+    def of(cls, state: LeagueState, game: PSROGame, player: LearningPlayer) -> Matchup:
         distribution = state.league.opponents(player)
         opponents = tuple(distribution)
-        populations = [Population.of(role, [state.members[o][r] for o in opponents]) for r, role in enumerate(game.roles)]
+        populations = [
+            Population.of(role, [state.members[o][r] for o in opponents]) for r, role in enumerate(game.roles)
+        ]
         probabilities = np.array([distribution[o] for o in opponents])
-        return cls(player.id, state.league.players.index(player), opponents, probabilities, populations, dict(state.settings.get(player.id, {})))
+        return cls(
+            player.id,
+            state.league.players.index(player),
+            opponents,
+            probabilities,
+            populations,
+            dict(state.settings.get(player.id, {})),
+        )
 
-    def call(self, config, role: int, generation: int, pool, trainer_state: Optional[dict] = None, collector_step: bool = False) -> OracleCall:
+    def call(
+        self,
+        config,
+        role: int,
+        generation: int,
+        pool,
+        trainer_state: dict | None = None,
+        collector_step: bool = False,
+    ) -> OracleCall:
         return OracleCall(
-            config.oracle_config(self.settings), role, self.populations, [self.probabilities] * len(self.populations), generation, pool,
-            seed_key=(self.index,), collector_step=collector_step, opponent_epsilon=config.opponent_epsilon,
-            purpose=self.player, stage="generation", trainer_state=trainer_state, report_training=True,
+            config.oracle_config(self.settings),
+            role,
+            self.populations,
+            [self.probabilities] * len(self.populations),
+            generation,
+            pool,
+            seed_key=(self.index,),
+            collector_step=collector_step,
+            opponent_epsilon=config.opponent_epsilon,
+            purpose=self.player,
+            stage="generation",
+            trainer_state=trainer_state,
+            report_training=True,
         )
 
 
-def train_player(config, matchup: Matchup, role: int, trainer_state: dict, generation: int, pool=None, collector_step: bool = False) -> BestResponse:
+def train_player(
+    config, matchup: Matchup, role: int, trainer_state: dict, generation: int, pool=None, collector_step: bool = False
+) -> BestResponse:
     """One learning player's role trained for a generation from `trainer_state`; the answer
     carries the trainer's new state and the games it played."""
     from marl_core.psro.oracles import get_oracle
 
-    return get_oracle(config.algorithm).compute(matchup.call(config, role, generation, pool, trainer_state, collector_step))
+    return get_oracle(config.algorithm).compute(
+        matchup.call(config, role, generation, pool, trainer_state, collector_step)
+    )
 
 
 def _train_beside_collector(config, matchup, role, trainer_state, generation, pool=None) -> BestResponse:
@@ -241,22 +290,37 @@ def record_vs_uniform(config, policies: tuple[Policy, ...], generation: int, poo
     with pool_or_local(pool, game.make_env, config.rollout.envs_per_worker) as workers:
         for r, role in enumerate(game.roles):
             other = game.roles[1 - r]
-            mixtures = {role: PolicyMixture((policies[r],), np.ones(1)), other: PolicyMixture((UniformPolicy(),), np.ones(1))}
+            mixtures = {
+                role: PolicyMixture((policies[r],), np.ones(1)),
+                other: PolicyMixture((UniformPolicy(),), np.ones(1)),
+            }
             shares = np.array_split(np.arange(config.eval_episodes), workers.size)
             requests = [
-                RolloutRequest(roles=game.mapping, populations=mixtures, episodes=len(share), seed=(config.seed, generation, r, 3, worker), explore=False, experience=False)
+                RolloutRequest(
+                    roles=game.mapping,
+                    populations=mixtures,
+                    episodes=len(share),
+                    seed=(config.seed, generation, r, 3, worker),
+                    explore=False,
+                    experience=False,
+                )
                 for worker, share in enumerate(shares)
                 if len(share)
             ]
             for result in workers.collect(requests):
-                own, theirs = role_returns(result.episode_returns, game, role), role_returns(result.episode_returns, game, other)
+                own, theirs = (
+                    role_returns(result.episode_returns, game, role),
+                    role_returns(result.episode_returns, game, other),
+                )
                 scores.append(np.where(own > theirs, 1.0, np.where(own < theirs, 0.0, 0.5)))
     scores = np.concatenate(scores)
     return {
         "wins_vs_uniform": float(np.mean(scores == 1.0)),
         "draws_vs_uniform": float(np.mean(scores == 0.5)),
         "win_rate_vs_uniform": float(scores.mean()),
-        "win_rate_vs_uniform_stderr": float(scores.std(ddof=1) / np.sqrt(len(scores))) if len(scores) > 1 else float("nan"),
+        "win_rate_vs_uniform_stderr": float(scores.std(ddof=1) / np.sqrt(len(scores)))
+        if len(scores) > 1
+        else float("nan"),
     }
 
 
@@ -281,7 +345,9 @@ def training_games(game: PSROGame, matchup: Matchup, response: BestResponse) -> 
     return [Game(matchup.player, away, float(h), float(a)) for away, h, a in zip(opponents, own, theirs)]
 
 
-def update_league(config, state: LeagueState, matchups: list[Matchup], responses: list[list[BestResponse]], generation: int) -> tuple[list[str], list[str]]:
+def update_league(
+    config, state: LeagueState, matchups: list[Matchup], responses: list[list[BestResponse]], generation: int
+) -> tuple[list[str], list[str]]:
     """Record the generation's games, take the new members and trainer states, then the
     snapshots; returns the snapshots taken and the players reset. Changes `state`."""
     game = psro_game_of(config)
@@ -348,7 +414,9 @@ def _hyperparameters(config, state: LeagueState, player: str) -> dict:
 # --- one generation, wired once --------------------------------------------------------------
 
 
-def run_generation(config, previous: LeagueState, generation: int, runner, pool=None, run_started: float = 0.0) -> tuple[GenerationRecord, LeagueState]:
+def run_generation(
+    config, previous: LeagueState, generation: int, runner, pool=None, run_started: float = 0.0
+) -> tuple[GenerationRecord, LeagueState]:
     """Every learner of the generation submitted at once with its collector, then the league's
     update, then the main agents measured. `previous` is left as it was."""
     began = time.perf_counter()
@@ -360,7 +428,9 @@ def run_generation(config, previous: LeagueState, generation: int, runner, pool=
         shared = runner.share(matchup)
         by_role = []
         for r in range(game.num_roles):
-            learner = runner.submit("train-player", config, shared, r, runner.share(state.trainers[matchup.player][r]), generation, pool)
+            learner = runner.submit(
+                "train-player", config, shared, r, runner.share(state.trainers[matchup.player][r]), generation, pool
+            )
             collectors.append(runner.submit_beside(learner, "collect-experience", config, shared, r, generation, pool))
             by_role.append(learner)
         learners.append(by_role)
@@ -381,14 +451,22 @@ def run_generation(config, previous: LeagueState, generation: int, runner, pool=
     record = GenerationRecord(
         generation=generation,
         opponents={m.player: dict(zip(m.opponents, m.probabilities.tolist())) for m in matchups},
-        snapshots=snapshots, resets=resets, measured=measured, training=training,
-        ratings=state.ratings.table(), seconds=now - began, elapsed_seconds=now - run_started, lineage=lineage,
-        hyperparameters={p.id: _hyperparameters(config, state, p.id) for p in state.league.players} if config.pbt else {},
+        snapshots=snapshots,
+        resets=resets,
+        measured=measured,
+        training=training,
+        ratings=state.ratings.table(),
+        seconds=now - began,
+        elapsed_seconds=now - run_started,
+        lineage=lineage,
+        hyperparameters={p.id: _hyperparameters(config, state, p.id) for p in state.league.players}
+        if config.pbt
+        else {},
     )
     return record, state
 
 
-def iterate_league_local(config, state: Optional[LeagueState] = None) -> Iterator[tuple[GenerationRecord, LeagueState]]:
+def iterate_league_local(config, state: LeagueState | None = None) -> Iterator[tuple[GenerationRecord, LeagueState]]:
     """Every generation in this process, from `state` (default the seeded league)."""
     from marl_core.psro.steps import LocalRunner, rollout_pool_config
     from marl_core.rollout.pool import WorkerPool
@@ -417,5 +495,9 @@ def write_main_agent_export(directory, config, state: LeagueState, wall_seconds:
     main = state.league.of_kind(MAIN_AGENT)[0].id
     populations = [Population.of(role, [state.members[main][r]]) for r, role in enumerate(game.roles)]
     meta = [np.ones(1)] * game.num_roles
-    report = nash_conv(build_tree(config.game), tabular_forms(populations, build_tree(config.game)), meta) if game.has_tree else None
+    report = (
+        nash_conv(build_tree(config.game), tabular_forms(populations, build_tree(config.game)), meta)
+        if game.has_tree
+        else None
+    )
     return write_export(directory, config.oracle_config(), populations, meta, report, state.generation, wall_seconds)

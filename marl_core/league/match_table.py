@@ -30,7 +30,7 @@ class Outcome(enum.IntEnum):
     WIN = 2
 
     @classmethod
-    def of(cls, home_return: float, away_return: float) -> "Outcome":
+    def of(cls, home_return: float, away_return: float) -> Outcome:
         if home_return > away_return:
             return cls.WIN
         if home_return < away_return:
@@ -43,7 +43,7 @@ class Outcome(enum.IntEnum):
         return self.value / 2
 
     @property
-    def reversed(self) -> "Outcome":
+    def reversed(self) -> Outcome:
         return Outcome(2 - self.value)
 
 
@@ -132,7 +132,13 @@ class MatchTable:
     def rows(self) -> list[dict]:
         """Every played pair as one row: what MLflow logs and what a resumed run reloads."""
         return [
-            {"home": home, "away": away, **dataclasses.asdict(record), "win_rate": record.win_rate, "mean_return": record.mean_return}
+            {
+                "home": home,
+                "away": away,
+                **dataclasses.asdict(record),
+                "win_rate": record.win_rate,
+                "mean_return": record.mean_return,
+            }
             for (home, away), record in self._pairs.items()
             if record.games > 0
         ]
@@ -142,11 +148,13 @@ class MatchTable:
         return {
             "decay": self.decay,
             "players": list(self.players),
-            "pairs": [[home, away, *(getattr(record, f) for f in fields)] for (home, away), record in self._pairs.items()],
+            "pairs": [
+                [home, away, *(getattr(record, f) for f in fields)] for (home, away), record in self._pairs.items()
+            ],
         }
 
     @classmethod
-    def from_state(cls, state: dict) -> "MatchTable":
+    def from_state(cls, state: dict) -> MatchTable:
         table = cls(state["decay"])
         table.players = list(state["players"])
         for home, away, *counts in state["pairs"]:
@@ -156,4 +164,6 @@ class MatchTable:
     def win_rate_matrix(self, players: Sequence[str] | None = None) -> np.ndarray:
         """[home, away] win rates over `players` (default: all), 0.5 where a pair never played."""
         players = self.players if players is None else players
-        return np.array([self.win_rates(home, players) for home in players], dtype=np.float64).reshape(len(players), len(players))
+        return np.array([self.win_rates(home, players) for home in players], dtype=np.float64).reshape(
+            len(players), len(players)
+        )

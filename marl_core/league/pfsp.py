@@ -22,7 +22,9 @@ WEIGHTINGS: Registry[Weighting] = Registry("PFSP weighting")
 WEIGHTINGS.add("squared", lambda x: (1 - x) ** 2, "(1-x)^2: the hardest opponents, strongly")
 WEIGHTINGS.add("variance", lambda x: x * (1 - x), "x(1-x): opponents near an even match")
 WEIGHTINGS.add("linear", lambda x: 1 - x, "1-x: the harder, the likelier")
-WEIGHTINGS.add("linear_capped", lambda x: np.minimum(0.5, 1 - x), "min(0.5, 1-x): every opponent it does not always beat, evenly")
+WEIGHTINGS.add(
+    "linear_capped", lambda x: np.minimum(0.5, 1 - x), "min(0.5, 1-x): every opponent it does not always beat, evenly"
+)
 WEIGHTINGS.add("uniform", lambda x: np.ones_like(x), "1: every opponent alike (fictitious self-play)")
 
 # Below this the weights count as all zero: AlphaStar's threshold.

@@ -49,11 +49,11 @@ class Distribution(dict):
     """Opponent id -> probability, in the order the league lists its candidates."""
 
     @classmethod
-    def over(cls, ids: Sequence[str], probabilities: Iterable[float]) -> "Distribution":
+    def over(cls, ids: Sequence[str], probabilities: Iterable[float]) -> Distribution:
         return cls(zip(ids, map(float, probabilities)))
 
     @classmethod
-    def mix(cls, parts: Iterable[tuple[float, "Distribution"]]) -> "Distribution":
+    def mix(cls, parts: Iterable[tuple[float, Distribution]]) -> Distribution:
         mixed = cls()
         for share, part in parts:
             for opponent, p in part.items():
@@ -71,10 +71,14 @@ class League:
     table: MatchTable
 
     @classmethod
-    def seeded(cls, settings: LeagueSettings) -> "League":
+    def seeded(cls, settings: LeagueSettings) -> League:
         """Every learning player, and one snapshot of each main agent as it starts: AlphaStar's
         seed, without which a main agent would have no past player to draw."""
-        counts = {MAIN_AGENT: settings.main_agents, MAIN_EXPLOITER: settings.main_exploiters, LEAGUE_EXPLOITER: settings.league_exploiters}
+        counts = {
+            MAIN_AGENT: settings.main_agents,
+            MAIN_EXPLOITER: settings.main_exploiters,
+            LEAGUE_EXPLOITER: settings.league_exploiters,
+        }
         players = [LearningPlayer(f"{kind}_{i}", kind) for kind in KINDS for i in range(counts[kind])]
         league = cls(settings, players, [], MatchTable(settings.decay))
         for player in players:
@@ -187,7 +191,7 @@ class League:
         }
 
     @classmethod
-    def from_state(cls, settings: LeagueSettings, state: dict) -> "League":
+    def from_state(cls, settings: LeagueSettings, state: dict) -> League:
         return cls(
             settings,
             [LearningPlayer(**p) for p in state["players"]],

@@ -36,14 +36,22 @@ from marl_core.league.match_table import Game, Outcome
 class RatingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    elo_k: float = Field(32.0, gt=0, description="Elo's K: points a game can move a rating (DI-engine's EloCalculator: 32)")
+    elo_k: float = Field(
+        32.0, gt=0, description="Elo's K: points a game can move a rating (DI-engine's EloCalculator: 32)"
+    )
     elo_initial: float = Field(1000.0, description="a new player's Elo")
     mu: float = Field(25.0, description="a new player's skill mean (openskill's default)")
     sigma: float = Field(25.0 / 3, gt=0, description="a new player's skill uncertainty (openskill's default)")
-    beta: float = Field(25.0 / 6, gt=0, description="the skill difference that gives about 76% odds (openskill's default)")
-    tau: float = Field(25.0 / 300, ge=0, description="uncertainty added before each game, so ratings keep moving (openskill's default)")
+    beta: float = Field(
+        25.0 / 6, gt=0, description="the skill difference that gives about 76% odds (openskill's default)"
+    )
+    tau: float = Field(
+        25.0 / 300, ge=0, description="uncertainty added before each game, so ratings keep moving (openskill's default)"
+    )
     games_per_match: int = Field(
-        1, ge=1, description="consecutive games of one pairing rated as one match, won by the larger summed return (a poker session); 1: every game"
+        1,
+        ge=1,
+        description="consecutive games of one pairing rated as one match, won by the larger summed return (a poker session); 1: every game",
     )
 
 
@@ -74,7 +82,9 @@ class Ratings:
         self.settings = settings
         self._model = PlackettLuce(mu=settings.mu, sigma=settings.sigma, beta=settings.beta, tau=settings.tau)
         self._ratings: dict[str, Rating] = {}
-        self._matches: dict[tuple[str, str], list[float]] = {}  # (home, away) in play -> [games, home total, away total]
+        self._matches: dict[
+            tuple[str, str], list[float]
+        ] = {}  # (home, away) in play -> [games, home total, away total]
 
     def __contains__(self, player: str) -> bool:
         return player in self._ratings
@@ -91,7 +101,9 @@ class Ratings:
         if player in self._ratings:
             raise ValueError(f"player {player!r} is already rated")
         s = self.settings
-        self._ratings[player] = dataclasses.replace(self._ratings[like], games=0) if like else Rating(s.elo_initial, s.mu, s.sigma, 0)
+        self._ratings[player] = (
+            dataclasses.replace(self._ratings[like], games=0) if like else Rating(s.elo_initial, s.mu, s.sigma, 0)
+        )
 
     def reset(self, player: str, like: str) -> None:
         """`player` is rated as `like` is now: it went back to the policy `like` holds."""
@@ -104,7 +116,9 @@ class Ratings:
             self.record_teams([[game.home], [game.away]], game.outcome)
             return
         pairing = tuple(sorted((game.home, game.away)))
-        own, theirs = (game.home_return, game.away_return) if pairing[0] == game.home else (game.away_return, game.home_return)
+        own, theirs = (
+            (game.home_return, game.away_return) if pairing[0] == game.home else (game.away_return, game.home_return)
+        )
         match = self._matches.setdefault(pairing, [0, 0.0, 0.0])
         match[0], match[1], match[2] = match[0] + 1, match[1] + own, match[2] + theirs
         if match[0] == self.settings.games_per_match:
@@ -121,12 +135,17 @@ class Ratings:
         if set(teams[0]) & set(teams[1]):
             # A policy against itself: the result says nothing about its skill.
             for player in {p for team in teams for p in team}:
-                self._ratings[player] = dataclasses.replace(self._ratings[player], games=self._ratings[player].games + 1)
+                self._ratings[player] = dataclasses.replace(
+                    self._ratings[player], games=self._ratings[player].games + 1
+                )
             return
         elo = self._elo_changes(teams, outcome.score)
         ranks = {Outcome.WIN: [1, 2], Outcome.DRAW: [1, 1], Outcome.LOSS: [2, 1]}[outcome]
         rated = self._model.rate(
-            [[self._model.rating(mu=self._ratings[p].mu, sigma=self._ratings[p].sigma) for p in team] for team in teams],
+            [
+                [self._model.rating(mu=self._ratings[p].mu, sigma=self._ratings[p].sigma) for p in team]
+                for team in teams
+            ],
             ranks=ranks,
         )
         for side, team in enumerate(teams):
@@ -152,11 +171,17 @@ class Ratings:
 
     def state(self) -> dict:
         matches = [[home, away, *match] for (home, away), match in self._matches.items()]
-        return {"settings": self.settings.model_dump(), "ratings": {p: dataclasses.asdict(r) for p, r in self._ratings.items()}, "matches": matches}
+        return {
+            "settings": self.settings.model_dump(),
+            "ratings": {p: dataclasses.asdict(r) for p, r in self._ratings.items()},
+            "matches": matches,
+        }
 
     @classmethod
-    def from_state(cls, state: dict) -> "Ratings":
+    def from_state(cls, state: dict) -> Ratings:
         ratings = cls(RatingSettings(**state["settings"]))
         ratings._ratings = {p: Rating(**r) for p, r in state["ratings"].items()}
-        ratings._matches = {(home, away): [int(games), float(a), float(b)] for home, away, games, a, b in state.get("matches", [])}
+        ratings._matches = {
+            (home, away): [int(games), float(a), float(b)] for home, away, games, a, b in state.get("matches", [])
+        }
         return ratings

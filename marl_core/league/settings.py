@@ -31,19 +31,34 @@ class MainAgentSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     pfsp: float = Field(0.5, ge=0, le=1, description="share of games against every snapshot by PFSP")
-    verification: float = Field(0.15, ge=0, le=1, description="share of games that verify (exploiters' snapshots, then its own forgotten ones)")
+    verification: float = Field(
+        0.15, ge=0, le=1, description="share of games that verify (exploiters' snapshots, then its own forgotten ones)"
+    )
     self_play: float = Field(0.35, ge=0, le=1, description="share of games against a main agent's current weights")
     pfsp_weighting: Weighting = Field("squared", description="PFSP weighting over every snapshot")
     self_play_min_win_rate: float = Field(
-        0.3, ge=0, le=1, description="self-play only while its win rate against that main agent is above this; else PFSP over its snapshots"
+        0.3,
+        ge=0,
+        le=1,
+        description="self-play only while its win rate against that main agent is above this; else PFSP over its snapshots",
     )
     self_play_fallback_weighting: Weighting = Field("variance", description="PFSP weighting of that fallback")
-    exploiter_win_rate: float = Field(0.3, ge=0, le=1, description="verify against exploiters' snapshots when its lowest win rate against them is below this")
-    forgetting_win_rate: float = Field(0.7, ge=0, le=1, description="else against its own past snapshots when its lowest win rate against them is below this")
+    exploiter_win_rate: float = Field(
+        0.3,
+        ge=0,
+        le=1,
+        description="verify against exploiters' snapshots when its lowest win rate against them is below this",
+    )
+    forgetting_win_rate: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="else against its own past snapshots when its lowest win rate against them is below this",
+    )
     verification_weighting: Weighting = Field("squared", description="PFSP weighting of verification games")
 
     @model_validator(mode="after")
-    def _shares_sum_to_one(self) -> "MainAgentSettings":
+    def _shares_sum_to_one(self) -> MainAgentSettings:
         total = self.pfsp + self.verification + self.self_play
         if abs(total - 1.0) > 1e-9:
             raise ValueError(f"pfsp + verification + self_play must sum to 1, got {total:g}")
@@ -53,7 +68,12 @@ class MainAgentSettings(BaseModel):
 class MainExploiterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min_win_rate: float = Field(0.1, ge=0, le=1, description="play a main agent while its win rate against it is above this; else PFSP over its snapshots")
+    min_win_rate: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="play a main agent while its win rate against it is above this; else PFSP over its snapshots",
+    )
     weighting: Weighting = Field("variance", description="PFSP weighting of that fallback")
     reset_on_snapshot: bool = Field(True, description="return to the initial weights at every snapshot")
 
@@ -62,7 +82,9 @@ class LeagueExploiterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     weighting: Weighting = Field("linear_capped", description="PFSP weighting over every snapshot")
-    reset_probability: float = Field(0.25, ge=0, le=1, description="chance of returning to the initial weights at a snapshot")
+    reset_probability: float = Field(
+        0.25, ge=0, le=1, description="chance of returning to the initial weights at a snapshot"
+    )
 
 
 class SnapshotRule(BaseModel):
@@ -70,12 +92,23 @@ class SnapshotRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    win_rate: float = Field(0.7, ge=0, le=1, description="snapshot once its lowest win rate against the opponents it trains against is above this")
-    min_steps: int = Field(0, ge=0, description="environment steps since its last snapshot before one may be taken (AlphaStar: 2e9)")
-    max_steps: int = Field(200_000, gt=0, description="environment steps since its last snapshot after which one is always taken (AlphaStar: 4e9)")
+    win_rate: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="snapshot once its lowest win rate against the opponents it trains against is above this",
+    )
+    min_steps: int = Field(
+        0, ge=0, description="environment steps since its last snapshot before one may be taken (AlphaStar: 2e9)"
+    )
+    max_steps: int = Field(
+        200_000,
+        gt=0,
+        description="environment steps since its last snapshot after which one is always taken (AlphaStar: 4e9)",
+    )
 
     @model_validator(mode="after")
-    def _ordered(self) -> "SnapshotRule":
+    def _ordered(self) -> SnapshotRule:
         if self.min_steps > self.max_steps:
             raise ValueError(f"min_steps {self.min_steps} is above max_steps {self.max_steps}")
         return self

@@ -32,8 +32,14 @@ def round_robin(game, players: list[list[tuple[str, Policy]]], episodes: int, se
     requests = [
         RolloutRequest(
             roles=game.mapping,
-            populations={home_role: PolicyMixture((home[1],), np.ones(1)), away_role: PolicyMixture((away[1],), np.ones(1))},
-            episodes=episodes, seed=(seed, i), explore=False, experience=False,
+            populations={
+                home_role: PolicyMixture((home[1],), np.ones(1)),
+                away_role: PolicyMixture((away[1],), np.ones(1)),
+            },
+            episodes=episodes,
+            seed=(seed, i),
+            explore=False,
+            experience=False,
         )
         for i, (home, away) in enumerate(pairings)
     ]
@@ -41,7 +47,10 @@ def round_robin(game, players: list[list[tuple[str, Policy]]], episodes: int, se
         results = workers.collect(requests)
     per_pairing = []
     for (home, away), result in zip(pairings, results):
-        own, theirs = role_returns(result.episode_returns, game, home_role), role_returns(result.episode_returns, game, away_role)
+        own, theirs = (
+            role_returns(result.episode_returns, game, home_role),
+            role_returns(result.episode_returns, game, away_role),
+        )
         per_pairing.append([Game(home[0], away[0], float(h), float(a)) for h, a in zip(own, theirs)])
     return [games[e] for e in range(episodes) for games in per_pairing]
 

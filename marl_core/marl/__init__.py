@@ -42,26 +42,45 @@ class MARLAlgorithm(NamedTuple):
 
 
 MARL_ALGORITHMS: Registry[MARLAlgorithm] = Registry("MARL algorithm")
-MARL_ALGORITHMS.add("ippo", "marl_core.marl.independent:IPPO", "independent PPO: one PPO trainer per policy id", IPPOConfig)
-MARL_ALGORITHMS.add("iql", "marl_core.marl.independent:IQL", "independent Q-learning: one double-DQN trainer per policy id", IQLConfig)
-MARL_ALGORITHMS.add("a2c", "marl_core.marl.independent:A2C", "independent A2C: one A2C trainer per policy id", IA2CConfig)
 MARL_ALGORITHMS.add(
-    "impala", "marl_core.marl.independent:IMPALA",
-    "independent IMPALA: V-trace learners that train while the workers stream fragments", IIMPALAConfig,
+    "ippo", "marl_core.marl.independent:IPPO", "independent PPO: one PPO trainer per policy id", IPPOConfig
 )
 MARL_ALGORITHMS.add(
-    "appo", "marl_core.marl.independent:APPO",
-    "independent APPO: PPO's surrogate on V-trace, learning while the workers stream fragments", IAPPOConfig,
+    "iql", "marl_core.marl.independent:IQL", "independent Q-learning: one double-DQN trainer per policy id", IQLConfig
 )
 MARL_ALGORITHMS.add(
-    "mappo", "marl_core.marl.mappo:MAPPO", "PPO with decentralized actors and centralized state-value critics", MAPPOConfig
-)
-MARL_ALGORITHMS.add("vdn", "marl_core.marl.value_decomposition:VDN", "the team's Q-value is the sum of the agents' utilities", VDNConfig)
-MARL_ALGORITHMS.add(
-    "qmix", "marl_core.marl.value_decomposition:QMIX",
-    "the team's Q-value is a monotonic mix of the agents' utilities, weights from the global state", QMIXConfig,
+    "a2c", "marl_core.marl.independent:A2C", "independent A2C: one A2C trainer per policy id", IA2CConfig
 )
 MARL_ALGORITHMS.add(
-    "maddpg", "marl_core.marl.maddpg:MADDPG",
-    "Gumbel-softmax actors trained through centralized critics of all observations and actions", MADDPGConfig,
+    "impala",
+    "marl_core.marl.independent:IMPALA",
+    "independent IMPALA: V-trace learners that train while the workers stream fragments",
+    IIMPALAConfig,
+)
+MARL_ALGORITHMS.add(
+    "appo",
+    "marl_core.marl.independent:APPO",
+    "independent APPO: PPO's surrogate on V-trace, learning while the workers stream fragments",
+    IAPPOConfig,
+)
+MARL_ALGORITHMS.add(
+    "mappo",
+    "marl_core.marl.mappo:MAPPO",
+    "PPO with decentralized actors and centralized state-value critics",
+    MAPPOConfig,
+)
+MARL_ALGORITHMS.add(
+    "vdn", "marl_core.marl.value_decomposition:VDN", "the team's Q-value is the sum of the agents' utilities", VDNConfig
+)
+MARL_ALGORITHMS.add(
+    "qmix",
+    "marl_core.marl.value_decomposition:QMIX",
+    "the team's Q-value is a monotonic mix of the agents' utilities, weights from the global state",
+    QMIXConfig,
+)
+MARL_ALGORITHMS.add(
+    "maddpg",
+    "marl_core.marl.maddpg:MADDPG",
+    "Gumbel-softmax actors trained through centralized critics of all observations and actions",
+    MADDPGConfig,
 )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from marl_core.distributed.learning import LearnerReport
     from marl_core.distributed.settings import AsyncConfig
     from marl_core.rollout.worker import StreamSummary
+
 
 def batches_per_learner(config: MARLConfig, settings: AsyncConfig) -> int:
     """Each learner's batches in a round: the round's `workers` fragments shared out (rounded up)."""
@@ -91,8 +92,12 @@ def stream_rollouts(config: MARLConfig, pool, learners: AsyncLearners) -> Stream
     specs = learners.specs()
     requests = [
         RolloutRequest(
-            roles=policy_mapping(config), learners=specs, fragment=Fragment(f"train/{worker}", 0, config.steps_per_round),
-            seed=(config.seed, 1, worker), weights_version=NEWEST, agent_ids=config.agent_ids,
+            roles=policy_mapping(config),
+            learners=specs,
+            fragment=Fragment(f"train/{worker}", 0, config.steps_per_round),
+            seed=(config.seed, 1, worker),
+            weights_version=NEWEST,
+            agent_ids=config.agent_ids,
             global_state=uses_global_state(config),
         )
         for worker in range(pool.size)
@@ -106,7 +111,9 @@ def train_learner(config: MARLConfig, pool, learners: AsyncLearners, member: int
     return learners.train(member, pool, batches_per_learner(config, settings))
 
 
-def round_metrics(stream: StreamReport, reports: list[LearnerReport], staleness: dict[int, int], seconds: float) -> dict[str, float]:
+def round_metrics(
+    stream: StreamReport, reports: list[LearnerReport], staleness: dict[int, int], seconds: float
+) -> dict[str, float]:
     """The round's throughput, staleness and learner utilisation, as MLflow metric names."""
     taken = sum(r.env_steps for r in reports)
     fragments = sum(staleness.values())
@@ -135,8 +142,7 @@ class LocalAsyncLearners:
 
     def __init__(self, config: MARLConfig, learner, make_copy):
         from marl_core.distributed.dataset_server import DatasetServer
-        from marl_core.distributed.learning import LocalSteps, ServerSteps
-        from marl_core.distributed.learning import place, resolve_device
+        from marl_core.distributed.learning import LocalSteps, ServerSteps, place, resolve_device
         from marl_core.distributed.parameter_server import ParameterServer
 
         self.settings = settings = asynchronous(config)
@@ -176,8 +182,14 @@ class LocalAsyncLearners:
 
         publish = (lambda version: self.publish(pool, version)) if member == 0 else None
         return learn_from_dataset(
-            self._learners[member], self._steps[member], self.dataset, batches, self.settings.fragments_per_batch,
-            publish, self.settings.publish_every, index=member,
+            self._learners[member],
+            self._steps[member],
+            self.dataset,
+            batches,
+            self.settings.fragments_per_batch,
+            publish,
+            self.settings.publish_every,
+            index=member,
         )
 
 
@@ -199,12 +211,19 @@ def run_async_round(config: MARLConfig, round: int, env_steps: int, runner, pool
     eval_mean, eval_stderr, evaluated = evaluate_when_due(config, round, runner, pool, learners, layout)
     returns = np.concatenate([s.episode_returns for s in stream.summaries])
     train, _ = summarize(returns, list(layout.agents), layout.groups)
-    metrics = {name: float(np.mean([r.metrics[name] for r in reports if name in r.metrics])) for name in reports[0].metrics}
+    metrics = {
+        name: float(np.mean([r.metrics[name] for r in reports if name in r.metrics])) for name in reports[0].metrics
+    }
     staleness = staleness_since(before, dataset.stats().staleness)
     metrics.update(round_metrics(stream, reports, staleness, seconds))
     return RoundRecord(
-        round=round, env_steps=env_steps + stream.env_steps, train_returns=train, eval_returns=eval_mean,
-        eval_stderr=eval_stderr, learner=metrics, steps_per_second=stream.env_steps / max(seconds, 1e-9),
+        round=round,
+        env_steps=env_steps + stream.env_steps,
+        train_returns=train,
+        eval_returns=eval_mean,
+        eval_stderr=eval_stderr,
+        learner=metrics,
+        steps_per_second=stream.env_steps / max(seconds, 1e-9),
         seconds={"collect": stream.seconds, "learn": max(r.learn_seconds for r in reports), "evaluate": evaluated},
         staleness=staleness,
     )
@@ -225,7 +244,9 @@ class _LearnerActor:
     pushes to the parameter server actor, which holds the training state; a restarted one pulls
     the weights and rejoins with a fresh clock."""
 
-    def __init__(self, config: MARLConfig, state: Optional[dict], store: str, index: int = 0, server: Optional[str] = None):
+    def __init__(
+        self, config: MARLConfig, state: dict | None, store: str, index: int = 0, server: str | None = None
+    ):
         import torch
 
         from marl_core.distributed.learning import LocalSteps, ServerSteps, place, resolve_device
@@ -264,8 +285,14 @@ class _LearnerActor:
 
         publish = (lambda version: self.publish(pool)) if self.index == 0 else None
         return learn_from_dataset(
-            self.learner, self.steps, DatasetClient(dataset), batches, self.settings.fragments_per_batch,
-            publish, self.settings.publish_every, index=self.index,
+            self.learner,
+            self.steps,
+            DatasetClient(dataset),
+            batches,
+            self.settings.fragments_per_batch,
+            publish,
+            self.settings.publish_every,
+            index=self.index,
         )
 
     def checkpoint(self) -> tuple[dict, dict]:
@@ -281,7 +308,7 @@ class _LearnerActor:
 class _ServerActor:
     """The parameter server of an asynchronous run's learners, holding the master learner."""
 
-    def __init__(self, config: MARLConfig, state: Optional[dict]):
+    def __init__(self, config: MARLConfig, state: dict | None):
         import torch
 
         from marl_core.distributed.learning import place, resolve_device
@@ -350,7 +377,7 @@ class RayAsyncLearners:
     A learner whose process dies is restarted and its round's training call retried: a
     retried call learns its round's batches afresh."""
 
-    def __init__(self, config: MARLConfig, state: Optional[dict], pool, max_restarts: int = 3):
+    def __init__(self, config: MARLConfig, state: dict | None, pool, max_restarts: int = 3):
         import uuid
 
         import ray
@@ -361,19 +388,30 @@ class RayAsyncLearners:
         learners = settings.distributed.learners
         self.sink = f"dataset-server-{uuid.uuid4().hex}"
         threads = config.workers + learners + 4  # every blocking put and take at once, and the rest
-        self._dataset = ray.remote(num_cpus=0, max_concurrency=threads)(DatasetServer).options(name=self.sink).remote(settings.dataset, config.seed)
+        self._dataset = (
+            ray.remote(num_cpus=0, max_concurrency=threads)(DatasetServer)
+            .options(name=self.sink)
+            .remote(settings.dataset, config.seed)
+        )
         self.dataset = DatasetClient(self._dataset)
-        actor = ray.remote(num_cpus=0, memory=1024**2, max_restarts=max_restarts, max_task_retries=max_restarts)(_LearnerActor)
+        actor = ray.remote(num_cpus=0, memory=1024**2, max_restarts=max_restarts, max_task_retries=max_restarts)(
+            _LearnerActor
+        )
         on_node = _spread_over_nodes()
         if learners == 1:
             self._members = [actor.options(scheduling_strategy=on_node(0)).remote(config, state, pool.store_name)]
             self._master = self._members[0]
         else:
             server = f"parameter-server-{uuid.uuid4().hex}"
-            self._master = ray.remote(num_cpus=0, max_concurrency=2 * learners + 4)(_ServerActor).options(name=server).remote(config, state)
+            self._master = (
+                ray.remote(num_cpus=0, max_concurrency=2 * learners + 4)(_ServerActor)
+                .options(name=server)
+                .remote(config, state)
+            )
             ray.get(self._master.specs.remote())  # started, so the learners find it by name
             self._members = [
-                actor.options(scheduling_strategy=on_node(i)).remote(config, None, pool.store_name, i, server) for i in range(learners)
+                actor.options(scheduling_strategy=on_node(i)).remote(config, None, pool.store_name, i, server)
+                for i in range(learners)
             ]
         self._specs = ray.get(self._master.specs.remote())
 

@@ -41,7 +41,13 @@ class FollowingObservations(Mapping):
     [T, E, O] array is built where it is first read (in the learner), then kept; it never
     travels."""
 
-    def __init__(self, obs: dict[AgentID, np.ndarray], ended: dict[AgentID, np.ndarray], after_last: dict[AgentID, np.ndarray], episode_end: np.ndarray):
+    def __init__(
+        self,
+        obs: dict[AgentID, np.ndarray],
+        ended: dict[AgentID, np.ndarray],
+        after_last: dict[AgentID, np.ndarray],
+        episode_end: np.ndarray,
+    ):
         self.obs, self.ended, self.after_last, self.episode_end = obs, ended, after_last, episode_end
         self._built: dict[AgentID, np.ndarray] = {}
 
@@ -67,7 +73,7 @@ class FollowingObservations(Mapping):
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_built": {}}
 
-    def with_obs(self, obs: dict[AgentID, np.ndarray]) -> "FollowingObservations":
+    def with_obs(self, obs: dict[AgentID, np.ndarray]) -> FollowingObservations:
         """The same following rows in `obs`'s dtypes, over `obs` (the batch's converted copy)."""
         return FollowingObservations(
             obs,
@@ -77,7 +83,9 @@ class FollowingObservations(Mapping):
         )
 
     @classmethod
-    def side_by_side(cls, parts: list["FollowingObservations"], obs: dict[AgentID, np.ndarray]) -> "FollowingObservations":
+    def side_by_side(
+        cls, parts: list[FollowingObservations], obs: dict[AgentID, np.ndarray]
+    ) -> FollowingObservations:
         """Segments of several workers joined on the E axis, over their joined `obs`."""
         episode_end = np.concatenate([p.episode_end for p in parts], axis=1)
         offsets = np.cumsum([0] + [p.episode_end.shape[1] for p in parts[:-1]])
@@ -154,7 +162,8 @@ class JointExperience:
         """This batch with float32 observations: pixels travel from the workers as uint8 (a
         quarter of the bytes) and become floats in the learner that reads them."""
         if all(v.dtype == np.float32 for v in self.obs.values()) and (
-            isinstance(self.next_obs, FollowingObservations) or all(v.dtype == np.float32 for v in self.next_obs.values())
+            isinstance(self.next_obs, FollowingObservations)
+            or all(v.dtype == np.float32 for v in self.next_obs.values())
         ):
             return self
         obs = {a: v.astype(np.float32, copy=False) for a, v in self.obs.items()}
@@ -188,10 +197,14 @@ class JointExperience:
         else:
             next_obs = per_agent("next_obs")
         return cls(
-            agents=first.agents, obs=obs, next_obs=next_obs,
+            agents=first.agents,
+            obs=obs,
+            next_obs=next_obs,
             **{name: per_agent(name) for name in ("mask", "action", "reward", "next_mask")},
-            **{name: np.concatenate([getattr(b, name) for b in batches], axis=1)
-               for name in ("state", "next_state", "terminated", "truncated")},
+            **{
+                name: np.concatenate([getattr(b, name) for b in batches], axis=1)
+                for name in ("state", "next_state", "terminated", "truncated")
+            },
             extras=extras,
         )
 
@@ -199,12 +212,16 @@ class JointExperience:
         """The same transitions as T*E rows of one step each (T = T*E, E = 1), for replay buffers."""
 
         def rows(array: np.ndarray) -> np.ndarray:
-            return array.reshape(array.shape[0] * array.shape[1], 1, *array.shape[2:])  # -1 is ambiguous for an empty state
+            return array.reshape(
+                array.shape[0] * array.shape[1], 1, *array.shape[2:]
+            )  # -1 is ambiguous for an empty state
 
         return JointExperience(
             agents=self.agents,
-            **{name: {a: rows(v) for a, v in getattr(self, name).items()}
-               for name in ("obs", "mask", "action", "reward", "next_obs", "next_mask")},
+            **{
+                name: {a: rows(v) for a, v in getattr(self, name).items()}
+                for name in ("obs", "mask", "action", "reward", "next_obs", "next_mask")
+            },
             **{name: rows(getattr(self, name)) for name in ("state", "next_state", "terminated", "truncated")},
             extras={a: {k: rows(v) for k, v in ex.items()} for a, ex in self.extras.items()},
         )

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
-from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import IA2CConfig, IAPPOConfig, IIMPALAConfig, IPPOConfig, IQLConfig
 from marl_core.rl import ALGORITHMS
 from marl_core.rl.gradient_steps import LossStep, OptimizedGroup
+from marl_core.rollout.layout import PolicyLayout
 
 
 class IndependentLearner:

@@ -25,5 +25,4 @@ class MARLLearner(Protocol):
         """Everything needed to resume training exactly (networks, optimizers, buffers, counters),
         as tensors and plain values that `torch.load(weights_only=True)` reads back."""
 
-    def load_state_dict(self, state: dict) -> None:
-        ...
+    def load_state_dict(self, state: dict) -> None: ...

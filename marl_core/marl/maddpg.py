@@ -60,18 +60,20 @@ from torch import nn
 
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
-from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import MADDPGConfig
 from marl_core.marl.value_decomposition import JointReplayBuffer
 from marl_core.policies.base import sample_rows
 from marl_core.rl.dqn import owed_gradient_steps
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
+from marl_core.rollout.layout import PolicyLayout
 
 # --- the actor: a categorical policy, and its Gumbel-softmax sample for training ---------------
 
 
-def gumbel_softmax(logits: torch.Tensor, mask: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+def gumbel_softmax(
+    logits: torch.Tensor, mask: torch.Tensor, temperature: float, generator: torch.Generator
+) -> torch.Tensor:
     """A straight-through Gumbel-softmax sample of softmax(logits) over the legal actions.
 
     Forward: the one-hot of argmax(logits + g), g ~ Gumbel(0, 1), an exact sample of the policy
@@ -166,8 +168,12 @@ class PerAgentReplayBuffer(JointReplayBuffer):
             return {p: torch.from_numpy(v[index]) for p, v in arrays.items()}
 
         return Transitions(
-            obs=rows(self.obs), mask=rows(self.mask), action=rows(self.action), reward=rows(self.agent_reward),
-            next_obs=rows(self.next_obs), next_mask=rows(self.next_mask),
+            obs=rows(self.obs),
+            mask=rows(self.mask),
+            action=rows(self.action),
+            reward=rows(self.agent_reward),
+            next_obs=rows(self.next_obs),
+            next_mask=rows(self.next_mask),
             terminated=torch.from_numpy(self.terminated[index]),
         )
 
@@ -186,7 +192,9 @@ class MADDPGLearner:
         for p, agents in groups.items():
             one_hot = layout.one_hot(agents[0])
             self.env_obs_size[p] = layout.obs_size[p] - (0 if one_hot is None else len(one_hot))
-        self.joint_size = sum(len(agents) * (self.env_obs_size[p] + layout.num_actions[p]) for p, agents in groups.items())
+        self.joint_size = sum(
+            len(agents) * (self.env_obs_size[p] + layout.num_actions[p]) for p, agents in groups.items()
+        )
         with torch.random.fork_rng(devices=[]):  # seeded initialisation without touching global state
             torch.manual_seed(config.seed)
             self.policies: dict[str, GumbelSoftmaxPolicy] = {
@@ -220,7 +228,11 @@ class MADDPGLearner:
         for _ in range(owed):
             for name, value in self._update().items():
                 history.setdefault(name, []).append(value)
-        metrics = {"gradient_steps": float(self.gradient_steps), "env_steps": float(self.env_steps), "updates": float(owed)}
+        metrics = {
+            "gradient_steps": float(self.gradient_steps),
+            "env_steps": float(self.env_steps),
+            "updates": float(owed),
+        }
         metrics.update({name: float(np.mean(values)) for name, values in history.items()})
         return metrics
 
@@ -255,14 +267,18 @@ class MADDPGLearner:
             metrics.update({f"{p}/critic_loss": critic_loss.item(), f"{p}/actor_loss": actor_loss.item(), f"{p}/q": q})
         with torch.no_grad():
             # (a frozen network's target keeps moving toward it, so it ends up equal to it)
-            for online, target in [*zip(self.actors.values(), self.target_actors.values()),
-                                   *zip(self.critics.values(), self.target_critics.values())]:
+            for online, target in [
+                *zip(self.actors.values(), self.target_actors.values()),
+                *zip(self.critics.values(), self.target_critics.values()),
+            ]:
                 for w, w_target in zip(online.parameters(), target.parameters()):
                     w_target.lerp_(w, c.tau)
         self.gradient_steps += 1
         return metrics
 
-    def critic_loss(self, p: str, batch: Transitions, joint: torch.Tensor, next_joint: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def critic_loss(
+        self, p: str, batch: Transitions, joint: torch.Tensor, next_joint: torch.Tensor
+    ) -> tuple[torch.Tensor, float]:
         """Squared error of Q_p(x, a, i) against r_i + gamma * Q'_p(x', a', i) for each agent i of p."""
         n = len(self.layout.groups[p])
         q = self.critics[p](joint.unsqueeze(1).expand(-1, n, -1))  # [B, n]

@@ -45,12 +45,12 @@ from torch import nn
 
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
-from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import MAPPOConfig
 from marl_core.policies.base import sample_rows
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.ppo import compute_gae, step_metrics
+from marl_core.rollout.layout import PolicyLayout
 
 # --- the decentralized actor: what rollout workers act with -----------------------------------
 
@@ -191,9 +191,12 @@ class MAPPOLearner:
         critic_lr = config.critic_lr or config.lr
         self.optimizers = {
             p: torch.optim.Adam(
-                [{"params": self.policies[p].parameters(), "lr": config.lr},
-                 {"params": self.critics[p].parameters(), "lr": critic_lr}],
-                eps=1e-5, fused=True,  # fused: faster on CPU
+                [
+                    {"params": self.policies[p].parameters(), "lr": config.lr},
+                    {"params": self.critics[p].parameters(), "lr": critic_lr},
+                ],
+                eps=1e-5,
+                fused=True,  # fused: faster on CPU
             )
             for p in layout.groups
         }
@@ -260,8 +263,14 @@ class MAPPOLearner:
             for start in range(0, len(order), c.minibatch_size):
                 index = torch.from_numpy(order[start : start + c.minibatch_size])
                 step = self._gradient_step(
-                    policy, obs[index], mask[index], action[index], old_logp[index], advantages[index],
-                    critic_inputs[index], targets[index],
+                    policy,
+                    obs[index],
+                    mask[index],
+                    action[index],
+                    old_logp[index],
+                    advantages[index],
+                    critic_inputs[index],
+                    targets[index],
                 )
                 for name, number in step.items():
                     totals.setdefault(name, []).append(number)
@@ -271,7 +280,9 @@ class MAPPOLearner:
         metrics["explained_variance"] = 1.0 - float((returns - values).var()) / variance if variance > 0 else 0.0
         return metrics
 
-    def _gradient_step(self, policy, obs, mask, action, old_logp, advantages, critic_inputs, targets) -> dict[str, float]:
+    def _gradient_step(
+        self, policy, obs, mask, action, old_logp, advantages, critic_inputs, targets
+    ) -> dict[str, float]:
         c = self.config
         actor, critic = self.policies[policy], self.critics[policy]
         log_probs = torch.log_softmax(actor.logits(obs, mask), dim=-1)

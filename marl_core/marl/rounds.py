@@ -73,7 +73,9 @@ class LocalRunner:
         return handle.result() if isinstance(handle, concurrent.futures.Future) else handle
 
 
-def run_round(config: MARLConfig, round: int, env_steps: int, runner: Runner, pool, learner: LearnerHandle, layout: PolicyLayout) -> RoundRecord:
+def run_round(
+    config: MARLConfig, round: int, env_steps: int, runner: Runner, pool, learner: LearnerHandle, layout: PolicyLayout
+) -> RoundRecord:
     """One round, the one place its steps are wired: collect, learn, and evaluate when due.
     `env_steps` counts the run's joint steps before this round. An asynchronous algorithm's
     round streams and learns at once instead (`marl_core.marl.async_rounds`)."""
@@ -86,14 +88,20 @@ def run_round(config: MARLConfig, round: int, env_steps: int, runner: Runner, po
     eval_mean, eval_stderr, evaluated = evaluate_when_due(config, round, runner, pool, learner, layout)
     train, _ = summarize(collected.returns, list(layout.agents), layout.groups)
     return RoundRecord(
-        round=round, env_steps=env_steps + collected.env_steps, train_returns=train, eval_returns=eval_mean,
-        eval_stderr=eval_stderr, learner=learner_metrics,
+        round=round,
+        env_steps=env_steps + collected.env_steps,
+        train_returns=train,
+        eval_returns=eval_mean,
+        eval_stderr=eval_stderr,
+        learner=learner_metrics,
         steps_per_second=collected.env_steps / max(collected.seconds, 1e-9),
         seconds={"collect": collected.seconds, "learn": learned, "evaluate": evaluated},
     )
 
 
-def iterate_marl_local(config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0, pool=None) -> Iterator[tuple[RoundRecord, Any]]:
+def iterate_marl_local(
+    config: MARLConfig, learner=None, first_round: int = 0, env_steps: int = 0, pool=None
+) -> Iterator[tuple[RoundRecord, Any]]:
     """The rounds in this process: yields (record, learner) after each round. `pool`: the
     rollout workers (a `WorkerPool` plays on Ray actors at the same time); by default one
     `WorkerPool` whose workers play here, one after another."""

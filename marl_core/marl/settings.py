@@ -7,8 +7,6 @@ its class. Independent learners reuse the single-agent settings unchanged.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from marl_core.distributed.settings import AsyncConfig
@@ -23,7 +21,7 @@ class IPPOConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     ppo: PPOConfig = Field(default_factory=PPOConfig)
-    asynchronous: Optional[AsyncConfig] = Field(None, description="learn while the workers play (see AsyncConfig)")
+    asynchronous: AsyncConfig | None = Field(None, description="learn while the workers play (see AsyncConfig)")
 
 
 class IIMPALAConfig(BaseModel):
@@ -32,7 +30,9 @@ class IIMPALAConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     impala: IMPALAConfig = Field(default_factory=IMPALAConfig)
-    asynchronous: AsyncConfig = Field(default_factory=AsyncConfig, description="the dataset server and distributed strategy")
+    asynchronous: AsyncConfig = Field(
+        default_factory=AsyncConfig, description="the dataset server and distributed strategy"
+    )
 
 
 class IAPPOConfig(BaseModel):
@@ -41,7 +41,9 @@ class IAPPOConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     appo: APPOConfig = Field(default_factory=APPOConfig)
-    asynchronous: AsyncConfig = Field(default_factory=AsyncConfig, description="the dataset server and distributed strategy")
+    asynchronous: AsyncConfig = Field(
+        default_factory=AsyncConfig, description="the dataset server and distributed strategy"
+    )
 
 
 # DQN's own defaults are CartPole's (a 256x256 network, a gradient step every 2 transitions): on
@@ -49,8 +51,15 @@ class IAPPOConfig(BaseModel):
 # follow VDN and QMIX's below, counted in the transitions of one policy id (3 a joint step when
 # 3 agents share it).
 MULTI_AGENT_DQN = DQNConfig(
-    hidden=(128, 128), lr=5e-4, batch_size=256, buffer_size=100_000, learning_starts=5_000, train_every=8,
-    target_update_interval=500, epsilon_end=0.05, epsilon_decay_steps=100_000,
+    hidden=(128, 128),
+    lr=5e-4,
+    batch_size=256,
+    buffer_size=100_000,
+    learning_starts=5_000,
+    train_every=8,
+    target_update_interval=500,
+    epsilon_end=0.05,
+    epsilon_decay_steps=100_000,
 )
 
 
@@ -124,6 +133,7 @@ class _ReplaySettings(BaseModel):
 
 # --- VDN and QMIX (marl_core/marl/value_decomposition.py) ------------------------------------
 
+
 class ValueDecompositionConfig(_ReplaySettings):
     """What VDN and QMIX share: per-policy agent Q-networks trained through a mixer on a replay
     buffer of joint transitions, with double-Q targets and epsilon-greedy exploration.
@@ -155,7 +165,6 @@ class ValueDecompositionConfig(_ReplaySettings):
     seed: int = Field(0, description="seeds network initialisation and replay sampling")
 
 
-
 class VDNConfig(ValueDecompositionConfig):
     """VDN (Sunehag et al. 2018): the team's Q-value is the sum of the agents' utilities."""
 
@@ -169,6 +178,7 @@ class QMIXConfig(ValueDecompositionConfig):
 
 
 # --- MADDPG (marl_core/marl/maddpg.py) -------------------------------------------------------
+
 
 class MADDPGConfig(_ReplaySettings):
     """MADDPG (Lowe et al. 2017) for discrete actions: per-policy actors trained through
@@ -192,19 +202,28 @@ class MADDPGConfig(_ReplaySettings):
     actor_lr: float = Field(1e-2, gt=0, description="Adam learning rate of the actors")
     critic_lr: float = Field(1e-2, gt=0, description="Adam learning rate of the critics")
     gamma: float = Field(0.95, ge=0, le=1, description="discount factor")
-    tau: float = Field(0.01, gt=0, le=1, description="Polyak rate: target <- (1 - tau) target + tau online, every update")
+    tau: float = Field(
+        0.01, gt=0, le=1, description="Polyak rate: target <- (1 - tau) target + tau online, every update"
+    )
     batch_size: int = Field(1024, gt=0, description="joint transitions per update")
     buffer_size: int = Field(1_000_000, gt=0, description="replay buffer capacity in joint transitions")
-    learning_starts: int = Field(5_000, ge=0, description="joint environment steps before the first update (the paper: 25,600)")
-    train_every: int = Field(50, gt=0, description="joint environment steps per update, of every critic and actor (the paper: 100)")
+    learning_starts: int = Field(
+        5_000, ge=0, description="joint environment steps before the first update (the paper: 25,600)"
+    )
+    train_every: int = Field(
+        50, gt=0, description="joint environment steps per update, of every critic and actor (the paper: 100)"
+    )
     gumbel_temperature: float = Field(
         1.0, gt=0, description="temperature of the Gumbel-softmax relaxation that the actor's gradient flows through"
     )
     logit_penalty: float = Field(
-        1e-3, ge=0, description="weight of the mean squared actor logits in the actor loss (keeps the softmax from saturating)"
+        1e-3,
+        ge=0,
+        description="weight of the mean squared actor logits in the actor loss (keeps the softmax from saturating)",
     )
     max_grad_norm: float = Field(0.5, gt=0, description="gradient-norm clip, per network")
     frozen: tuple[str, ...] = Field(
-        (), description="policy ids that act but do not learn (e.g. a trained adversary the good agents learn to deceive)"
+        (),
+        description="policy ids that act but do not learn (e.g. a trained adversary the good agents learn to deceive)",
     )
     seed: int = Field(0, description="seeds network initialisation, replay sampling and Gumbel noise")

@@ -24,7 +24,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -47,7 +47,7 @@ class MARLConfig(BaseModel):
     env: str = Field(description="a simultaneous environment: pettingzoo:<module with parallel_env()> or atari:<game>")
     algorithm: str = Field("mappo", description="MARL algorithm (see marl_core.marl.MARL_ALGORITHMS)")
     settings: dict[str, Any] = Field(default_factory=dict, description="the algorithm's hyperparameters")
-    policies: Optional[dict[str, str]] = Field(
+    policies: dict[str, str] | None = Field(
         None, description="agent-name prefix -> policy id; default: agents named <role>_<n> share the policy <role>"
     )
     agent_ids: bool = Field(True, description="agents that share a policy see a one-hot of their index")
@@ -73,10 +73,11 @@ class MARLConfig(BaseModel):
     # where the flow runs and tracks; unused by the in-process loop
     tracking_uri: str = "sqlite:///mlflow.db"
     experiment: str = "marl"
-    ray_address: Optional[str] = None
-    num_cpus: Optional[int] = Field(None, gt=0)
+    ray_address: str | None = None
+    num_cpus: int | None = Field(None, gt=0)
     learner_threads: int = Field(
-        1, gt=0,
+        1,
+        gt=0,
         description="torch threads of the learner: in collect-then-learn rounds the workers wait while it learns, "
         "so a large network (pixels) learns faster on the CPUs they leave; small ones only contend",
     )
@@ -136,7 +137,7 @@ def _check_frames(config: MARLConfig, layout) -> None:
         network = getattr(settings, name)
         if not isinstance(network, ActorCriticNetworkConfig) or network.encoder != "nature_cnn":
             continue
-        pixels = network.frame_size ** 2
+        pixels = network.frame_size**2
         for policy, size in layout.obs_size.items():
             if size % pixels:
                 raise ValueError(
@@ -261,7 +262,7 @@ class LearnerActor:
     and publishes its acting networks to the pool's parameter store itself. It lives here, not
     beside the flows, so that its process imports no Prefect."""
 
-    def __init__(self, config: MARLConfig, state: Optional[dict]):
+    def __init__(self, config: MARLConfig, state: dict | None):
         import torch
 
         torch.set_num_threads(config.learner_threads)
@@ -322,12 +323,15 @@ def _ray_get(ref):
 
 def learner_specs(learner) -> dict[str, LearnerSpec]:
     """Policy id -> how a worker builds and refreshes that policy's acting network."""
-    from marl_core.rollout.worker import LearnerSpec, NetworkCopy
-
     import copy
 
+    from marl_core.rollout.worker import LearnerSpec, NetworkCopy
+
     # The workers' copies are built on the CPU, wherever the learner's networks live.
-    return {policy: LearnerSpec(_weights_key(policy), NetworkCopy(copy.deepcopy(network).cpu())) for policy, network in learner.policies.items()}
+    return {
+        policy: LearnerSpec(_weights_key(policy), NetworkCopy(copy.deepcopy(network).cpu()))
+        for policy, network in learner.policies.items()
+    }
 
 
 def publish(learner, pool, version: int) -> None:
@@ -360,8 +364,12 @@ def collect_rollouts(config: MARLConfig, pool, learner: LearnerHandle, round: in
     specs = learner.specs()
     requests = [
         RolloutRequest(
-            roles=policy_mapping(config), learners=specs, fragment=Fragment(f"train/{worker}", round, config.steps_per_round),
-            seed=(config.seed, 1, round, worker), weights_version=round, agent_ids=config.agent_ids,
+            roles=policy_mapping(config),
+            learners=specs,
+            fragment=Fragment(f"train/{worker}", round, config.steps_per_round),
+            seed=(config.seed, 1, round, worker),
+            weights_version=round,
+            agent_ids=config.agent_ids,
             global_state=uses_global_state(config),
         )
         for worker in range(pool.size)
@@ -387,7 +395,7 @@ class Evaluation:
     `versus_uniform` is agent k's return in episodes where it alone played its policy."""
 
     returns: np.ndarray
-    versus_uniform: Optional[np.ndarray] = None
+    versus_uniform: np.ndarray | None = None
 
 
 UNIFORM_ROLE = "uniform"  # `uniform/<agent>`: the role of an agent that plays uniformly at random in `versus_uniform`
@@ -408,11 +416,18 @@ def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: i
     def requests(roles, learners, populations, stream: int) -> list[RolloutRequest]:
         return [
             RolloutRequest(
-                roles=roles, episodes=share, seed=(config.seed, 4, round, worker, *([stream] if stream else [])), learners=learners,
-                populations=populations, weights_version=version, explore=not config.eval_greedy, agent_ids=config.agent_ids,
+                roles=roles,
+                episodes=share,
+                seed=(config.seed, 4, round, worker, *([stream] if stream else [])),
+                learners=learners,
+                populations=populations,
+                weights_version=version,
+                explore=not config.eval_greedy,
+                agent_ids=config.agent_ids,
                 experience=False,
             )
-            for worker, share in enumerate(shares) if share
+            for worker, share in enumerate(shares)
+            if share
         ]
 
     batches = [requests(mapping, specs, {}, 0)]
@@ -424,7 +439,7 @@ def evaluate_policies(config: MARLConfig, pool, learner: LearnerHandle, round: i
     results = pool.collect([request for batch in batches for request in batch])
     returns, offset = [], 0
     for batch in batches:
-        returns.append(np.concatenate([r.episode_returns for r in results[offset: offset + len(batch)]]))
+        returns.append(np.concatenate([r.episode_returns for r in results[offset : offset + len(batch)]]))
         offset += len(batch)
     if not config.eval_versus_uniform:
         return Evaluation(returns[0])
@@ -457,12 +472,12 @@ class RoundRecord:
     round: int
     env_steps: int  # since the run started
     train_returns: dict[str, float]  # per agent and per policy ("policy/<id>"): finished training episodes
-    eval_returns: Optional[dict[str, float]]  # same keys, greedy evaluation; None when not due
-    eval_stderr: Optional[dict[str, float]]
+    eval_returns: dict[str, float] | None  # same keys, greedy evaluation; None when not due
+    eval_stderr: dict[str, float] | None
     learner: dict[str, float]  # the learner's metrics (losses, ...)
     steps_per_second: float  # joint environment steps per second of collection
     seconds: dict[str, float]  # collect / learn / evaluate
-    staleness: Optional[dict[int, int]] = None  # asynchronous rounds: fragments taken, by staleness
+    staleness: dict[int, int] | None = None  # asynchronous rounds: fragments taken, by staleness
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -496,7 +511,9 @@ def evaluation_due(config: MARLConfig, round: int) -> bool:
     return (round + 1) % config.eval_every == 0 or round == config.rounds - 1
 
 
-def evaluate_when_due(config: MARLConfig, round: int, runner, pool, learner, layout) -> tuple[Optional[dict], Optional[dict], float]:
+def evaluate_when_due(
+    config: MARLConfig, round: int, runner, pool, learner, layout
+) -> tuple[dict | None, dict | None, float]:
     """The round's `evaluate-policies` step through `runner` when it is due: the greedy returns'
     mean and standard error per agent and policy, and per agent against uniform play
     (`vs_uniform/<agent>`) when asked (None, None when not due), and its seconds."""
@@ -525,7 +542,7 @@ def checkpoint_due(config: MARLConfig, round: int) -> bool:
 NEWEST = sys.maxsize  # an asynchronous round's requests ask for the newest weights there are
 
 
-def asynchronous(config: MARLConfig) -> Optional[AsyncConfig]:
+def asynchronous(config: MARLConfig) -> AsyncConfig | None:
     """The run's asynchronous settings (`marl_core.marl.async_rounds`), or None for
     collect-then-learn rounds."""
     return getattr(config.algorithm_settings, "asynchronous", None)
@@ -539,5 +556,3 @@ def uses_global_state(config: MARLConfig) -> bool:
 
 def make_learner(config: MARLConfig, layout, state_size: int):
     return MARL_ALGORITHMS[config.algorithm].learner(layout, state_size, config.algorithm_settings)
-
-

@@ -45,11 +45,11 @@ from torch import nn
 
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.batch import JointExperience
-from marl_core.rollout.layout import PolicyLayout
 from marl_core.marl.settings import QMIXConfig, ValueDecompositionConfig, VDNConfig
 from marl_core.rl.dqn import QPolicy, linear_epsilon, take_owed_gradient_steps
 from marl_core.rl.networks import masked_argmax
 from marl_core.rl.settings import DQNConfig
+from marl_core.rollout.layout import PolicyLayout
 
 # --- mixers: [B, N] agent utilities and [B, S] global states -> [B] team values ---------------
 
@@ -81,7 +81,9 @@ class QMixer(nn.Module):
             nn.Linear(state_size, hypernet_hidden), nn.ReLU(), nn.Linear(hypernet_hidden, num_agents * embed)
         )
         self.hyper_b1 = nn.Linear(state_size, embed)
-        self.hyper_w2 = nn.Sequential(nn.Linear(state_size, hypernet_hidden), nn.ReLU(), nn.Linear(hypernet_hidden, embed))
+        self.hyper_w2 = nn.Sequential(
+            nn.Linear(state_size, hypernet_hidden), nn.ReLU(), nn.Linear(hypernet_hidden, embed)
+        )
         self.value = nn.Sequential(nn.Linear(state_size, embed), nn.ReLU(), nn.Linear(embed, 1))
 
     def forward(self, utilities: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -109,8 +111,15 @@ class JointTransitions(NamedTuple):
 
 
 _DTYPES = {
-    "obs": np.float32, "next_obs": np.float32, "action": np.int64, "mask": np.bool_, "next_mask": np.bool_,
-    "reward": np.float32, "state": np.float32, "next_state": np.float32, "terminated": np.bool_,
+    "obs": np.float32,
+    "next_obs": np.float32,
+    "action": np.int64,
+    "mask": np.bool_,
+    "next_mask": np.bool_,
+    "reward": np.float32,
+    "state": np.float32,
+    "next_state": np.float32,
+    "terminated": np.bool_,
 }
 
 
@@ -142,10 +151,14 @@ class JointReplayBuffer:
     def __init__(self, capacity: int, layout: PolicyLayout, state_size: int):
         self.capacity, self.layout = capacity, layout
         for name, source in self.PER_POLICY.items():
-            setattr(self, name, {
-                policy: np.zeros((capacity, len(agents), *_tail(source, layout, policy)), _DTYPES[source])
-                for policy, agents in layout.groups.items()
-            })
+            setattr(
+                self,
+                name,
+                {
+                    policy: np.zeros((capacity, len(agents), *_tail(source, layout, policy)), _DTYPES[source])
+                    for policy, agents in layout.groups.items()
+                },
+            )
         for name in self.SHARED:
             setattr(self, name, np.zeros((capacity, *((state_size,) if "state" in name else ())), _DTYPES[name]))
         self.size = 0  # transitions held
@@ -163,7 +176,9 @@ class JointReplayBuffer:
         slots = (self.position + np.arange(n)) % self.capacity
         for name, source in self.PER_POLICY.items():
             for policy, agents in self.layout.groups.items():
-                getattr(self, name)[policy][slots] = np.stack([getattr(rows, source)[a][-n:, 0] for a in agents], axis=1)
+                getattr(self, name)[policy][slots] = np.stack(
+                    [getattr(rows, source)[a][-n:, 0] for a in agents], axis=1
+                )
         for name in self.SHARED:
             if name == "reward":
                 self.reward[slots] = np.mean([rows.reward[a][-n:, 0] for a in rows.agents], axis=0)
@@ -174,7 +189,9 @@ class JointReplayBuffer:
 
     def sample(self, batch_size: int, generator: np.random.Generator) -> JointTransitions:
         index = generator.integers(self.size, size=batch_size)
-        per_policy = {name: {p: torch.from_numpy(v[index]) for p, v in getattr(self, name).items()} for name in self.PER_POLICY}
+        per_policy = {
+            name: {p: torch.from_numpy(v[index]) for p, v in getattr(self, name).items()} for name in self.PER_POLICY
+        }
         shared = {name: torch.from_numpy(getattr(self, name)[index]) for name in self.SHARED}
         return JointTransitions(**per_policy, **shared)
 

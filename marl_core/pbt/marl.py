@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -38,7 +38,8 @@ class PBTConfig(BaseModel):
     marl: MARLConfig = Field(..., description="the learners' MARL settings; member i's seed is marl.seed + i")
     population: int = Field(4, ge=2, description="members")
     members: list[dict[str, Any]] = Field(
-        default_factory=list, description="per member, settings that override marl.settings (the first members; the rest take marl.settings)"
+        default_factory=list,
+        description="per member, settings that override marl.settings (the first members; the rest take marl.settings)",
     )
     pbt: PBTSettings
     exploit: bool = Field(True, description="false: train the population without exploit/explore (the baseline)")
@@ -52,7 +53,7 @@ class PBTConfig(BaseModel):
         return values
 
     @model_validator(mode="after")
-    def _members_fit(self) -> "PBTConfig":
+    def _members_fit(self) -> PBTConfig:
         if len(self.members) > self.population:
             raise ValueError(f"members: {len(self.members)} given for a population of {self.population}")
         for i in range(self.population):
@@ -60,9 +61,13 @@ class PBTConfig(BaseModel):
         settings = dotted(self.marl.algorithm_settings.model_dump())
         unknown = sorted(set(self.pbt.hyperparam_mutations) - set(settings))
         if unknown:
-            raise ValueError(f"pbt.hyperparam_mutations: {unknown} are not settings of {self.marl.algorithm}; it has {sorted(settings)}")
+            raise ValueError(
+                f"pbt.hyperparam_mutations: {unknown} are not settings of {self.marl.algorithm}; it has {sorted(settings)}"
+            )
         if self.pbt.metric not in (None, "return"):
-            raise ValueError(f"pbt.metric={self.pbt.metric!r}: a MARL population is ranked by return (its greedy return)")
+            raise ValueError(
+                f"pbt.metric={self.pbt.metric!r}: a MARL population is ranked by return (its greedy return)"
+            )
         if asynchronous(self.marl) is not None:
             raise ValueError(
                 f"marl.algorithm={self.marl.algorithm!r} with asynchronous rounds: PBT trains collect-then-learn "
@@ -70,11 +75,17 @@ class PBTConfig(BaseModel):
             )
         return self
 
-    def member_config(self, member: int, settings: Optional[dict] = None) -> MARLConfig:
+    def member_config(self, member: int, settings: dict | None = None) -> MARLConfig:
         """Member `member`'s MARL config: its own seed, its settings (`settings`, else the
         configured ones), and greedy evaluations at every perturbation point."""
-        own = settings if settings is not None else merged(self.marl.settings, self.members[member] if member < len(self.members) else {})
-        return self.marl.model_copy(update={"settings": own, "seed": self.marl.seed + member, "eval_every": self.pbt.perturbation_interval})
+        own = (
+            settings
+            if settings is not None
+            else merged(self.marl.settings, self.members[member] if member < len(self.members) else {})
+        )
+        return self.marl.model_copy(
+            update={"settings": own, "seed": self.marl.seed + member, "eval_every": self.pbt.perturbation_interval}
+        )
 
     def hyperparameters(self, member: int) -> dict[str, Any]:
         """Member `member`'s starting values of the mutated hyperparameters."""
@@ -95,11 +106,15 @@ class PBTState:
     lineage: list[LineageEntry]  # every copy so far
 
     @classmethod
-    def initial(cls, config: PBTConfig) -> "PBTState":
+    def initial(cls, config: PBTConfig) -> PBTState:
         members = range(config.population)
         return cls(
-            0, [config.member_config(i).settings for i in members], [config.hyperparameters(i) for i in members],
-            [0] * config.population, np.random.default_rng([config.marl.seed, 8]).bit_generator.state, [],
+            0,
+            [config.member_config(i).settings for i in members],
+            [config.hyperparameters(i) for i in members],
+            [0] * config.population,
+            np.random.default_rng([config.marl.seed, 8]).bit_generator.state,
+            [],
         )
 
     def member_config(self, config: PBTConfig, member: int) -> MARLConfig:
@@ -114,7 +129,7 @@ class PBTState:
         return {**dataclasses.asdict(self), "lineage": [dataclasses.asdict(e) for e in self.lineage]}
 
     @classmethod
-    def from_json(cls, values: dict) -> "PBTState":
+    def from_json(cls, values: dict) -> PBTState:
         return cls(**{**values, "lineage": [LineageEntry(**e) for e in values["lineage"]]})
 
 
@@ -144,7 +159,7 @@ class PBTRound:
     hyperparameters: list[dict[str, Any]]  # per member, after this round's exploit/explore
     lineage: list[LineageEntry]  # copies made at the end of this round
 
-    def scores(self) -> Optional[list[float]]:
+    def scores(self) -> list[float] | None:
         """Per member, its greedy return (the mean over its policies), where this round evaluated."""
         if any(r.eval_returns is None for r in self.records):
             return None
@@ -158,7 +173,11 @@ class PBTRound:
             out.update({f"member_{i}/{k}": v for k, v in record.metrics.items()})
             out.update({f"member_{i}/hp/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))})
         if (scores := self.scores()) is not None:
-            out.update({f"member_{i}/score": s for i, s in enumerate(scores)}, best_score=max(scores), copies=float(len(self.lineage)))
+            out.update(
+                {f"member_{i}/score": s for i, s in enumerate(scores)},
+                best_score=max(scores),
+                copies=float(len(self.lineage)),
+            )
         return out
 
     def summary(self) -> str:
@@ -180,13 +199,18 @@ def score_of_train(record) -> float:
     return float(np.mean(returns)) if returns else float("nan")
 
 
-def run_pbt_round(config: PBTConfig, state: PBTState, runner, pools: list, learners: list, layout, concurrently=None) -> list:
+def run_pbt_round(
+    config: PBTConfig, state: PBTState, runner, pools: list, learners: list, layout, concurrently=None
+) -> list:
     """Round `state.round` of every member (its own rollout workers and learner), their records;
     `concurrently` maps a function over the members at once (default: one after another)."""
+
     def member_round(i: int):
         from marl_core.marl import rounds
 
-        return rounds.run_round(state.member_config(config, i), state.round, state.env_steps[i], runner, pools[i], learners[i], layout)
+        return rounds.run_round(
+            state.member_config(config, i), state.round, state.env_steps[i], runner, pools[i], learners[i], layout
+        )
 
     return list((concurrently or map)(member_round, range(config.population)))
 
@@ -201,7 +225,9 @@ def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
     torch.set_num_threads(1)
     layout, spec = training.layout_and_spec(config.marl)
     state = PBTState.initial(config)
-    learners = [training.make_learner(state.member_config(config, i), layout, spec.state_size) for i in range(config.population)]
+    learners = [
+        training.make_learner(state.member_config(config, i), layout, spec.state_size) for i in range(config.population)
+    ]
     with contextlib.ExitStack() as stack:
         pools = []
         for i in range(config.population):
@@ -215,6 +241,8 @@ def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
             lineage = perturb(config, state, records)
             sources = {e.source: learners[e.source].state_dict() for e in lineage}
             for entry in lineage:
-                learners[entry.member] = training.make_learner(state.member_config(config, entry.member), layout, spec.state_size)
+                learners[entry.member] = training.make_learner(
+                    state.member_config(config, entry.member), layout, spec.state_size
+                )
                 load_keeping_hyperparameters(learners[entry.member], sources[entry.source])
             yield PBTRound(state.round - 1, records, [dict(h) for h in state.hyperparameters], lineage)

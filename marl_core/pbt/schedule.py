@@ -80,7 +80,11 @@ def explore(values: dict[str, Any], settings: PBTSettings, rng: np.random.Genera
             explored[name] = sample(mutation, rng)
         else:
             factor = settings.perturbation_factors[int(rng.integers(len(settings.perturbation_factors)))]
-            explored[name] = int(current * factor) if isinstance(current, int) and not isinstance(current, bool) else current * factor
+            explored[name] = (
+                int(current * factor)
+                if isinstance(current, int) and not isinstance(current, bool)
+                else current * factor
+            )
     return explored
 
 
@@ -90,7 +94,11 @@ def due(settings: PBTSettings, step: int) -> bool:
 
 
 def exploit_and_explore(
-    step: int, scores: Sequence[float], hyperparams: Sequence[dict[str, Any]], settings: PBTSettings, rng: np.random.Generator
+    step: int,
+    scores: Sequence[float],
+    hyperparams: Sequence[dict[str, Any]],
+    settings: PBTSettings,
+    rng: np.random.Generator,
 ) -> list[LineageEntry]:
     """Who copies whom at this point and with what hyperparameters; the caller copies the
     weights (`source` -> `member`) and sets `after` as the member's hyperparameters. Every
@@ -104,5 +112,9 @@ def exploit_and_explore(
     for member in bottom:
         source = top[int(rng.integers(len(top)))]
         after = explore(hyperparams[source], settings, rng)
-        entries.append(LineageEntry(step, member, source, dict(hyperparams[member]), after, float(scores[member]), float(scores[source])))
+        entries.append(
+            LineageEntry(
+                step, member, source, dict(hyperparams[member]), after, float(scores[member]), float(scores[source])
+            )
+        )
     return entries

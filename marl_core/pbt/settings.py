@@ -14,7 +14,7 @@ Kept free of torch, so a config is checked before anything loads.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -29,10 +29,12 @@ class Distribution(BaseModel):
     randint: tuple[int, int] | None = None  # low inclusive, high exclusive, as Tune's tune.randint
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Distribution":
+    def _one_kind(self) -> Distribution:
         given = [name for name in ("uniform", "loguniform", "randint") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise ValueError(f"a distribution is one of uniform: [low, high], loguniform: [low, high], randint: [low, high]; got {given or 'none'}")
+            raise ValueError(
+                f"a distribution is one of uniform: [low, high], loguniform: [low, high], randint: [low, high]; got {given or 'none'}"
+            )
         low, high = getattr(self, given[0])
         if not low < high:
             raise ValueError(f"{given[0]}: low {low} must be below high {high}")
@@ -51,14 +53,25 @@ Mutation = Union[list, Distribution]
 class PBTSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    perturbation_interval: int = Field(..., gt=0, description="training steps (rounds, generations) between exploit/explore points")
+    perturbation_interval: int = Field(
+        ..., gt=0, description="training steps (rounds, generations) between exploit/explore points"
+    )
     burn_in_period: int = Field(0, ge=0, description="no exploit/explore before this many training steps (Tune: 0)")
-    quantile_fraction: float = Field(0.25, ge=0, le=0.5, description="the bottom fraction copies from the top fraction (Tune: 0.25)")
-    resample_probability: float = Field(0.25, ge=0, le=1, description="chance that explore resamples a value instead of perturbing it (Tune: 0.25)")
-    perturbation_factors: tuple[float, float] = Field((1.2, 0.8), description="a perturbed value is multiplied by one of these (Tune: 1.2, 0.8)")
-    hyperparam_mutations: dict[str, Mutation] = Field(..., min_length=1, description="hyperparameter -> list of values or distribution")
-    metric: Optional[str] = Field(
-        None, description="what members are ranked by: a MARL population by return (greedy return, its default), a league's players by mu (skill rating, its default) or elo"
+    quantile_fraction: float = Field(
+        0.25, ge=0, le=0.5, description="the bottom fraction copies from the top fraction (Tune: 0.25)"
+    )
+    resample_probability: float = Field(
+        0.25, ge=0, le=1, description="chance that explore resamples a value instead of perturbing it (Tune: 0.25)"
+    )
+    perturbation_factors: tuple[float, float] = Field(
+        (1.2, 0.8), description="a perturbed value is multiplied by one of these (Tune: 1.2, 0.8)"
+    )
+    hyperparam_mutations: dict[str, Mutation] = Field(
+        ..., min_length=1, description="hyperparameter -> list of values or distribution"
+    )
+    metric: str | None = Field(
+        None,
+        description="what members are ranked by: a MARL population by return (greedy return, its default), a league's players by mu (skill rating, its default) or elo",
     )
     mode: Literal["max", "min"] = Field("max", description="whether a higher or a lower metric is better")
 
@@ -70,7 +83,9 @@ class PBTSettings(BaseModel):
         if not isinstance(mutations, dict):
             return mutations
         kinds = ("uniform", "loguniform", "randint")
-        unreadable = "give a list of values or one of uniform: [low, high], loguniform: [low, high], randint: [low, high]"
+        unreadable = (
+            "give a list of values or one of uniform: [low, high], loguniform: [low, high], randint: [low, high]"
+        )
         checked = {}
         for name, mutation in mutations.items():
             if isinstance(mutation, list):
@@ -85,7 +100,9 @@ class PBTSettings(BaseModel):
             try:
                 checked[name] = Distribution(**given)
             except ValidationError as error:
-                raise ValueError(f"{name}={mutation!r}: {error.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+                raise ValueError(
+                    f"{name}={mutation!r}: {error.errors()[0]['msg'].removeprefix('Value error, ')}"
+                ) from None
         return checked
 
 

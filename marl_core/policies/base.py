@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class Observations:
 
     obs: np.ndarray
     mask: np.ndarray
-    infostates: Optional[Sequence[str]] = None
+    infostates: Sequence[str] | None = None
 
     def __len__(self) -> int:
         return len(self.mask)
@@ -61,7 +62,7 @@ class Policy(abc.ABC):
         return sample_rows(self.action_probs(batch), rng)
 
     @property
-    def tabular(self) -> Optional[np.ndarray]:
+    def tabular(self) -> np.ndarray | None:
         """[I, A] in the game tree's information-state order, when this policy has that form."""
         return None
 

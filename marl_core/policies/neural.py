@@ -8,7 +8,7 @@ carry its tabular form (`marl_core.games.tabularize`), so the exact methods can 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -18,7 +18,15 @@ from marl_core.policies.base import Observations, Policy
 class NeuralPolicy(Policy):
     kind: ClassVar[str] = "neural"
 
-    def __init__(self, algorithm: str, config: dict, obs_size: int, num_actions: int, network=None, table: Optional[np.ndarray] = None):
+    def __init__(
+        self,
+        algorithm: str,
+        config: dict,
+        obs_size: int,
+        num_actions: int,
+        network=None,
+        table: np.ndarray | None = None,
+    ):
         from marl_core.rl import ALGORITHMS
 
         self.algorithm = algorithm
@@ -32,7 +40,7 @@ class NeuralPolicy(Policy):
         self.table = table
 
     @classmethod
-    def of(cls, algorithm: str, config, network, table: Optional[np.ndarray] = None) -> "NeuralPolicy":
+    def of(cls, algorithm: str, config, network, table: np.ndarray | None = None) -> NeuralPolicy:
         """A member made of a trained network (a copy: training may go on); `config` is the
         algorithm's settings (a pydantic model or its JSON)."""
         import copy
@@ -41,7 +49,7 @@ class NeuralPolicy(Policy):
         return cls(algorithm, config, network.obs_size, network.num_actions, copy.deepcopy(network), table)
 
     @property
-    def tabular(self) -> Optional[np.ndarray]:
+    def tabular(self) -> np.ndarray | None:
         return self.table
 
     def action_probs(self, batch: Observations) -> np.ndarray:
@@ -49,13 +57,16 @@ class NeuralPolicy(Policy):
 
     def description(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "algorithm": self.algorithm, "config": self.config,
-            "obs_size": self.obs_size, "num_actions": self.num_actions,
+            "kind": self.kind,
+            "algorithm": self.algorithm,
+            "config": self.config,
+            "obs_size": self.obs_size,
+            "num_actions": self.num_actions,
         }
 
     def weights(self) -> dict[str, Any]:
         return self.network.get_weights()
 
-    def load_weights(self, weights: dict) -> "NeuralPolicy":
+    def load_weights(self, weights: dict) -> NeuralPolicy:
         self.network.set_weights(weights)
         return self

@@ -9,7 +9,6 @@ member at a time, which is what the exact methods read.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import numpy as np
 
@@ -20,15 +19,15 @@ from marl_core.policies.base import Policy
 class Population:
     role: str
     members: tuple[Policy, ...]
-    tables: Optional[np.ndarray] = None  # [K, I, A], present when every member is tabular-capable
+    tables: np.ndarray | None = None  # [K, I, A], present when every member is tabular-capable
 
     @classmethod
-    def of(cls, role: str, members) -> "Population":
+    def of(cls, role: str, members) -> Population:
         members = tuple(members)
         tables = np.stack([m.tabular for m in members]) if all(m.tabular is not None for m in members) else None
         return cls(role, members, tables)
 
-    def added(self, member: Policy) -> "Population":
+    def added(self, member: Policy) -> Population:
         """A new population with `member` appended; this one is left as it was."""
         tables = None
         if self.tables is not None and member.tabular is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from marl_core.policies.base import Policy, UniformPolicy
 from marl_core.policies.neural import NeuralPolicy
@@ -26,7 +25,7 @@ NETWORK_FILE = "network.json"
 WEIGHTS_FILE = "weights.pt"
 
 
-def save_policy(directory, policy: Policy, game: Optional[str] = None, player: Optional[int] = None) -> None:
+def save_policy(directory, policy: Policy, game: str | None = None, player: int | None = None) -> None:
     """Write `policy` into `directory`; a network's tabular form needs its `game` and `player`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -46,7 +45,7 @@ def save_policy(directory, policy: Policy, game: Optional[str] = None, player: O
         torch.save({k: v.detach().cpu() for k, v in policy.weights().items()}, directory / WEIGHTS_FILE)
 
 
-def load_policy(directory, game: Optional[str] = None, player: Optional[int] = None) -> Policy:
+def load_policy(directory, game: str | None = None, player: int | None = None) -> Policy:
     """The member `save_policy` wrote; a table is read only when `game` and `player` are given."""
     directory = Path(directory)
     if (directory / UNIFORM_FILE).exists():
@@ -72,6 +71,10 @@ def load_network(directory, table=None) -> NeuralPolicy:
     description = json.loads((directory / NETWORK_FILE).read_text())
     algorithm = description.get("algorithm")
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"checkpoint {str(directory)!r} names unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
-    policy = NeuralPolicy(algorithm, description["config"], description["obs_size"], description["num_actions"], table=table)
+        raise ValueError(
+            f"checkpoint {str(directory)!r} names unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}"
+        )
+    policy = NeuralPolicy(
+        algorithm, description["config"], description["obs_size"], description["num_actions"], table=table
+    )
     return policy.load_weights(torch.load(directory / WEIGHTS_FILE, weights_only=True))

@@ -39,7 +39,9 @@ class TabularPolicy(Policy):
 
     def action_probs(self, batch: Observations) -> np.ndarray:
         if batch.infostates is None:
-            raise ValueError(f"a tabular policy of {self.game} needs information-state strings; this environment gives none")
+            raise ValueError(
+                f"a tabular policy of {self.game} needs information-state strings; this environment gives none"
+            )
         return self.table[self.rows(batch.infostates)]
 
     def description(self) -> dict[str, Any]:

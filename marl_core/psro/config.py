@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from marl_core.games.openspiel import is_zero_sum, load_game
-from marl_core.psro.settings import ApproxExploitability, BestResponseTraining, PipelineSettings, RolloutSettings
 from marl_core.empirical_game.meta_solvers import check_meta_solver
+from marl_core.games.openspiel import is_zero_sum, load_game
 from marl_core.psro.game import is_openspiel_name, psro_game_of
 from marl_core.psro.oracles import ORACLES, get_oracle
+from marl_core.psro.settings import ApproxExploitability, BestResponseTraining, PipelineSettings, RolloutSettings
 from marl_core.rl import ALGORITHMS
-from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig, TabularQConfig, over_defaults
+from marl_core.rl.settings import (
+    A2CConfig,
+    APPOConfig,
+    DQNConfig,
+    IMPALAConfig,
+    PPOConfig,
+    TabularQConfig,
+    over_defaults,
+)
 
 
 class ConfigError(ValueError):
@@ -27,8 +44,14 @@ class ConfigError(ValueError):
 #   dqn: {lr: 0.0005}
 # An algorithm without game defaults here starts from its own defaults.
 GAME_DQN = DQNConfig(
-    hidden=(64, 64), gamma=1.0, batch_size=128, train_every=4, learning_starts=1000,
-    epsilon_decay_steps=8000, epsilon_end=0.02, target_update_interval=200,
+    hidden=(64, 64),
+    gamma=1.0,
+    batch_size=128,
+    train_every=4,
+    learning_starts=1000,
+    epsilon_decay_steps=8000,
+    epsilon_end=0.02,
+    target_update_interval=200,
 )
 # PPO: a best response should end near-deterministic, so a small entropy bonus, and more
 # optimisation per batch (Kuhn, 20,000 episodes: gap to the exact response 0.018 -> 0.012).
@@ -37,7 +60,14 @@ GAME_A2C = A2CConfig(gamma=1.0)  # the rest: A2C's own defaults
 GAME_IMPALA = IMPALAConfig(gamma=1.0)
 GAME_APPO = APPOConfig(gamma=1.0)
 GAME_TABULAR_Q = TabularQConfig(gamma=1.0)
-GAME_DEFAULTS = {"dqn": GAME_DQN, "ppo": GAME_PPO, "a2c": GAME_A2C, "impala": GAME_IMPALA, "appo": GAME_APPO, "tabular_q": GAME_TABULAR_Q}  # RL algorithm name -> its game defaults
+GAME_DEFAULTS = {
+    "dqn": GAME_DQN,
+    "ppo": GAME_PPO,
+    "a2c": GAME_A2C,
+    "impala": GAME_IMPALA,
+    "appo": GAME_APPO,
+    "tabular_q": GAME_TABULAR_Q,
+}  # RL algorithm name -> its game defaults
 
 
 class WithAlgorithmSections(BaseModel):
@@ -56,28 +86,45 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    game: str = Field("kuhn_poker", description="OpenSpiel game string (leduc_poker, kuhn_poker(players=3)) or pettingzoo:<module>")
-    roles: Optional[dict[str, str]] = Field(None, description="agent-name prefix -> role (population); default: one role per agent")
+    game: str = Field(
+        "kuhn_poker", description="OpenSpiel game string (leduc_poker, kuhn_poker(players=3)) or pettingzoo:<module>"
+    )
+    roles: dict[str, str] | None = Field(
+        None, description="agent-name prefix -> role (population); default: one role per agent"
+    )
     oracle: str = Field("exact", description="best-response oracle")
-    meta_solver: str = Field(None, description="meta-solver for the empirical game (default: nash for two-player zero-sum OpenSpiel games, else prd)")
+    meta_solver: str = Field(
+        None,
+        description="meta-solver for the empirical game (default: nash for two-player zero-sum OpenSpiel games, else prd)",
+    )
     iterations: int = Field(30, gt=0, description="PSRO iterations (best responses added per player)")
-    eval: Literal["exact", "sampled"] = Field(None, description="payoff evaluator (default: exact where the game tree fits, else sampled)")
-    episodes: int = Field(1000, ge=2, description="episodes per profile for the sampled evaluator (2 or more: one episode has no standard error)")
+    eval: Literal["exact", "sampled"] = Field(
+        None, description="payoff evaluator (default: exact where the game tree fits, else sampled)"
+    )
+    episodes: int = Field(
+        1000,
+        ge=2,
+        description="episodes per profile for the sampled evaluator (2 or more: one episode has no standard error)",
+    )
     seed: int = Field(0, description="seed for sampled evaluation and tie-free reproducibility")
-    stop_exploitability: Optional[float] = Field(None, ge=0, description="stop early at this exploitability")
-    ray_address: Optional[str] = Field(None, description="existing Ray cluster; default starts a local one")
-    num_cpus: Optional[PositiveInt] = Field(None, description="CPUs for the local Ray instance (default: all)")
+    stop_exploitability: float | None = Field(None, ge=0, description="stop early at this exploitability")
+    ray_address: str | None = Field(None, description="existing Ray cluster; default starts a local one")
+    num_cpus: PositiveInt | None = Field(None, description="CPUs for the local Ray instance (default: all)")
     tracking_uri: str = Field("sqlite:///mlflow.db", description="MLflow tracking store")
     experiment: str = Field("psro", min_length=1, description="MLflow experiment name")
     register_models: bool = Field(True, description="register population members in the MLflow model registry")
-    export: Optional[Path] = Field(None, description="directory for an OpenSpiel-checkable export")
+    export: Path | None = Field(None, description="directory for an OpenSpiel-checkable export")
     # learned oracles (--oracle dqn, ppo, ...): rollout workers and training budget; their
     # hyperparameters are the sections named after the algorithms (added below)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     best_response: BestResponseTraining = Field(default_factory=BestResponseTraining)
-    tabularize: bool = Field(True, description="learned members also get their table where a game tree exists (exact payoffs and NashConv)")
+    tabularize: bool = Field(
+        True, description="learned members also get their table where a game tree exists (exact payoffs and NashConv)"
+    )
     approx_exploitability: ApproxExploitability = Field(default_factory=ApproxExploitability)
-    pipeline: Optional[PipelineSettings] = Field(None, description="Pipeline PSRO: several learned best responses per role at once (learned oracles)")
+    pipeline: PipelineSettings | None = Field(
+        None, description="Pipeline PSRO: several learned best responses per role at once (learned oracles)"
+    )
 
     @property
     def oracle_settings(self) -> BaseModel:
@@ -113,11 +160,13 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
         return values
 
     @model_validator(mode="after")
-    def _fits_the_game(self) -> "PSROConfig":
+    def _fits_the_game(self) -> PSROConfig:
         oracle = get_oracle(self.oracle)
         if is_openspiel_name(self.game):
             if self.roles is not None:
-                raise ValueError("roles: an OpenSpiel game's roles are its players; roles are for PettingZoo environments")
+                raise ValueError(
+                    "roles: an OpenSpiel game's roles are its players; roles are for PettingZoo environments"
+                )
             game = load_game(self.game)
             if oracle.learns and not game.get_type().provides_information_state_tensor:
                 raise ValueError(
@@ -126,23 +175,35 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
                 )
             zero_sum = is_zero_sum(game)
         else:
-            networks = ", ".join(name for name in sorted(ALGORITHMS) if not ALGORITHMS.settings(name).keyed_by_observation)
+            networks = ", ".join(
+                name for name in sorted(ALGORITHMS) if not ALGORITHMS.settings(name).keyed_by_observation
+            )
             if not oracle.learns:
-                raise ValueError(f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle ({networks})")
+                raise ValueError(
+                    f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle ({networks})"
+                )
             if ALGORITHMS.settings(self.oracle).keyed_by_observation:
-                raise ValueError(f"oracle {self.oracle!r} keeps a table row per information state; {self.game!r} has none: use a network oracle ({networks})")
+                raise ValueError(
+                    f"oracle {self.oracle!r} keeps a table row per information state; {self.game!r} has none: use a network oracle ({networks})"
+                )
             zero_sum = False
         played = psro_game_of(self)  # makes the environment once: a bad name or role table fails here
         if self.eval == "exact" or self.oracle == "exact":
             if not played.has_tree:
                 what = "eval 'exact'" if self.eval == "exact" else f"oracle {self.oracle!r}"
-                raise ValueError(f"{what} needs an OpenSpiel game whose tree fits in memory; {self.game!r} has none: use eval 'sampled' and a learned oracle")
+                raise ValueError(
+                    f"{what} needs an OpenSpiel game whose tree fits in memory; {self.game!r} has none: use eval 'sampled' and a learned oracle"
+                )
             if self.eval == "exact" and oracle.learns and not self.tabularize:
-                raise ValueError("eval 'exact' needs tables of the learned members: set tabularize true or use eval 'sampled'")
+                raise ValueError(
+                    "eval 'exact' needs tables of the learned members: set tabularize true or use eval 'sampled'"
+                )
         check_meta_solver(self.meta_solver, played.num_roles, zero_sum)
         if self.pipeline is not None and not oracle.learns:
             learned = ", ".join(sorted(ALGORITHMS))
-            raise ValueError(f"pipeline: oracle {self.oracle!r} computes each best response at once; a pipeline needs a learned oracle ({learned})")
+            raise ValueError(
+                f"pipeline: oracle {self.oracle!r} computes each best response at once; a pipeline needs a learned oracle ({learned})"
+            )
         return self
 
     @property
@@ -161,15 +222,21 @@ def with_algorithm_sections(base: type[WithAlgorithmSections], name: str, doc: s
     sections = {}
     for algorithm in ALGORITHMS:
         if algorithm in base.model_fields:
-            raise ValueError(f"RL algorithm {algorithm!r} has the name of a {name} setting; its config section needs a name of its own")
+            raise ValueError(
+                f"RL algorithm {algorithm!r} has the name of a {name} setting; its config section needs a name of its own"
+            )
         settings = ALGORITHMS.settings(algorithm)
         default = GAME_DEFAULTS[algorithm] if algorithm in GAME_DEFAULTS else settings()
-        sections[algorithm] = (settings, Field(default, description=f"{algorithm} settings ({ALGORITHMS.summary(algorithm)})"))
+        sections[algorithm] = (
+            settings,
+            Field(default, description=f"{algorithm} settings ({ALGORITHMS.summary(algorithm)})"),
+        )
     return create_model(name, __base__=base, __module__=base.__module__, __doc__=doc, **sections)
 
 
 PSROConfig = with_algorithm_sections(
-    _PSROConfigWithoutAlgorithms, "PSROConfig",
+    _PSROConfigWithoutAlgorithms,
+    "PSROConfig",
     "A PSRO run's settings, with a section of settings per RL algorithm (its learned oracle's).",
 )
 

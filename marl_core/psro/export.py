@@ -15,16 +15,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from marl_core.games.exploitability import NashConvReport
-from marl_core.games.tree import build_tree
 from marl_core.games.openspiel import load_game
+from marl_core.games.tree import build_tree
 from marl_core.policies.tabular import policy_to_dict
 from marl_core.psro.game import psro_game_of
 
 
-def write_export(directory: Path, config, populations, meta_strategy, report: Optional[NashConvReport], iterations: int, wall_seconds: float, approx=None) -> Path:
+def write_export(
+    directory: Path,
+    config,
+    populations,
+    meta_strategy,
+    report: NashConvReport | None,
+    iterations: int,
+    wall_seconds: float,
+    approx=None,
+) -> Path:
     """`populations`: one `Population` per role. Members with a table are written as the
     OpenSpiel-checkable JSON; network members also as `member_<k>/` (network.json + weights.pt,
     weights only). `report` is the exact NashConv where the tree fits; `approx` the approximate one."""
@@ -41,8 +49,14 @@ def write_export(directory: Path, config, populations, meta_strategy, report: Op
                 table = policy_to_dict(tree.players[role_index], policy.tabular)
                 (folder / f"member_{member}.json").write_text(json.dumps(table))
             if policy.kind != "tabular":
-                save_policy(folder / f"member_{member}", policy, *((config.game, role_index) if tree is not None else (None, None)))
-    weights = {str(r): [float(w) for w in strategy] for r, strategy in enumerate(meta_strategy)}  # by role index, as verify_export reads
+                save_policy(
+                    folder / f"member_{member}",
+                    policy,
+                    *((config.game, role_index) if tree is not None else (None, None)),
+                )
+    weights = {
+        str(r): [float(w) for w in strategy] for r, strategy in enumerate(meta_strategy)
+    }  # by role index, as verify_export reads
     (directory / "meta_strategy.json").write_text(json.dumps(weights, indent=1))
     summary = {
         "game": openspiel_game_string(config.game) if game.is_openspiel else config.game,
@@ -58,8 +72,10 @@ def write_export(directory: Path, config, populations, meta_strategy, report: Op
         summary.update(nash_conv=report.nash_conv, exploitability=report.exploitability)
     if approx is not None:
         summary.update(
-            approx_nash_conv=approx.nash_conv, approx_nash_conv_stderr=approx.nash_conv_stderr,
-            approx_exploitability=approx.exploitability, approx_exploitability_stderr=approx.exploitability_stderr,
+            approx_nash_conv=approx.nash_conv,
+            approx_nash_conv_stderr=approx.nash_conv_stderr,
+            approx_exploitability=approx.exploitability,
+            approx_exploitability_stderr=approx.exploitability_stderr,
         )
     (directory / "summary.json").write_text(json.dumps(summary, indent=1))
     return directory

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
 
 from marl_core.envs import AgentMapping, MultiAgentEnv, by_prefix, make_env, one_population_per_agent
 
@@ -65,7 +64,7 @@ def is_openspiel_name(game: str) -> bool:
 
 
 @functools.lru_cache(maxsize=16)
-def psro_game(game: str, roles: Optional[tuple[tuple[str, str], ...]] = None) -> PSROGame:
+def psro_game(game: str, roles: tuple[tuple[str, str], ...] | None = None) -> PSROGame:
     """The PSROGame of a config's `game` and `roles` (as sorted (prefix, role) pairs)."""
     env = PSROGame(game, (), (), one_population_per_agent, is_openspiel_name(game), {}, {}).make_env()
     try:
@@ -85,7 +84,9 @@ def psro_game(game: str, roles: Optional[tuple[tuple[str, str], ...]] = None) ->
         members = [a for a in spec.agents if role_of[a] == role]
         sizes = {(spec.observation_size[a], spec.num_actions[a]) for a in members}
         if len(sizes) > 1:
-            raise ValueError(f"roles: agents {members} of role {role!r} differ in observation or action sizes {sorted(sizes)}; give them separate roles")
+            raise ValueError(
+                f"roles: agents {members} of role {role!r} differ in observation or action sizes {sorted(sizes)}; give them separate roles"
+            )
         obs_size[role], num_actions[role] = sizes.pop()
     return PSROGame(game, spec.agents, ordered, mapping, is_openspiel_name(game), obs_size, num_actions)
 

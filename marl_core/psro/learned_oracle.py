@@ -30,7 +30,6 @@ import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 import numpy as np
 import torch
@@ -41,7 +40,7 @@ from marl_core.psro.oracle_call import BestResponse, OracleCall, TrainingGames
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.optimizers import load_keeping_hyperparameters
 from marl_core.rollout.progress import Work
-from marl_core.rollout.store import COLLECTOR, ExperienceStream, LEARNER, StreamError, StreamTimeouts
+from marl_core.rollout.store import COLLECTOR, LEARNER, ExperienceStream, StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
 
 
@@ -69,7 +68,7 @@ class Rounds:
     opponent_epsilon: float
 
     @classmethod
-    def of(cls, call: OracleCall) -> "Rounds":
+    def of(cls, call: OracleCall) -> Rounds:
         config = call.config
         game = psro_game_of(config)
         role = game.roles[call.role]
@@ -97,7 +96,9 @@ class Rounds:
     def requests(self, learner: LearnerSpec, round_index: int, workers: int) -> list[RolloutRequest]:
         """Round `round_index`'s episodes split over `workers`, each share seeded by its round and worker."""
         if not 0 <= round_index < self.count:
-            raise ValueError(f"{self.stream}: round {round_index} asked for, the response has rounds 0 to {self.count - 1}")
+            raise ValueError(
+                f"{self.stream}: round {round_index} asked for, the response has rounds 0 to {self.count - 1}"
+            )
         shares = np.array_split(np.arange(min(self.per_round, self.budget - round_index * self.per_round)), workers)
         return [
             RolloutRequest(
@@ -138,7 +139,7 @@ class RoundExperience:
     env_steps: int
 
     @classmethod
-    def of(cls, results: list[RolloutResult], rounds: Rounds) -> "RoundExperience":
+    def of(cls, results: list[RolloutResult], rounds: Rounds) -> RoundExperience:
         return cls(
             experience=[r.experience[rounds.role] for r in results],
             returns=[role_returns(r.episode_returns, rounds.game, rounds.role) for r in results],
@@ -182,14 +183,21 @@ class ResponseLearner:
         game = self.rounds.game
         self.algorithm_name = config.oracle
         # Each response starts from its own reproducible network initialisation.
-        seed = int(np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0])
+        seed = int(
+            np.random.SeedSequence([config.seed, call.iteration, call.role, *call.seed_key]).generate_state(1)[0]
+        )
         self.algorithm_config = config.oracle_settings.model_copy(update={"seed": seed})
-        self.trainer = ALGORITHMS[config.oracle].trainer(game.obs_size[self.rounds.role], game.num_actions[self.rounds.role], self.algorithm_config)
+        self.trainer = ALGORITHMS[config.oracle].trainer(
+            game.obs_size[self.rounds.role], game.num_actions[self.rounds.role], self.algorithm_config
+        )
         if call.trainer_state is not None:  # a league player goes on, under its settings now (PBT may change them)
             load_keeping_hyperparameters(self.trainer, call.trainer_state)
         # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
         # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.
-        self.spec = LearnerSpec(key=f"{self.rounds.stream}/{uuid.uuid4().hex[:8]}", build=AlgorithmPolicy(config.oracle, self.algorithm_config))
+        self.spec = LearnerSpec(
+            key=f"{self.rounds.stream}/{uuid.uuid4().hex[:8]}",
+            build=AlgorithmPolicy(config.oracle, self.algorithm_config),
+        )
         self.rounds_learned = self.episodes = self.env_steps = 0
         self.returns, self.draws, self.episode_returns = [], [], []  # one entry per request, in order
 
@@ -212,7 +220,7 @@ class ResponseLearner:
         self.draws.extend(batch.draws)
         self.episode_returns.extend(batch.episode_returns)
 
-    def play_and_learn(self, pool, rounds: "Rounds") -> None:
+    def play_and_learn(self, pool, rounds: Rounds) -> None:
         """One round played by the pool's workers straight from here (no collector between),
         against `rounds`' mixture."""
         ask = self.push(pool)
@@ -221,17 +229,21 @@ class ResponseLearner:
 
     def recent_return(self) -> float:
         """The mean return over the last tenth of its training."""
-        return float(np.concatenate(self.returns[-max(1, len(self.returns) // 10):]).mean())
+        return float(np.concatenate(self.returns[-max(1, len(self.returns) // 10) :]).mean())
 
-    def member(self, table: Optional[np.ndarray] = None) -> NeuralPolicy:
+    def member(self, table: np.ndarray | None = None) -> NeuralPolicy:
         """The network as it is now, as a population member (with `table`, its tabular form, if given)."""
         return NeuralPolicy.of(self.algorithm_name, self.algorithm_config, self.trainer.policy, table)
 
-    def response(self, call: Optional[OracleCall] = None) -> BestResponse:
+    def response(self, call: OracleCall | None = None) -> BestResponse:
         """The response as it stands, valued against `call`'s mixture (default its own)."""
         call = call or self.call
         game = self.rounds.game
-        metrics = {"episodes": float(self.episodes), "env_steps": float(self.env_steps), "training_return": self.recent_return()}
+        metrics = {
+            "episodes": float(self.episodes),
+            "env_steps": float(self.env_steps),
+            "training_return": self.recent_return(),
+        }
         table, value = None, None
         if game.has_tree:  # reported wherever a tree exists; the member keeps its table if asked to
             table, value, gap = _tabular_form(call.config.game, call, self.trainer.policy)
@@ -250,7 +262,10 @@ def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeo
     """Train a network round by round on the experience its collector answers with."""
     learner, pool = ResponseLearner(call), call.pool
     try:
-        with pool.tracking(learner.rounds.work), ExperienceStream(pool.store, learner.rounds.stream, LEARNER, timeouts) as stream:
+        with (
+            pool.tracking(learner.rounds.work),
+            ExperienceStream(pool.store, learner.rounds.stream, LEARNER, timeouts) as stream,
+        ):
             while not learner.done:
                 learner.learn(stream.request(learner.push(pool)))
     finally:
@@ -297,7 +312,9 @@ def _tabular_form(game_string: str, call: OracleCall, network):
     return table, value, exact_best - value
 
 
-def estimate_value(pool, game: PSROGame, role_index: int, policy, populations, meta_strategy, *, episodes: int, seed) -> tuple[float, float]:
+def estimate_value(
+    pool, game: PSROGame, role_index: int, policy, populations, meta_strategy, *, episodes: int, seed
+) -> tuple[float, float]:
     """Mean and standard error of `policy`'s return in role `role_index` against the others'
     mixture, from `episodes` episodes split over the pool's workers."""
     role = game.roles[role_index]
@@ -305,7 +322,13 @@ def estimate_value(pool, game: PSROGame, role_index: int, policy, populations, m
     others = mixtures(populations, meta_strategy, game, skip=role_index)
     shares = np.array_split(np.arange(episodes), pool.size)
     requests = [
-        RolloutRequest(roles=game.mapping, populations={**others, **fixed}, episodes=len(share), seed=(*seed, worker), explore=False)
+        RolloutRequest(
+            roles=game.mapping,
+            populations={**others, **fixed},
+            episodes=len(share),
+            seed=(*seed, worker),
+            explore=False,
+        )
         for worker, share in enumerate(shares)
         if len(share)
     ]

@@ -8,7 +8,7 @@ both import them without importing each other.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -29,11 +29,11 @@ class TrainingGames:
 class BestResponse:
     role: int  # index into the game's roles
     policy: Policy
-    value: Optional[float]  # exact expected return against the opponents' mixture, where a tree gives it
+    value: float | None  # exact expected return against the opponents' mixture, where a tree gives it
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     # where the call asks for them (`report_training`): the trainer's state to go on from, and its games
-    trainer_state: Optional[dict] = None
-    games: Optional[TrainingGames] = None
+    trainer_state: dict | None = None
+    games: TrainingGames | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +57,11 @@ class OracleCall:
     meta_strategy: list
     iteration: int
     pool: Any = None
-    budget: Optional[int] = None
+    budget: int | None = None
     seed_key: tuple[int, ...] = ()
     collector_step: bool = False
     opponent_epsilon: float = 0.0
     purpose: str = "best response"
     stage: str = "iteration"
-    trainer_state: Optional[dict] = None
+    trainer_state: dict | None = None
     report_training: bool = False

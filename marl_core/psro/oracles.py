@@ -13,10 +13,10 @@ choosing or validating an oracle stays cheap.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from marl_core.games.exploitability import mixed_reach
-from marl_core.games.tree import build_tree, best_response
+from marl_core.games.tree import best_response, build_tree
 from marl_core.policies.population import stacked_tables
 from marl_core.psro.oracle_call import BestResponse, OracleCall
 from marl_core.registry import Registry

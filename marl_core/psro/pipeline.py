@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from marl_core.psro.steps import IterationRecord, PSROState
 
 
-def plateaued(returns: np.ndarray, rule: Optional[Plateau], window: int) -> bool:
+def plateaued(returns: np.ndarray, rule: Plateau | None, window: int) -> bool:
     """Whether a level whose training returns so far (one per episode, in order) have stopped
     improving: the mean of its last `window` episodes beats the mean of the `window` before by
     less than the rule's threshold. Checked only from `check_from` episodes, frozen only after
@@ -75,14 +76,16 @@ class LevelLearner:
             self.learner.play_and_learn(self.pool, against)
         return np.concatenate([np.zeros(0), *self.learner.returns[first:]])
 
-    def member(self, tree_game: Optional[str]) -> NeuralPolicy:
+    def member(self, tree_game: str | None) -> NeuralPolicy:
         """The network as it stands, as a member; with its table where `tree_game` names the tree."""
         if tree_game is None:
             return self.learner.member()
         from marl_core.games.tabularize import tabularize
         from marl_core.games.tree import build_tree
 
-        return self.learner.member(tabularize(self.learner.trainer.policy, build_tree(tree_game), self.learner.call.role))
+        return self.learner.member(
+            tabularize(self.learner.trainer.policy, build_tree(tree_game), self.learner.call.role)
+        )
 
     def response(self, call: OracleCall) -> BestResponse:
         return self.learner.response(call)
@@ -169,16 +172,25 @@ class Pipeline:
             else:  # one after another: a network's seeded initialisation uses torch's global generator
                 for learner, call in reused:
                     learner.restart(call)
-            learners = [learner for learner, _ in reused] + [start_learner(call, self.on_ray) for call in calls[len(reused):]]
+            learners = [learner for learner, _ in reused] + [
+                start_learner(call, self.on_ray) for call in calls[len(reused) :]
+            ]
             rounds = Rounds.of(calls[0]).count
-            self.levels.append(Level(iteration, learners, rounds, [np.zeros(0) for _ in calls], [work.id for work in works]))
+            self.levels.append(
+                Level(iteration, learners, rounds, [np.zeros(0) for _ in calls], [work.id for work in works])
+            )
 
     def _call(self, state, role: int, iteration: int) -> OracleCall:
         """The oracle call of level `iteration`'s response for `role`: what a sequential PSRO
         iteration would ask, so that its seeds, rounds and reported value are the same."""
         config = self.config
         return OracleCall(
-            config, role, state.populations, state.meta_strategy, iteration, self.pool,
+            config,
+            role,
+            state.populations,
+            state.meta_strategy,
+            iteration,
+            self.pool,
             opponent_epsilon=config.best_response.opponent_epsilon,
         )
 
@@ -227,7 +239,9 @@ class Pipeline:
         if len(self.levels) == 1:
             return [fixed]
         tree_game = self.config.game if self.config.eval == "exact" else None
-        snapshots = _run_all([(learner, "member", tree_game) for level in self.levels[:-1] for learner in level.learners])
+        snapshots = _run_all(
+            [(learner, "member", tree_game) for level in self.levels[:-1] for learner in level.learners]
+        )
         populations = list(state.populations)
         for j in range(len(self.levels) - 1):
             members = snapshots[j * game.num_roles : (j + 1) * game.num_roles]
@@ -237,7 +251,10 @@ class Pipeline:
         result = [fixed]
         for j in range(1, len(self.levels)):
             sizes = [size + j for size in state.population_sizes]
-            restricted = [Population.of(population.role, population.members[:size]) for population, size in zip(populations, sizes)]
+            restricted = [
+                Population.of(population.role, population.members[:size])
+                for population, size in zip(populations, sizes)
+            ]
             meta = solver.solve(payoffs.mean[(slice(None), *(slice(0, size) for size in sizes))])
             result.append([mixtures(restricted, meta, game, skip=role) for role in range(game.num_roles)])
         return result
@@ -287,7 +304,7 @@ def train_levels(pipeline: Pipeline, state) -> tuple[list[BestResponse], Pipelin
 # --- one process, no orchestration -----------------------------------------------------------
 
 
-def iterate_pipeline_local(config: PSROConfig) -> Iterator[tuple["IterationRecord", "PSROState"]]:
+def iterate_pipeline_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PSROState]]:
     """Pipeline PSRO with every step in this process and the levels in threads: the reference
     for what the flow computes, as `steps.iterate_psro_local` is for sequential PSRO."""
     from marl_core.psro.steps import LocalRunner, initial_state, rollout_pool_config, run_iteration, should_stop
@@ -315,5 +332,7 @@ def with_training_time(record, seconds: float):
     """An iteration's record with the levels' training since the previous freeze as its
     best-response stage (it ran before the iteration's own steps)."""
     return dataclasses.replace(
-        record, stage_seconds={"best_response": seconds, **record.stage_seconds}, iteration_seconds=record.iteration_seconds + seconds,
+        record,
+        stage_seconds={"best_response": seconds, **record.stage_seconds},
+        iteration_seconds=record.iteration_seconds + seconds,
     )

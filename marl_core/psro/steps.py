@@ -26,8 +26,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from marl_core.policies.base import UniformPolicy
 from marl_core.policies.population import Population, stacked_tables
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.psro.config import PSROConfig
-from marl_core.psro.game import PSROGame, psro_game_of
+from marl_core.psro.game import psro_game_of
 from marl_core.psro.oracles import BestResponse, OracleCall, get_oracle
 from marl_core.rollout.progress import Work
 
@@ -75,7 +76,7 @@ class ApproxNashConv:
     exploitability_stderr: float
     gains: list[float]
     gains_stderr: list[float]
-    gap_to_exact: Optional[list[float]] = None  # per role, exact best-response value minus the learned one's
+    gap_to_exact: list[float] | None = None  # per role, exact best-response value minus the learned one's
 
 
 class StageClock:
@@ -96,19 +97,21 @@ class IterationRecord:
 
     iteration: int
     population_sizes: list[int]
-    report: Optional[NashConvReport]  # exact, where the game tree fits
+    report: NashConvReport | None  # exact, where the game tree fits
     meta_strategy: list[list[float]]
     stage_seconds: dict[str, float]
     iteration_seconds: float
     elapsed_seconds: float  # since the run started, orchestration included
     oracle_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # "<role>/oracle_<name>"
-    approx: Optional[ApproxNashConv] = None
+    approx: ApproxNashConv | None = None
     roles: tuple[str, ...] = ()
 
     @property
     def exploitability(self) -> float:
         """The exact exploitability where there is one, else the approximate one."""
-        return self.report.exploitability if self.report else self.approx.exploitability if self.approx else float("nan")
+        return (
+            self.report.exploitability if self.report else self.approx.exploitability if self.approx else float("nan")
+        )
 
     def summary(self) -> str:
         """The iteration's measurements on one line, each under its own name."""
@@ -116,7 +119,9 @@ class IterationRecord:
         if self.report:
             parts.append(f"exploitability {self.report.exploitability:9.6f}  nash_conv {self.report.nash_conv:9.6f}")
         if self.approx:
-            parts.append(f"approx_exploitability {self.approx.exploitability:8.4f} ± {self.approx.exploitability_stderr:.4f}")
+            parts.append(
+                f"approx_exploitability {self.approx.exploitability:8.4f} ± {self.approx.exploitability_stderr:.4f}"
+            )
         return "  ".join(parts) or "exploitability not measured this iteration"
 
     def metrics(self) -> dict[str, float]:
@@ -126,8 +131,10 @@ class IterationRecord:
         if self.approx:
             a = self.approx
             metrics.update(
-                approx_nash_conv=a.nash_conv, approx_nash_conv_stderr=a.nash_conv_stderr,
-                approx_exploitability=a.exploitability, approx_exploitability_stderr=a.exploitability_stderr,
+                approx_nash_conv=a.nash_conv,
+                approx_nash_conv_stderr=a.nash_conv_stderr,
+                approx_exploitability=a.exploitability,
+                approx_exploitability_stderr=a.exploitability_stderr,
             )
         for r, role in enumerate(self.roles):
             if self.report:
@@ -158,7 +165,10 @@ def initial_populations(config: PSROConfig) -> list[Population]:
     game = psro_game_of(config)
     if game.has_tree:
         tree = build_tree(config.game)
-        return [Population.of(role, [TabularPolicy(config.game, r, tree.players[r].uniform_policy())]) for r, role in enumerate(game.roles)]
+        return [
+            Population.of(role, [TabularPolicy(config.game, r, tree.players[r].uniform_policy())])
+            for r, role in enumerate(game.roles)
+        ]
     return [Population.of(role, [UniformPolicy()]) for role in game.roles]
 
 
@@ -167,11 +177,19 @@ def initial_state(config: PSROConfig) -> PSROState:
     return PSROState(populations, PayoffTable(len(populations)), meta_strategy=[])
 
 
-def best_response(config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool=None, collector_step: bool = False) -> BestResponse:
+def best_response(
+    config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool=None, collector_step: bool = False
+) -> BestResponse:
     """`collector_step`: a learned oracle's rounds are played by `collect_experience`, run beside this."""
     call = OracleCall(
-        config, role, populations, meta_strategy, iteration, pool,
-        collector_step=collector_step, opponent_epsilon=config.best_response.opponent_epsilon,
+        config,
+        role,
+        populations,
+        meta_strategy,
+        iteration,
+        pool,
+        collector_step=collector_step,
+        opponent_epsilon=config.best_response.opponent_epsilon,
     )
     return get_oracle(config.oracle).compute(call)
 
@@ -181,7 +199,15 @@ def collect_experience(config: PSROConfig, role: int, populations, meta_strategy
     returns the rounds played (a retried learner's included)."""
     from marl_core.psro.learned_oracle import collect_experience
 
-    call = OracleCall(config, role, populations, meta_strategy, iteration, pool, opponent_epsilon=config.best_response.opponent_epsilon)
+    call = OracleCall(
+        config,
+        role,
+        populations,
+        meta_strategy,
+        iteration,
+        pool,
+        opponent_epsilon=config.best_response.opponent_epsilon,
+    )
     return collect_experience(call)
 
 
@@ -190,21 +216,33 @@ def expand_population(populations: list[Population], responses: list[BestRespons
     return [population.added(by_role[r]) if r in by_role else population for r, population in enumerate(populations)]
 
 
-def evaluate_payoffs(config: PSROConfig, populations: list[Population], profiles, pool=None, progress: Optional[str] = None) -> ProfilePayoffs:
+def evaluate_payoffs(
+    config: PSROConfig, populations: list[Population], profiles, pool=None, progress: str | None = None
+) -> ProfilePayoffs:
     """`exact` over the game tree; `sampled` by episodes on the rollout workers (the run's `pool`,
     else one in this process), on any environment. `progress`: the open work (`evaluation_work`)
     that the episodes count towards."""
     evaluate = EVALUATORS[config.eval]
-    return evaluate(psro_game_of(config), populations, profiles, episodes=config.episodes, seed=config.seed, pool=pool, progress=progress)
+    return evaluate(
+        psro_game_of(config),
+        populations,
+        profiles,
+        episodes=config.episodes,
+        seed=config.seed,
+        pool=pool,
+        progress=progress,
+    )
 
 
-def evaluation_work(config: PSROConfig, iteration: int, chunks: list[list]) -> Optional[Work]:
+def evaluation_work(config: PSROConfig, iteration: int, chunks: list[list]) -> Work | None:
     """An iteration's sampled payoff evaluation as progress (its episodes over every new profile);
     None where payoffs are computed exactly, which takes no time worth showing."""
     if config.eval != "sampled":
         return None
     profiles = sum(len(chunk) for chunk in chunks)
-    return Work(f"evaluation/{iteration}", f"payoff evaluation (iteration {iteration})", profiles * config.episodes, "episodes")
+    return Work(
+        f"evaluation/{iteration}", f"payoff evaluation (iteration {iteration})", profiles * config.episodes, "episodes"
+    )
 
 
 @dataclasses.dataclass
@@ -225,7 +263,7 @@ def solve_meta_game(config: PSROConfig, payoffs: PayoffTable, chunks, evaluation
     return MetaGame(payoffs, get_meta_solver(config.meta_solver).solve(payoffs.mean))
 
 
-def measure(config: PSROConfig, populations: list[Population], meta_game: MetaGame) -> Optional[NashConvReport]:
+def measure(config: PSROConfig, populations: list[Population], meta_game: MetaGame) -> NashConvReport | None:
     """Exact NashConv of the mixture wherever the game tree fits (networks are asked at every
     information state if their members carry no table); None elsewhere."""
     if not psro_game_of(config).has_tree:
@@ -242,11 +280,13 @@ class ApproxResponse:
     role: int
     value: float
     stderr: float
-    gap_to_exact: Optional[float]
+    gap_to_exact: float | None
     metrics: dict[str, float]
 
 
-def approximate_best_response(config: PSROConfig, role: int, populations, meta_game: MetaGame, iteration: int, pool=None) -> ApproxResponse:
+def approximate_best_response(
+    config: PSROConfig, role: int, populations, meta_game: MetaGame, iteration: int, pool=None
+) -> ApproxResponse:
     """Train a fresh response with the run's oracle and its own budget, then estimate its value."""
     from marl_core.psro.learned_oracle import estimate_value
 
@@ -255,13 +295,26 @@ def approximate_best_response(config: PSROConfig, role: int, populations, meta_g
 
     with pool_or_local(pool, psro_game_of(config).make_env, config.rollout.envs_per_worker) as workers:
         call = OracleCall(
-            config, role, populations, meta_game.meta_strategy, iteration, workers,
-            budget=settings.episodes, seed_key=(1,), purpose="approximate-exploitability response",
+            config,
+            role,
+            populations,
+            meta_game.meta_strategy,
+            iteration,
+            workers,
+            budget=settings.episodes,
+            seed_key=(1,),
+            purpose="approximate-exploitability response",
         )
         response = get_oracle(config.oracle).compute(call)
         value, stderr = estimate_value(
-            workers, psro_game_of(config), role, response.policy, populations, meta_game.meta_strategy,
-            episodes=settings.eval_episodes, seed=(config.seed, iteration, role, 2),
+            workers,
+            psro_game_of(config),
+            role,
+            response.policy,
+            populations,
+            meta_game.meta_strategy,
+            episodes=settings.eval_episodes,
+            seed=(config.seed, iteration, role, 2),
         )
     return ApproxResponse(role, value, stderr, response.metrics.get("gap_to_exact"), response.metrics)
 
@@ -275,8 +328,13 @@ def approx_nash_conv(payoffs: PayoffTable, meta_strategy, responses: list[Approx
     n = len(responses)
     gaps = [r.gap_to_exact for r in responses]
     return ApproxNashConv(
-        nash_conv=total, nash_conv_stderr=total_stderr, exploitability=total / n, exploitability_stderr=total_stderr / n,
-        gains=gains, gains_stderr=gain_stderr, gap_to_exact=None if None in gaps else gaps,
+        nash_conv=total,
+        nash_conv_stderr=total_stderr,
+        exploitability=total / n,
+        exploitability_stderr=total_stderr / n,
+        gains=gains,
+        gains_stderr=gain_stderr,
+        gap_to_exact=None if None in gaps else gaps,
     )
 
 
@@ -338,12 +396,14 @@ def _evaluate_new_profiles(config, populations, responses, profiles, pool=None, 
     return evaluate_payoffs(config, expand_population(populations, responses), profiles, pool, progress)
 
 
-def _measure_exactly(config, populations, responses, meta_game) -> Optional[NashConvReport]:
+def _measure_exactly(config, populations, responses, meta_game) -> NashConvReport | None:
     return measure(config, expand_population(populations, responses), meta_game)
 
 
 def _approximate(config, role, populations, responses, meta_game, iteration, pool=None) -> ApproxResponse:
-    return approximate_best_response(config, role, expand_population(populations, responses), meta_game, iteration, pool)
+    return approximate_best_response(
+        config, role, expand_population(populations, responses), meta_game, iteration, pool
+    )
 
 
 STEPS: dict[str, Callable] = {
@@ -357,8 +417,13 @@ STEPS: dict[str, Callable] = {
 
 
 def run_iteration(
-    config: PSROConfig, previous: PSROState, iteration: int, runner: Runner, pool=None, run_started: float = 0.0,
-    given: Optional[list[BestResponse]] = None,
+    config: PSROConfig,
+    previous: PSROState,
+    iteration: int,
+    runner: Runner,
+    pool=None,
+    run_started: float = 0.0,
+    given: list[BestResponse] | None = None,
 ) -> tuple[IterationRecord, PSROState]:
     """Every step of one iteration, submitted at once, then collected in order; iteration 0 only
     evaluates the first populations. `given`: the iteration's best responses, learned elsewhere
@@ -377,22 +442,34 @@ def run_iteration(
             shown.enter_context(_responses_shown(config, state, iteration, pool))
         if iteration > 0 and given is None:
             meta_strategy = runner.share(state.meta_strategy)
-            responses = [runner.submit("train-best-response", config, r, populations, meta_strategy, iteration, pool) for r in range(game.num_roles)]
+            responses = [
+                runner.submit("train-best-response", config, r, populations, meta_strategy, iteration, pool)
+                for r in range(game.num_roles)
+            ]
             if get_oracle(config.oracle).learns:
                 collectors = [
-                    runner.submit_beside(response, "collect-experience", config, r, populations, meta_strategy, iteration, pool)
+                    runner.submit_beside(
+                        response, "collect-experience", config, r, populations, meta_strategy, iteration, pool
+                    )
                     for r, response in enumerate(responses)
                 ]
         chunks = plan_evaluation(state.payoffs, sizes, runner.evaluation_parts(config))
         progress = None
         if pool is not None and (evaluating := evaluation_work(config, iteration, chunks)) is not None:
             progress = shown.enter_context(pool.tracking(evaluating)).id
-        evaluations = [runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool, progress) for chunk in chunks]
+        evaluations = [
+            runner.submit("evaluate-payoffs", config, populations, responses, chunk, pool, progress) for chunk in chunks
+        ]
         meta_game = runner.submit("solve-meta-game", config, runner.share(state.payoffs), chunks, evaluations)
         report = runner.submit("measure-exploitability", config, populations, responses, meta_game)
         approx = []
         if approximation_due(config, iteration):
-            approx = [runner.submit("approximate-best-response", config, r, populations, responses, meta_game, iteration, pool) for r in range(game.num_roles)]
+            approx = [
+                runner.submit(
+                    "approximate-best-response", config, r, populations, responses, meta_game, iteration, pool
+                )
+                for r in range(game.num_roles)
+            ]
         if iteration > 0:
             responses = given if given is not None else [runner.result(response) for response in responses]
             state.populations = expand_population(state.populations, responses)
@@ -447,7 +524,7 @@ class LocalRunner:
     thread for as long as that one runs. `steps`: the step functions by name (default PSRO's;
     a league generation's are `marl_core.league.generation.STEPS`)."""
 
-    def __init__(self, steps: Optional[dict[str, Callable]] = None):
+    def __init__(self, steps: dict[str, Callable] | None = None):
         self.steps = STEPS if steps is None else steps
 
     def share(self, value):
@@ -456,7 +533,7 @@ class LocalRunner:
     def submit(self, step: str, *args):
         return _Deferred(self.steps[step], args)
 
-    def submit_beside(self, partner: "_Deferred", step: str, *args):
+    def submit_beside(self, partner: _Deferred, step: str, *args):
         companion = _Deferred(self.steps[step], args, partner=partner)
         partner.companions.append(companion)
         return companion
@@ -469,10 +546,10 @@ class LocalRunner:
 
 
 class _Deferred:
-    def __init__(self, function: Callable, args: tuple, partner: Optional["_Deferred"] = None):
+    def __init__(self, function: Callable, args: tuple, partner: _Deferred | None = None):
         self.function, self.args, self.partner = function, args, partner
         self.companions: list[_Deferred] = []
-        self.running: Optional[Future] = None  # a companion, once its partner started it
+        self.running: Future | None = None  # a companion, once its partner started it
         self.done, self._value = False, None
 
     def value(self):
@@ -504,7 +581,9 @@ def _resolved(arg):
 # --- one process, no orchestration -----------------------------------------------------------
 
 
-def run_psro_local(config: PSROConfig, on_iteration: Callable[[IterationRecord, PSROState], None] | None = None) -> PSROState:
+def run_psro_local(
+    config: PSROConfig, on_iteration: Callable[[IterationRecord, PSROState], None] | None = None
+) -> PSROState:
     """Run every step in this process; the reference for what the Prefect flow computes."""
     for record, state in iterate_psro_local(config):
         if on_iteration:

@@ -35,10 +35,22 @@ class Algorithm(NamedTuple):
 ALGORITHMS: Registry[Algorithm] = Registry("RL algorithm")
 ALGORITHMS.add("dqn", "marl_core.rl.dqn:ALGORITHM", "double DQN with a target network and replay", DQNConfig)
 ALGORITHMS.add("ppo", "marl_core.rl.ppo:ALGORITHM", "PPO with GAE, clipping and an entropy bonus", PPOConfig)
-ALGORITHMS.add("a2c", "marl_core.rl.a2c:ALGORITHM", "A2C: one policy-gradient step per batch on n-step returns", A2CConfig)
-ALGORITHMS.add("impala", "marl_core.rl.impala:IMPALA", "IMPALA: an actor-critic on V-trace targets, for experience an older policy played", IMPALAConfig)
+ALGORITHMS.add(
+    "a2c", "marl_core.rl.a2c:ALGORITHM", "A2C: one policy-gradient step per batch on n-step returns", A2CConfig
+)
+ALGORITHMS.add(
+    "impala",
+    "marl_core.rl.impala:IMPALA",
+    "IMPALA: an actor-critic on V-trace targets, for experience an older policy played",
+    IMPALAConfig,
+)
 ALGORITHMS.add("appo", "marl_core.rl.impala:APPO", "APPO: PPO's clipped surrogate on V-trace advantages", APPOConfig)
-ALGORITHMS.add("tabular_q", "marl_core.rl.tabular_q:ALGORITHM", "tabular Q-learning on the empirical model of the observed transitions (small observation sets)", TabularQConfig)
+ALGORITHMS.add(
+    "tabular_q",
+    "marl_core.rl.tabular_q:ALGORITHM",
+    "tabular Q-learning on the empirical model of the observed transitions (small observation sets)",
+    TabularQConfig,
+)
 
 _LAZY = {
     "Experience": "marl_core.rl.batch",
@@ -62,4 +74,14 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "A2CConfig", "APPOConfig", "DQNConfig", "IMPALAConfig", "PPOConfig", "TabularQConfig", *_LAZY]
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "A2CConfig",
+    "APPOConfig",
+    "DQNConfig",
+    "IMPALAConfig",
+    "PPOConfig",
+    "TabularQConfig",
+    *_LAZY,
+]

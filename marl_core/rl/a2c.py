@@ -45,8 +45,13 @@ class A2CTrainer(LossStepTrainer):
             with torch.no_grad():
                 next_value[bootstrap] = self.policy.value(torch.from_numpy(experience.next_obs[bootstrap])).numpy()
         advantages, returns = compute_gae(
-            experience.reward, experience.extras["value"].astype(np.float64), next_value,
-            experience.done, experience.last, c.gamma, c.gae_lambda,
+            experience.reward,
+            experience.extras["value"].astype(np.float64),
+            next_value,
+            experience.done,
+            experience.last,
+            c.gamma,
+            c.gae_lambda,
         )
         obs, mask = torch.from_numpy(experience.obs), torch.from_numpy(experience.mask)
         action = torch.from_numpy(experience.action)
@@ -62,7 +67,12 @@ class A2CTrainer(LossStepTrainer):
         value_loss = 0.5 * (value - returns).pow(2).mean()
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()  # illegal actions add exactly 0
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
-        metrics = {"loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item()}
+        metrics = {
+            "loss": loss.item(),
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": entropy.item(),
+        }
         yield LossStep(loss, len(experience), metrics)
 
     def state_dict(self) -> dict:

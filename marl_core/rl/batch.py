@@ -96,4 +96,3 @@ class Experience:
         if not self.next_mask[~self.done].any(axis=1).all():
             raise ValueError("a non-terminal transition's next_mask has no legal action")
         return self
-

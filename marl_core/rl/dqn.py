@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
 from marl_core.rl.networks import masked_argmax, mlp
 from marl_core.rl.policy import NetworkPolicy, uniform_legal
-from marl_core.rl import Algorithm
 from marl_core.rl.settings import DQNConfig
 
 
@@ -133,7 +133,9 @@ class DQNTrainer:
             torch.manual_seed(config.seed)
             self.policy = QPolicy(obs_size, num_actions, config)
         self.target = copy.deepcopy(self.policy.q).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.policy.q.parameters(), lr=config.lr, fused=True)  # fused: one kernel for all parameters (docs/performance.md)
+        self.optimizer = torch.optim.Adam(
+            self.policy.q.parameters(), lr=config.lr, fused=True
+        )  # fused: one kernel for all parameters (docs/performance.md)
         self.buffer = ReplayBuffer(config.buffer_size, obs_size, num_actions)
         self.generator = np.random.default_rng(config.seed)
         self.env_steps = 0

@@ -59,8 +59,11 @@ class IMPALATrainer(LossStepTrainer):
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()  # illegal actions add exactly 0
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
         metrics = {
-            "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": value_loss.item(),
-            "entropy": entropy.item(), **_rho_metrics(trace, c),
+            "loss": loss.item(),
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": entropy.item(),
+            **_rho_metrics(trace, c),
         }
         yield LossStep(loss, len(experience), metrics)
 
@@ -73,8 +76,15 @@ class IMPALATrainer(LossStepTrainer):
                 next_value[bootstrap] = self.policy.value(self._tensor(experience.next_obs[bootstrap])).cpu().numpy()
         clipping = VTraceClipping(c.rho_bar, c.c_bar, c.pg_rho_bar, c.trace_lambda)
         return vtrace(
-            experience.extras["logp"], target_logp, experience.reward, value, next_value,
-            experience.done, experience.last, c.gamma, clipping,
+            experience.extras["logp"],
+            target_logp,
+            experience.reward,
+            value,
+            next_value,
+            experience.done,
+            experience.last,
+            c.gamma,
+            clipping,
         )
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
@@ -85,8 +95,10 @@ class IMPALATrainer(LossStepTrainer):
 
     def state_dict(self) -> dict:
         return {
-            "policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.bit_generator.state, "updates": self.updates,
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.bit_generator.state,
+            "updates": self.updates,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -120,9 +132,18 @@ class APPOTrainer(IMPALATrainer):
                 index = self._tensor(order[start : start + c.minibatch_size])
                 minibatch_advantages = advantages[index]
                 if c.normalize_advantages and len(index) > 1:
-                    minibatch_advantages = (minibatch_advantages - minibatch_advantages.mean()) / (minibatch_advantages.std() + 1e-8)
+                    minibatch_advantages = (minibatch_advantages - minibatch_advantages.mean()) / (
+                        minibatch_advantages.std() + 1e-8
+                    )
                 step = clipped_surrogate_loss(
-                    self.policy, obs[index], mask[index], action[index], behaviour_logp[index], minibatch_advantages, targets[index], c,
+                    self.policy,
+                    obs[index],
+                    mask[index],
+                    action[index],
+                    behaviour_logp[index],
+                    minibatch_advantages,
+                    targets[index],
+                    c,
                 )
                 step.metrics.update(rho)
                 yield step

@@ -46,9 +46,12 @@ class NatureCNN(nn.Module):
             )
         self.shape = (channels, frame_size, frame_size)
         self.convolutions = nn.Sequential(
-            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Conv2d(channels, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
             nn.Flatten(),
         )
         with torch.no_grad():

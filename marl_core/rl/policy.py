@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 
-
 class NetworkPolicy(nn.Module, abc.ABC):
     """Batched acting over legal actions, plus the distribution the policy stands for."""
 

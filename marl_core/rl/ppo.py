@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from marl_core.rl.batch import Experience
-from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
 from marl_core.policies.base import sample_rows
 from marl_core.rl import Algorithm
-from marl_core.rl.networks import features, masked_argmax, masked_logits, mlp, NatureCNN
+from marl_core.rl.batch import Experience
+from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
+from marl_core.rl.networks import NatureCNN, features, masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.settings import PPOConfig
 
@@ -138,7 +138,9 @@ class PPOTrainer(LossStepTrainer):
         with torch.random.fork_rng(devices=[]):  # seeded initialisation without touching global state
             torch.manual_seed(config.seed)
             self.policy = ActorCriticPolicy(obs_size, num_actions, config)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=1e-5, fused=True)  # fused: one kernel for all parameters (docs/performance.md)
+        self.optimizer = torch.optim.Adam(
+            self.policy.parameters(), lr=config.lr, eps=1e-5, fused=True
+        )  # fused: one kernel for all parameters (docs/performance.md)
         self.generator = np.random.default_rng(config.seed)
         self.updates = 0
 
@@ -161,7 +163,9 @@ class PPOTrainer(LossStepTrainer):
             order = self.generator.permutation(len(experience))
             for start in range(0, len(order), c.minibatch_size):
                 index = torch.from_numpy(order[start : start + c.minibatch_size])
-                yield self._loss(obs[index], mask[index], action[index], old_logp[index], advantages[index], returns[index])
+                yield self._loss(
+                    obs[index], mask[index], action[index], old_logp[index], advantages[index], returns[index]
+                )
 
     def _advantages(self, experience: Experience) -> tuple[np.ndarray, np.ndarray]:
         """GAE with values from acting time and the current critic's values of bootstrap states."""
@@ -172,8 +176,13 @@ class PPOTrainer(LossStepTrainer):
             with torch.no_grad():
                 next_value[bootstrap] = self.policy.value(torch.from_numpy(experience.next_obs[bootstrap])).numpy()
         return compute_gae(
-            experience.reward, experience.extras["value"].astype(np.float64), next_value,
-            experience.done, experience.last, c.gamma, c.gae_lambda,
+            experience.reward,
+            experience.extras["value"].astype(np.float64),
+            next_value,
+            experience.done,
+            experience.last,
+            c.gamma,
+            c.gae_lambda,
         )
 
     def _loss(self, obs, mask, action, old_logp, advantages, returns) -> LossStep:

@@ -44,7 +44,9 @@ class DQNConfig(AlgorithmSettings):
     epsilon_end: float = Field(0.04, ge=0, le=1, description="exploration rate after the decay")
     epsilon_decay_steps: int = Field(8_000, gt=0, description="environment steps of the linear decay")
     epsilon_eval: float = Field(
-        0.0, ge=0, le=1,
+        0.0,
+        ge=0,
+        le=1,
         description="exploration rate of the policy the network stands for: a population member and greedy "
         "evaluation (0: greedy; a little keeps deterministic members from playing each other one game forever)",
     )
@@ -144,6 +146,11 @@ class TabularQConfig(AlgorithmSettings):
     epsilon_start: float = Field(1.0, ge=0, le=1, description="exploration rate at the first step")
     epsilon_end: float = Field(0.05, ge=0, le=1, description="exploration rate after the decay")
     epsilon_decay_steps: int = Field(40_000, gt=0, description="environment steps of the linear decay")
-    epsilon_eval: float = Field(0.0, ge=0, le=1, description="exploration rate of the policy the table stands for (0: greedy)")
+    epsilon_eval: float = Field(
+        0.0, ge=0, le=1, description="exploration rate of the policy the table stands for (0: greedy)"
+    )
     max_states: int = Field(200_000, gt=0, description="distinct observations the table may hold; more is refused")
-    seed: int = Field(0, description="unused by the learner, which draws nothing; kept so every algorithm's responses are seeded alike")
+    seed: int = Field(
+        0,
+        description="unused by the learner, which draws nothing; kept so every algorithm's responses are seeded alike",
+    )

@@ -103,7 +103,9 @@ class TabularQTrainer:
         self.index: dict[bytes, int] = {}  # observation bytes -> row
         self.visits = np.zeros((0, num_actions))  # [S, A] times each action was taken at each observation
         self.reward_sum = np.zeros((0, num_actions))
-        self.successors: dict[tuple[int, int], int] = {}  # (state * A + action, next state) -> count; the rest ended the episode
+        self.successors: dict[
+            tuple[int, int], int
+        ] = {}  # (state * A + action, next state) -> count; the rest ended the episode
         self.env_steps = 0
         self.sweeps = 0  # value-iteration sweeps of the last update
 
@@ -147,7 +149,12 @@ class TabularQTrainer:
             self.successors[key] = self.successors.get(key, 0) + count
         self.env_steps += len(experience)
         self._publish(self._solve())
-        return {"env_steps": float(self.env_steps), "states": float(len(self.keys)), "epsilon": self.epsilon(), "sweeps": float(self.sweeps)}
+        return {
+            "env_steps": float(self.env_steps),
+            "states": float(len(self.keys)),
+            "epsilon": self.epsilon(),
+            "sweeps": float(self.sweeps),
+        }
 
     def _solve(self) -> np.ndarray:
         """Q [S, A] of the empirical model by value iteration, to its fixed point (an episodic
@@ -159,7 +166,9 @@ class TabularQTrainer:
         probability = count / visits[pair]
         values = np.zeros(len(self.keys))
         for self.sweeps in range(1, self.MAX_SWEEPS + 1):
-            q = mean_reward + self.config.gamma * np.bincount(pair, probability * values[successor], minlength=visits.size)
+            q = mean_reward + self.config.gamma * np.bincount(
+                pair, probability * values[successor], minlength=visits.size
+            )
             q = q.reshape(self.visits.shape)
             new_values = np.where(tried.any(axis=1), np.where(tried, q, -np.inf).max(axis=1), 0.0)
             if np.abs(new_values - values).max(initial=0.0) <= 1e-12:
@@ -169,7 +178,9 @@ class TabularQTrainer:
 
     def _successor_table(self) -> np.ndarray:
         """[N, 3] int64: (state * A + action, next state, count) per pair seen."""
-        return np.array([(pair, successor, count) for (pair, successor), count in self.successors.items()], dtype=np.int64).reshape(-1, 3)
+        return np.array(
+            [(pair, successor, count) for (pair, successor), count in self.successors.items()], dtype=np.int64
+        ).reshape(-1, 3)
 
     def _publish(self, q: np.ndarray) -> None:
         self.policy.set_table(torch.from_numpy(self.keys), torch.from_numpy(q), torch.from_numpy(self.visits > 0))

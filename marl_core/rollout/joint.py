@@ -4,7 +4,6 @@ recorder that fills one fragment's `JointExperience` row by row."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import numpy as np
 
@@ -26,7 +25,9 @@ class Stream:
     next_index: int = 0
 
     @classmethod
-    def start(cls, envs: list[MultiAgentEnv], mixtures, rng: np.random.Generator, global_state: bool = True) -> "Stream":
+    def start(
+        cls, envs: list[MultiAgentEnv], mixtures, rng: np.random.Generator, global_state: bool = True
+    ) -> Stream:
         """Every copy reset, seeded from `rng` (the fragment's own generator)."""
         steps = [_checked(env.reset(seed=int(rng.integers(2**31))), env) for env in envs]
         agents = envs[0].spec.agents
@@ -47,7 +48,9 @@ class Stream:
         the largest array of the fragment)."""
         return env.state() if self.global_state else _NO_STATE
 
-    def stepped(self, e: int, step: TimeStep, env: MultiAgentEnv, record: "JointRecorder", t: int, one_hot, rng, mixtures) -> Optional[tuple[np.ndarray, int, list[int]]]:
+    def stepped(
+        self, e: int, step: TimeStep, env: MultiAgentEnv, record: JointRecorder, t: int, one_hot, rng, mixtures
+    ) -> tuple[np.ndarray, int, list[int]] | None:
         """Record copy `e`'s step; where its episode ended, reset it and return the episode's
         (returns, length, draws)."""
         agents = env.spec.agents
@@ -89,7 +92,16 @@ class JointRecorder:
     """Preallocated [T, E] arrays that one fragment fills row by row. Of the observations that
     follow each step, only those the next row does not hold are kept (`FollowingObservations`)."""
 
-    def __init__(self, steps: int, envs: int, agents: tuple[AgentID, ...], obs_size: dict[AgentID, int], num_actions: dict[AgentID, int], state_size: int, obs_dtype: dict[AgentID, type] | None = None):
+    def __init__(
+        self,
+        steps: int,
+        envs: int,
+        agents: tuple[AgentID, ...],
+        obs_size: dict[AgentID, int],
+        num_actions: dict[AgentID, int],
+        state_size: int,
+        obs_dtype: dict[AgentID, type] | None = None,
+    ):
         """`obs_dtype`: per agent, float32 by default; uint8 keeps pixels a quarter of the bytes."""
         self.agents = agents
         shape = (steps, envs)
@@ -98,7 +110,9 @@ class JointRecorder:
         self.mask = {a: np.zeros((*shape, num_actions[a]), np.bool_) for a in agents}
         self.action = {a: np.zeros(shape, np.int64) for a in agents}
         self.reward = {a: np.zeros(shape, np.float32) for a in agents}
-        self.ended: dict[AgentID, list[tuple[int, int, np.ndarray]]] = {a: [] for a in agents}  # (t, e, final observation)
+        self.ended: dict[AgentID, list[tuple[int, int, np.ndarray]]] = {
+            a: [] for a in agents
+        }  # (t, e, final observation)
         self.after_last = {a: np.zeros((envs, obs_size[a]), obs_dtype.get(a, np.float32)) for a in agents}
         self._zeros = {a: np.zeros(obs_size[a], obs_dtype.get(a, np.float32)) for a in agents}
         self.next_mask = {a: np.zeros((*shape, num_actions[a]), np.bool_) for a in agents}
@@ -139,13 +153,24 @@ class JointRecorder:
 
     def batch(self) -> JointExperience:
         ended = {
-            a: np.array([row for _, _, row in sorted(rows, key=lambda r: r[:2])], self.obs[a].dtype).reshape(-1, self.obs[a].shape[-1])
+            a: np.array([row for _, _, row in sorted(rows, key=lambda r: r[:2])], self.obs[a].dtype).reshape(
+                -1, self.obs[a].shape[-1]
+            )
             for a, rows in self.ended.items()
         }
         episode_end = self.terminated | self.truncated
         next_obs = FollowingObservations(self.obs, ended, self.after_last, episode_end)
         return JointExperience(
-            agents=self.agents, obs=self.obs, mask=self.mask, action=self.action, reward=self.reward,
-            next_obs=next_obs, next_mask=self.next_mask, state=self.state, next_state=self.next_state,
-            terminated=self.terminated, truncated=self.truncated, extras=self.extras,
+            agents=self.agents,
+            obs=self.obs,
+            mask=self.mask,
+            action=self.action,
+            reward=self.reward,
+            next_obs=next_obs,
+            next_mask=self.next_mask,
+            state=self.state,
+            next_state=self.next_state,
+            terminated=self.terminated,
+            truncated=self.truncated,
+            extras=self.extras,
         )

@@ -10,7 +10,6 @@ what acted.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import numpy as np
 
@@ -45,7 +44,7 @@ class PolicyLayout:
         policy_of = {a: p for p, agents in groups.items() for a in agents}
         return cls(spec.agents, policy_of, groups, obs_size, num_actions, agent_ids)
 
-    def one_hot(self, agent: AgentID) -> Optional[np.ndarray]:
+    def one_hot(self, agent: AgentID) -> np.ndarray | None:
         """What this agent's observation is extended with, if anything."""
         group = self.groups[self.policy_of[agent]]
         if not self.agent_ids or len(group) == 1:

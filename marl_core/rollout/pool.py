@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 from marl_core.rollout.progress import Progress, Work
 from marl_core.rollout.store import ParameterStore, StoreClient
@@ -61,7 +60,9 @@ class WorkerPool:
         self.on_ray = on_ray
         if not on_ray:
             self.store = ParameterStore()
-            self.workers = [RolloutWorker(config.env, config.envs_per_worker, self.store) for _ in range(config.workers)]
+            self.workers = [
+                RolloutWorker(config.env, config.envs_per_worker, self.store) for _ in range(config.workers)
+            ]
             self._collecting = threading.Lock()
             return
         import uuid
@@ -72,7 +73,11 @@ class WorkerPool:
         self.store_name = store_name = f"parameter-store-{uuid.uuid4().hex}"
         # Threads for the waits of every stream at once (two per learned response), with room
         # left for the workers' pulls; each wait holds a thread for one `StreamTimeouts.poll`.
-        self.store_handle = ray.remote(num_cpus=0, max_concurrency=64)(ParameterStore).options(name=store_name).remote(preload=("torch",))
+        self.store_handle = (
+            ray.remote(num_cpus=0, max_concurrency=64)(ParameterStore)
+            .options(name=store_name)
+            .remote(preload=("torch",))
+        )
         self.store = StoreClient(self.store_handle)
         actor = ray.remote(
             num_cpus=config.worker_cpus, memory=1024**2, max_restarts=max_restarts, max_task_retries=max_restarts
@@ -98,7 +103,7 @@ class WorkerPool:
         else:
             self.store.drop(key)
 
-    def collect(self, requests: list[RolloutRequest], progress: Optional[str] = None) -> list[RolloutResult]:
+    def collect(self, requests: list[RolloutRequest], progress: str | None = None) -> list[RolloutResult]:
         """Request i goes to worker i modulo the pool's size. `progress`: the id of open work
         (`tracking`) that each request's rollouts count towards as it comes back."""
         if not self.on_ray:
@@ -114,7 +119,7 @@ class WorkerPool:
         if progress is None:
             return ray.get(pending)
         position = {ref: i for i, ref in enumerate(pending)}
-        results: list[Optional[RolloutResult]] = [None] * len(pending)
+        results: list[RolloutResult | None] = [None] * len(pending)
         while pending:
             (ready,), pending = ray.wait(pending, num_returns=1)
             i = position[ready]
@@ -122,7 +127,7 @@ class WorkerPool:
             self._count(progress, requests[i], results[i])
         return results
 
-    def stream(self, requests: list[RolloutRequest], dataset, progress: Optional[str] = None) -> list[StreamSummary]:
+    def stream(self, requests: list[RolloutRequest], dataset, progress: str | None = None) -> list[StreamSummary]:
         """Worker i plays request i's fragment stream into `dataset` (a `DatasetServer` here, the
         name of its actor on Ray) until the dataset stops taking fragments; one summary per
         worker. `progress`: open work that the streams' joint steps count towards once they end."""
@@ -151,7 +156,7 @@ class WorkerPool:
             futures = [threads.submit(play, self.workers[i], request) for i, request in enumerate(requests)]
             return [future.result() for future in futures]
 
-    def _count(self, progress: Optional[str], request: RolloutRequest, result: RolloutResult) -> None:
+    def _count(self, progress: str | None, request: RolloutRequest, result: RolloutResult) -> None:
         """A fragment counts its joint steps (over all copies), whole-episode requests their episodes."""
         if progress is not None:
             self.store.advance(progress, result.env_steps if request.fragment else len(result.episode_returns))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +39,12 @@ class Progress:
     elapsed: float
 
     @property
-    def rate(self) -> Optional[float]:
+    def rate(self) -> float | None:
         """Units per second since the work began; None until some are done."""
         return self.done / self.elapsed if self.done and self.elapsed > 0 else None
 
     @property
-    def seconds_left(self) -> Optional[float]:
+    def seconds_left(self) -> float | None:
         """At the rate so far; None until there is a rate."""
         rate = self.rate
         return max(0, self.total - self.done) / rate if rate else None
@@ -56,7 +56,7 @@ class _Entry:
     began: float
     done: int = 0
     read: bool = False  # shown to a reader at least once
-    ended: Optional[float] = None  # when it ended, by the board's clock
+    ended: float | None = None  # when it ended, by the board's clock
 
 
 class ProgressBoard:
@@ -81,7 +81,9 @@ class ProgressBoard:
         seen it."""
         with self._lock:
             entry = self._entries.get(work.id)
-            self._entries[work.id] = _Entry(work, entry.began, read=entry.read) if entry else _Entry(work, self._clock())
+            self._entries[work.id] = (
+                _Entry(work, entry.began, read=entry.read) if entry else _Entry(work, self._clock())
+            )
 
     def advance(self, work_id: str, amount: int) -> None:
         with self._lock:
@@ -105,7 +107,15 @@ class ProgressBoard:
             now = self._clock()
             shown = []
             for key, e in list(self._entries.items()):
-                shown.append(Progress(e.work.label, min(e.done, e.work.total), e.work.total, e.work.unit, (now if e.ended is None else e.ended) - e.began))
+                shown.append(
+                    Progress(
+                        e.work.label,
+                        min(e.done, e.work.total),
+                        e.work.total,
+                        e.work.unit,
+                        (now if e.ended is None else e.ended) - e.began,
+                    )
+                )
                 e.read = True
                 if e.ended is not None:  # seen now: gone
                     del self._entries[key]

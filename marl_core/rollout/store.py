@@ -15,7 +15,8 @@ import dataclasses
 import importlib
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from marl_core.rollout.progress import Progress, ProgressBoard, Work
 
@@ -29,7 +30,7 @@ class Ending:
     for the retry instead of giving up."""
 
     side: str
-    error: Optional[str] = None
+    error: str | None = None
     retryable: bool = False
 
     @property
@@ -41,7 +42,7 @@ class Ending:
 class _Mailbox:
     asks: int = 0  # number of the newest ask
     ask: Any = None  # the newest ask, until it is answered or its learner stops
-    answer: Optional[tuple[int, Any]] = None  # (ask number, answer) until the learner takes it
+    answer: tuple[int, Any] | None = None  # (ask number, answer) until the learner takes it
     ended: dict[str, Ending] = dataclasses.field(default_factory=dict)
 
 
@@ -171,7 +172,12 @@ def is_transient(error: BaseException) -> bool:
     (`tasks/psro_tasks.py`), so the other side of a stream waits for the retry."""
     import ray.exceptions
 
-    transient = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.WorkerCrashedError, ConnectionError)
+    transient = (
+        ray.exceptions.RayActorError,
+        ray.exceptions.ObjectLostError,
+        ray.exceptions.WorkerCrashedError,
+        ConnectionError,
+    )
     return isinstance(error, transient)
 
 
@@ -201,7 +207,7 @@ class ExperienceStream:
         self.store, self.stream, self.side, self.timeouts = store, stream, side, timeouts
         self.other = COLLECTOR if side == LEARNER else LEARNER
 
-    def __enter__(self) -> "ExperienceStream":
+    def __enter__(self) -> ExperienceStream:
         self.store.open(self.stream, self.side)
         return self
 
@@ -253,7 +259,9 @@ class ExperienceStream:
             else:
                 failed_at = None  # back from a retry, or never gone
             if now >= deadline:
-                raise StreamError(f"{self.stream}: the {self.side} waited {t.wait:g} s for {what} from the {self.other}")
+                raise StreamError(
+                    f"{self.stream}: the {self.side} waited {t.wait:g} s for {what} from the {self.other}"
+                )
 
 
 class StoreClient:

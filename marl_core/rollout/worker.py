@@ -48,7 +48,8 @@ import copy
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 import numpy as np
 
@@ -114,7 +115,9 @@ class PolicyMixture:
     def __post_init__(self):
         weights = np.asarray(self.weights, dtype=np.float64)
         if weights.shape != (len(self.members),) or not self.members:
-            raise ValueError(f"a mixture of {len(self.members)} members needs {len(self.members)} weights (at least one), got shape {weights.shape}")
+            raise ValueError(
+                f"a mixture of {len(self.members)} members needs {len(self.members)} weights (at least one), got shape {weights.shape}"
+            )
         if not np.all(np.isfinite(weights)) or np.any(weights < 0) or abs(weights.sum() - 1.0) > 1e-6:
             raise ValueError(f"mixture weights must be non-negative and sum to 1, got {weights.tolist()}")
         object.__setattr__(self, "weights", weights)
@@ -144,20 +147,24 @@ class RolloutRequest:
     populations: dict[str, PolicyMixture] = dataclasses.field(default_factory=dict)  # role -> mixture
     episodes: int = 0  # whole episodes; or, with `fragment`, none
     seed: tuple[int, ...] = (0,)
-    learners: dict[str, LearnerSpec] = dataclasses.field(default_factory=dict)  # role -> network; every role has a population or a learner
-    fragment: Optional[Fragment] = None
+    learners: dict[str, LearnerSpec] = dataclasses.field(
+        default_factory=dict
+    )  # role -> network; every role has a population or a learner
+    fragment: Fragment | None = None
     weights_version: int = 0  # the version the learners pushed for this request
     explore: bool = True
     opponent_epsilon: float = 0.0  # chance that a population member's move is replaced by a uniformly random legal one
     agent_ids: bool = False  # a learner's agents see a one-hot of their index among its agents (`PolicyLayout`)
     experience: bool = True  # whole episodes: return the learners' transitions (False: returns only)
-    global_state: bool = True  # a fragment records the global state (centralized learners); off, its state arrays are [T, E, 0]
+    global_state: bool = (
+        True  # a fragment records the global state (centralized learners); off, its state arrays are [T, E, 0]
+    )
 
 
 @dataclasses.dataclass
 class RolloutResult:
     experience: dict[str, Experience]  # whole episodes: per learner role, its agents' transitions
-    joint: Optional[JointExperience]  # a fragment: every agent's joint steps
+    joint: JointExperience | None  # a fragment: every agent's joint steps
     episode_returns: np.ndarray  # [episodes, agents] summed rewards of the episodes that ended, agents in spec order
     episode_lengths: np.ndarray  # [episodes] their environment steps
     draws: np.ndarray  # [episodes, len(populations)] member drawn per role, in the populations' order
@@ -188,7 +195,7 @@ class _Plan:
 
     slot: dict[AgentID, int]
     mixtures: list[PolicyMixture]
-    tables: list[Optional[np.ndarray]]  # per mixture: the members' tables [K, I, A], if all have one
+    tables: list[np.ndarray | None]  # per mixture: the members' tables [K, I, A], if all have one
     rows: dict[AgentID, dict[str, int]]  # per agent on a table path: information state -> row
     learner_roles: list[str]
     learner_agents: list[tuple[AgentID, ...]]  # per learner
@@ -207,7 +214,7 @@ class RolloutWorker:
     `torch_threads`: set where the worker owns its process (a Ray actor); many small forward
     passes gain nothing from threads that only contend."""
 
-    def __init__(self, env: EnvSource, envs_per_worker: int, parameter_store=None, torch_threads: Optional[int] = None):
+    def __init__(self, env: EnvSource, envs_per_worker: int, parameter_store=None, torch_threads: int | None = None):
         if torch_threads is not None:
             import torch
 
@@ -241,7 +248,9 @@ class RolloutWorker:
         held, networks = {}, []
         for role in plan.learner_roles:
             spec = request.learners[role]
-            held[spec.key] = self._network(spec, request.weights_version, plan.layout.obs_size[role], plan.layout.num_actions[role])
+            held[spec.key] = self._network(
+                spec, request.weights_version, plan.layout.obs_size[role], plan.layout.num_actions[role]
+            )
             networks.append(held[spec.key][0])
         self._networks = held
         return networks, min((have for _, have in held.values()), default=request.weights_version)
@@ -257,7 +266,9 @@ class RolloutWorker:
         if request.fragment is None and (not isinstance(request.episodes, int) or request.episodes < 0):
             raise ValueError(f"episodes must be a non-negative integer, got {request.episodes!r}")
         if request.fragment is not None and (request.episodes or request.fragment.steps < 1):
-            raise ValueError(f"a fragment request plays fragment.steps >= 1 steps and no whole episodes, got steps={request.fragment.steps!r}, episodes={request.episodes!r}")
+            raise ValueError(
+                f"a fragment request plays fragment.steps >= 1 steps and no whole episodes, got steps={request.fragment.steps!r}, episodes={request.episodes!r}"
+            )
         if not 0 <= request.opponent_epsilon <= 1:
             raise ValueError(f"opponent_epsilon must be in [0, 1], got {request.opponent_epsilon!r}")
         index = {role: k for k, role in enumerate(request.populations)}
@@ -273,18 +284,25 @@ class RolloutWorker:
             elif role in index:
                 slot[agent] = index[role]
             else:
-                raise ValueError(f"{name}: agent {agent!r} of role {role!r} has neither a learner nor a population (learners: {learner_roles}, populations: {list(index)})")
+                raise ValueError(
+                    f"{name}: agent {agent!r} of role {role!r} has neither a learner nor a population (learners: {learner_roles}, populations: {list(index)})"
+                )
         unplayed = [role for role in [*index, *learner_roles] if role not in map(request.roles, self.spec.agents)]
         if unplayed:
-            raise ValueError(f"{name}: role(s) {unplayed} belong to no agent; the agents' roles are {sorted(set(map(request.roles, self.spec.agents)))}")
+            raise ValueError(
+                f"{name}: role(s) {unplayed} belong to no agent; the agents' roles are {sorted(set(map(request.roles, self.spec.agents)))}"
+            )
         layout = PolicyLayout.of(self.spec, request.roles, request.agent_ids)
         learner_agents = [layout.groups[role] for role in learner_roles]
-        one_hot = {agent: hot for agents in learner_agents for agent in agents if (hot := layout.one_hot(agent)) is not None}
+        one_hot = {
+            agent: hot for agents in learner_agents for agent in agents if (hot := layout.one_hot(agent)) is not None
+        }
         mixtures = list(request.populations.values())
         tables = [_stacked_tables(mixture) for mixture in mixtures]
         rows = {
             agent: self._infostate_rows(mixtures[k], agent)
-            for agent, k in slot.items() if k >= 0 and tables[k] is not None
+            for agent, k in slot.items()
+            if k >= 0 and tables[k] is not None
         }
         return _Plan(slot, mixtures, tables, rows, learner_roles, learner_agents, one_hot, layout)
 
@@ -315,7 +333,13 @@ class RolloutWorker:
 
     def _play_episodes(self, request: RolloutRequest, plan: _Plan, networks: list[NetworkPolicy]) -> RolloutResult:
         rng = np.random.default_rng(request.seed)
-        slot, mixtures, tables, rows, one_hot = plan.slot, plan.mixtures, plan.tables, plan.rows, plan.one_hot  # read every step
+        slot, mixtures, tables, rows, one_hot = (
+            plan.slot,
+            plan.mixtures,
+            plan.tables,
+            plan.rows,
+            plan.one_hot,
+        )  # read every step
         agents = self.spec.agents
         agent_index = {agent: index for index, agent in enumerate(agents)}
         decisions = [_Decisions() for _ in networks]
@@ -353,15 +377,33 @@ class RolloutWorker:
                     k = slot[agent]
                     if k < 0:
                         hot = one_hot.get(agent)
-                        learner_at[-k - 1].append((chosen_here, episode, agent, observation if hot is None else np.concatenate([observation, hot]), step.action_masks[agent]))
+                        learner_at[-k - 1].append(
+                            (
+                                chosen_here,
+                                episode,
+                                agent,
+                                observation if hot is None else np.concatenate([observation, hot]),
+                                step.action_masks[agent],
+                            )
+                        )
                     elif tables[k] is not None:
-                        table_at[k].append((chosen_here, agent, episode.draws[k], rows[agent][step.infos[agent]["infostate"]]))
+                        table_at[k].append(
+                            (chosen_here, agent, episode.draws[k], rows[agent][step.infos[agent]["infostate"]])
+                        )
                     else:
                         member = episode.draws[k]
                         at = member_at[k].get(member)
                         if at is None:
                             at = member_at[k][member] = []
-                        at.append((chosen_here, agent, observation, step.action_masks[agent], step.infos.get(agent, {}).get("infostate")))
+                        at.append(
+                            (
+                                chosen_here,
+                                agent,
+                                observation,
+                                step.action_masks[agent],
+                                step.infos.get(agent, {}).get("infostate"),
+                            )
+                        )
             for j, at in enumerate(learner_at):
                 if at:
                     # np.array copies the rows, so an env that reuses its arrays cannot change them later.
@@ -409,7 +451,10 @@ class RolloutWorker:
 
         experience = {}
         if request.experience:
-            experience = {role: _to_experience(finished, decisions[j], plan.learner_agents[j]) for j, role in enumerate(plan.learner_roles)}
+            experience = {
+                role: _to_experience(finished, decisions[j], plan.learner_agents[j])
+                for j, role in enumerate(plan.learner_roles)
+            }
         return RolloutResult(
             experience=experience,
             joint=None,
@@ -441,7 +486,15 @@ class RolloutWorker:
         state_size = spec.state_size if stream.global_state else 0
         # pixels stay uint8 on the way to the learner, unless an agent one-hot makes them floats
         obs_dtype = {a: np.dtype(spec.observation_dtype) if a not in one_hot else np.float32 for a in agents}
-        record = JointRecorder(fragment.steps, E, agents, {a: spec.observation_size[a] + len(one_hot.get(a, ())) for a in agents}, spec.num_actions, state_size, obs_dtype)
+        record = JointRecorder(
+            fragment.steps,
+            E,
+            agents,
+            {a: spec.observation_size[a] + len(one_hot.get(a, ())) for a in agents},
+            spec.num_actions,
+            state_size,
+            obs_dtype,
+        )
         finished = []  # (returns, length, draws) of the episodes that ended
         env_steps = 0
         for t in range(fragment.steps):
@@ -451,11 +504,14 @@ class RolloutWorker:
             actions, extras = {}, {}
             for j, group in learner_groups:  # one forward pass per learner
                 chosen, learner_extras = networks[j].act(
-                    np.concatenate([obs[a] for a in group]), np.concatenate([mask[a] for a in group]), request.explore, rng
+                    np.concatenate([obs[a] for a in group]),
+                    np.concatenate([mask[a] for a in group]),
+                    request.explore,
+                    rng,
                 )
                 for n, a in enumerate(group):
-                    actions[a] = chosen[n * E:(n + 1) * E]
-                    extras[a] = {key: value[n * E:(n + 1) * E] for key, value in learner_extras.items()}
+                    actions[a] = chosen[n * E : (n + 1) * E]
+                    extras[a] = {key: value[n * E : (n + 1) * E] for key, value in learner_extras.items()}
             for agent, k in population_agents:  # one call per member in use
                 drawn = np.array([draws[k] for draws in stream.draws])
                 chosen = np.empty(E, dtype=np.int64)
@@ -478,7 +534,9 @@ class RolloutWorker:
         return RolloutResult(
             experience={},
             joint=record.batch(),
-            episode_returns=np.array([returns for returns, _, _ in finished], dtype=np.float64).reshape(-1, len(agents)),
+            episode_returns=np.array([returns for returns, _, _ in finished], dtype=np.float64).reshape(
+                -1, len(agents)
+            ),
             episode_lengths=np.array([length for _, length, _ in finished], dtype=np.int64),
             draws=np.array([draws for _, _, draws in finished], dtype=np.int64).reshape(len(finished), len(mixtures)),
             env_steps=env_steps,
@@ -530,18 +588,24 @@ class RolloutWorker:
             env.close()
 
 
-def _extended(observation: np.ndarray, one_hot: Optional[np.ndarray]) -> np.ndarray:
+def _extended(observation: np.ndarray, one_hot: np.ndarray | None) -> np.ndarray:
     return observation if one_hot is None else np.concatenate([observation, one_hot])
 
 
-def _tremble(chosen: dict[AgentID, int], masks: dict[AgentID, np.ndarray], slot: dict[AgentID, int], epsilon: float, rng: np.random.Generator) -> None:
+def _tremble(
+    chosen: dict[AgentID, int],
+    masks: dict[AgentID, np.ndarray],
+    slot: dict[AgentID, int],
+    epsilon: float,
+    rng: np.random.Generator,
+) -> None:
     """Replace each population member's move, with chance `epsilon`, by a uniformly random legal one."""
     for agent in chosen:
         if slot[agent] >= 0 and rng.random() < epsilon:
             chosen[agent] = int(uniform_legal(masks[agent][None], rng)[0])
 
 
-def _stacked_tables(mixture: PolicyMixture) -> Optional[np.ndarray]:
+def _stacked_tables(mixture: PolicyMixture) -> np.ndarray | None:
     """The members' tables as one [K, I, A] array when every member has one, else None."""
     tables = [member.tabular for member in mixture.members]
     if any(table is None for table in tables):
@@ -606,7 +670,9 @@ class _Episode:
         else:
             decisions.append(decision)
 
-    def rewarded(self, rewards: dict[AgentID, float], agent_index: dict[AgentID, int], reward_of: dict[AgentID, list[float]]) -> None:
+    def rewarded(
+        self, rewards: dict[AgentID, float], agent_index: dict[AgentID, int], reward_of: dict[AgentID, list[float]]
+    ) -> None:
         for agent, reward in rewards.items():
             # Adding zero changes no sum (they start at +0.0), and most steps pay nothing.
             if reward:
@@ -641,9 +707,14 @@ def _to_experience(episodes: list[_Episode], decisions: _Decisions, agents: tupl
     if decisions.count == 0:
         empty = np.array([])
         return Experience(
-            obs=empty.astype(np.float32), mask=empty.astype(bool), action=empty.astype(np.int64),
-            reward=empty.astype(np.float32), next_obs=empty.astype(np.float32), next_mask=empty.astype(bool),
-            done=empty.astype(bool), last=empty.astype(bool),
+            obs=empty.astype(np.float32),
+            mask=empty.astype(bool),
+            action=empty.astype(np.int64),
+            reward=empty.astype(np.float32),
+            next_obs=empty.astype(np.float32),
+            next_mask=empty.astype(bool),
+            done=empty.astype(bool),
+            last=empty.astype(bool),
         )
     taken, following, ends, terminated = [], [], [], []
     for episode in episodes:
