@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(path: Path, seed: int):
-    from marl_core.marl.training import MARLConfig
+    from marl_core.marl.config import MARLConfig
 
     return MARLConfig(**{**yaml.safe_load(path.read_text()), "seed": seed})
 
@@ -40,9 +40,9 @@ def run_sync(config) -> tuple[list[tuple[float, int, float]], float]:
     """[(seconds, joint steps, greedy return)] at each evaluation, and samples per second."""
     import ray
 
-    from flows.runtime import ray_session
+    from flows.services import ray_session
+    from marl_core.marl.config import pool_config
     from marl_core.marl.rounds import iterate_marl_local
-    from marl_core.marl.training import pool_config
     from marl_core.rollout.pool import WorkerPool
 
     with ray_session(None, 2, {}):
@@ -59,10 +59,10 @@ def run_sync(config) -> tuple[list[tuple[float, int, float]], float]:
 def run_async(config, target: float) -> tuple[list[tuple[float, int, float]], float, dict]:
     import ray
 
-    from flows.runtime import ray_session
+    from flows.services import ray_session
     from marl_core.marl import rounds
-    from marl_core.marl.async_rounds import RayAsyncLearners
-    from marl_core.marl.training import layout_and_spec, pool_config
+    from marl_core.marl.async_learners import RayAsyncLearners
+    from marl_core.marl.config import layout_and_spec, pool_config
     from marl_core.rollout.pool import WorkerPool
 
     layout, _ = layout_and_spec(config)
@@ -103,8 +103,9 @@ def main() -> None:
         sync_curve, sync_rate = run_sync(sync_config)
         seconds, steps, target = sync_curve[-1]
         print(
-            f"synchronous  ({args.sync_config.name}, {sync_config.workers} worker(s)): final greedy return {target:.2f} "
-            f"after {steps:,} joint steps in {seconds:.1f} s, {sync_rate:,.0f} joint steps/s   load {os.getloadavg()[0]:.2f}",
+            f"synchronous  ({args.sync_config.name}, {sync_config.workers} worker(s)): "
+            f"final greedy return {target:.2f} after {steps:,} joint steps in {seconds:.1f} s, "
+            f"{sync_rate:,.0f} joint steps/s   load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
         if args.two_workers and sync_config.workers == 1:
@@ -124,13 +125,15 @@ def main() -> None:
     reached = a_return >= target
     print(
         f"asynchronous ({args.async_config.name}): greedy return {a_return:.2f} after {a_steps:,} joint steps in "
-        f"{a_seconds:.1f} s, {async_rate:,.0f} joint steps/s played; {'reached' if reached else 'did NOT reach'} the target; "
+        f"{a_seconds:.1f} s, {async_rate:,.0f} joint steps/s played; "
+        f"{'reached' if reached else 'did NOT reach'} the target; "
         f"staleness {learner.get('async/staleness_mean', float('nan')):.1f} steps, learner busy "
         f"{learner.get('async/learner_utilisation', float('nan')):.0%}   load {os.getloadavg()[0]:.2f}"
     )
     if reached:
         print(
-            f"wall time to {target:.2f}: synchronous {seconds:.1f} s, asynchronous {a_seconds:.1f} s ({seconds / a_seconds:.2f}x)"
+            f"wall time to {target:.2f}: synchronous {seconds:.1f} s, "
+            f"asynchronous {a_seconds:.1f} s ({seconds / a_seconds:.2f}x)"
         )
     print("curves (seconds, joint steps, greedy return):")
     print("  synchronous ", [(round(s), n, round(r, 2)) for s, n, r in sync_curve])

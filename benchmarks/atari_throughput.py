@@ -1,4 +1,4 @@
-"""Rollout throughput on two-player Pong from pixels, against a plain loop and against RLlib.
+r"""Rollout throughput on two-player Pong from pixels, against a plain loop and against RLlib.
 
 In one run on this machine, on the same preprocessed environment (`atari:pong_v3`: frame skip 4,
 max-pool, 84x84 grayscale, 4 stacked frames, agent indicator):
@@ -9,7 +9,7 @@ max-pool, 84x84 grayscale, 4 stacked frames, agent indicator):
   one torch thread each) of `--envs` copies, acting with the untrained Nature-CNN actor-critic of
   `configs/marl/pong/ippo.yaml` (one forward pass per step for both paddles of every copy), every
   fragment shipped back to the driver, two ways:
-  - *rounds*: the synchronous MARL collection step (`training.collect_rollouts`, what
+  - *rounds*: the synchronous MARL collection step (`steps.collect_rollouts`, what
     `psro marl run` does each round for PPO): every worker plays a fragment, the driver joins
     them into the learner's batch, and the next round starts;
   - *streaming*: the asynchronous learners' path (APPO, IMPALA): every worker plays fragment
@@ -37,7 +37,8 @@ Learning is the README's run, `psro marl run --config configs/marl/pong/ippo.yam
 `eval_return/vs_uniform/<agent>` metrics are the return against a uniformly random paddle, a curve
 per agent in MLflow and a line each in `plots/episode_return.png`.
 
-    python benchmarks/atari_throughput.py [--seconds 10] [--repeats 3] [--envs 16] [--steps 64] [--peer-venv .bench/rllib-venv]
+    python benchmarks/atari_throughput.py [--seconds 10] [--repeats 3] [--envs 16] [--steps 64] \
+        [--peer-venv .bench/rllib-venv]
 """
 
 from __future__ import annotations
@@ -109,27 +110,30 @@ class OurRollouts:
     def __init__(self, envs: int, steps: int):
         import ray
 
-        from marl_core.marl import training
-        from marl_core.marl.training import MARLConfig
+        from marl_core.marl.config import MARLConfig, layout_and_spec, make_learner, pool_config
+        from marl_core.marl.learner_handles import LocalLearner
+        from marl_core.marl.steps import collect_rollouts
         from marl_core.rollout.pool import WorkerPool
 
         settings = yaml.safe_load((ROOT / "configs" / "marl" / "pong" / "ippo.yaml").read_text())
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local", configure_logging=False)
-        self.training, self.pools, self.streams = training, {}, 0
+        self.pools, self.streams = {}, 0
         for workers in (1, 2):
             config = MARLConfig(**{**settings, "workers": workers, "envs_per_worker": envs, "steps_per_round": steps})
-            layout, spec = training.layout_and_spec(config)
-            learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
-            pool = WorkerPool(training.pool_config(config), on_ray=True)
-            training.collect_rollouts(config, pool, learner, 0)  # warm-up: actors started, copies reset
+            layout, spec = layout_and_spec(config)
+            learner = LocalLearner(make_learner(config, layout, spec.state_size))
+            pool = WorkerPool(pool_config(config), on_ray=True)
+            collect_rollouts(config, pool, learner, 0)  # warm-up: actors started, copies reset
             self.pools[workers] = _Pool(config, pool, learner)
 
     def window(self, workers: int, seconds: float) -> float:
         """Synchronous rounds: every worker plays a fragment, the driver gathers them, again."""
+        from marl_core.marl.steps import collect_rollouts
+
         ours = self.pools[workers]
         steps, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds:
-            steps += self.training.collect_rollouts(ours.config, ours.pool, ours.learner, ours.next_round).env_steps
+            steps += collect_rollouts(ours.config, ours.pool, ours.learner, ours.next_round).env_steps
             ours.next_round += 1
         return steps / (time.perf_counter() - started)
 
@@ -251,7 +255,8 @@ def main() -> None:
     print(f"{'':48s} {'steps/s':>8s} {'frames/s':>9s} {'x plain':>8s} {'x rllib':>8s}")
     plain_all = np.concatenate([r["ours", "", 0], r["rllib", "", 0]])
     print(
-        f"{'plain loop (1 process, random actions)':48s} {np.median(plain_all):8.0f} {np.median(plain_all) * FRAME_SKIP:9.0f} {1:7.2f}x"
+        f"{'plain loop (1 process, random actions)':48s} "
+        f"{np.median(plain_all):8.0f} {np.median(plain_all) * FRAME_SKIP:9.0f} {1:7.2f}x"
     )
     for w in (1, 2):
         for side in starts:

@@ -27,10 +27,10 @@ PPO = {"lr": 2.5e-4, "epochs": 4, "minibatch_size": 128, "entropy_coef": 0.01}
 def train(strategy: str, seed: int, max_steps: int, eval_every: int) -> dict:
     import ray
 
-    from flows.runtime import ray_session
+    from flows.services import ray_session
     from marl_core.marl import rounds
-    from marl_core.marl.async_rounds import RayAsyncLearners
-    from marl_core.marl.training import MARLConfig, layout_and_spec, pool_config
+    from marl_core.marl.async_learners import RayAsyncLearners
+    from marl_core.marl.config import MARLConfig, layout_and_spec, pool_config
     from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
@@ -81,7 +81,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
-        f"{'strategy':8} {'reached':>7} {'rounds':>6} {'joint steps':>11} {'seconds':>8} {'return':>7} {'staleness':>9} {'dropped':>7}"
+        f"{'strategy':8} {'reached':>7} {'rounds':>6} {'joint steps':>11} "
+        f"{'seconds':>8} {'return':>7} {'staleness':>9} {'dropped':>7}"
     )
     for strategy in args.strategies:
         r = train(strategy, args.seed, args.max_steps, args.eval_every)

@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from marl_core.marl import MARL_ALGORITHMS  # noqa: E402
-from marl_core.marl.training import MARLConfig  # noqa: E402
+from marl_core.marl.config import MARLConfig  # noqa: E402
 
 CONFIGS = ROOT / "configs" / "marl"
 TEAM_REWARD_ONLY = ("vdn", "qmix")  # one value of one team reward: cooperative tasks only
@@ -190,7 +190,8 @@ def run_config(job: Job) -> MARLConfig:
     base = yaml.safe_load(path.read_text()) if path.exists() else {"env": job.task.env, "algorithm": job.algorithm}
     if (base["env"], base["algorithm"]) != (job.task.env, job.algorithm):
         raise ValueError(
-            f"{path}: env {base['env']!r} / algorithm {base['algorithm']!r}, expected {job.task.env!r} / {job.algorithm!r}"
+            f"{path}: env {base['env']!r} / algorithm {base['algorithm']!r}, "
+            f"expected {job.task.env!r} / {job.algorithm!r}"
         )
     shape = MARLConfig(
         env=job.task.env,
@@ -236,18 +237,20 @@ def scores(
 def uniform_in_seats(config: MARLConfig, task: Task, learner, episodes: int) -> dict[str, float]:
     """Per score: its agents' return when they play uniformly at random and every other agent
     plays its trained policy as the evaluations do (on a pool of its own, as the untrained evaluation)."""
-    from marl_core.marl import training
+    from marl_core.marl.config import layout_and_spec, policy_mapping, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
+    from marl_core.marl.steps import UniformInSeats
     from marl_core.rollout.pool import WorkerPool
     from marl_core.rollout.worker import RolloutRequest
 
-    layout, _ = training.layout_and_spec(config)
-    handle = training.LocalLearner(learner)
-    pool = WorkerPool(training.pool_config(config))
+    layout, _ = layout_and_spec(config)
+    handle = LocalLearner(learner)
+    pool = WorkerPool(pool_config(config))
     try:
         handle.publish(pool, 0)
         requests, keys = [], []
         for key, members in score_groups(task, layout.groups).items():
-            roles = training.UniformInSeats(tuple(members), training.policy_mapping(config))
+            roles = UniformInSeats(tuple(members), policy_mapping(config))
             playing = {roles(agent) for agent in layout.agents if agent not in members}
             requests.append(
                 RolloutRequest(
@@ -276,25 +279,27 @@ def train(job: Job) -> Curve:
     """One seed of one pair: evaluated untrained, then after every `eval_every` rounds."""
     import torch
 
-    from marl_core.marl import training
+    from marl_core.marl.config import layout_and_spec, make_learner, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
     from marl_core.marl.rounds import iterate_marl_local
+    from marl_core.marl.steps import evaluate_policies, summarize_evaluation
     from marl_core.rollout.pool import WorkerPool
 
     torch.set_num_threads(1)
     started = time.perf_counter()
     config = run_config(job)
-    layout, spec = training.layout_and_spec(config)
-    learner = training.make_learner(config, layout, spec.state_size)
+    layout, spec = layout_and_spec(config)
+    learner = make_learner(config, layout, spec.state_size)
     # The untrained policies play the first evaluation's episodes, on a pool of their own: the
     # training pool's workers keep the weights versions its rounds publish.
-    before = WorkerPool(training.pool_config(config))
+    before = WorkerPool(pool_config(config))
     try:
-        untrained = training.evaluate_policies(config, before, training.LocalLearner(learner), round=0)
+        untrained = evaluate_policies(config, before, LocalLearner(learner), round=0)
     finally:
         before.close()
-    mean, _ = training.summarize_evaluation(untrained, layout)
+    mean, _ = summarize_evaluation(untrained, layout)
     curve = Curve(job, [0], {key: [value] for key, value in scores(job.task, mean, layout.groups).items()}, 0.0)
-    pool = WorkerPool(training.pool_config(config))
+    pool = WorkerPool(pool_config(config))
     try:
         for record, _ in iterate_marl_local(config, learner=learner, pool=pool):
             if record.eval_returns:
@@ -313,7 +318,8 @@ def train(job: Job) -> Curve:
 
 def uniform_play(task: Task, episodes: int) -> dict[str, tuple[float, float]]:
     """Every agent uniformly random: per score, the mean return and its standard error."""
-    from marl_core.marl.training import UniformInSeats, layout_and_spec, summarize
+    from marl_core.marl.config import layout_and_spec
+    from marl_core.marl.steps import UniformInSeats, summarize
     from marl_core.rollout.pool import PoolConfig, WorkerPool
     from marl_core.rollout.worker import RolloutRequest
 

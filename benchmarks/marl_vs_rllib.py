@@ -90,8 +90,8 @@ def run_peer(python: Path, scenario: str, env_steps: int, seed: int, workers: in
 def run_ours(algorithm: str, scenario: str, env_steps: int, seed: int, workers: int) -> list[dict]:
     """The in-process training loop; with more than one worker its workers are Ray actors
     (the rollout engine's `WorkerPool`) that play at the same time, the learner staying here."""
+    from marl_core.marl.config import MARLConfig
     from marl_core.marl.rounds import iterate_marl_local
-    from marl_core.marl.training import MARLConfig
 
     config = MARLConfig(
         env=f"pettingzoo:mpe2.{scenario}",
@@ -130,8 +130,8 @@ def _ray_workers(config):
         return
     import ray
 
-    from flows.runtime import ray_session
-    from marl_core.marl.training import pool_config
+    from flows.services import ray_session
+    from marl_core.marl.config import pool_config
     from marl_core.rollout.pool import WorkerPool
 
     with ray_session(None, config.workers, {}):
@@ -143,7 +143,7 @@ def _ray_workers(config):
 
 def uniform_random_return(scenario: str, episodes: int = 400) -> float:
     """Mean episode return per agent of uniformly random actions: where learning starts from."""
-    from marl_core.marl.training import MARLConfig, layout_and_spec, policy_mapping
+    from marl_core.marl.config import MARLConfig, layout_and_spec, policy_mapping
     from marl_core.policies.base import UniformPolicy
     from marl_core.rollout.worker import PolicyMixture, RolloutRequest, RolloutWorker
 
@@ -224,7 +224,8 @@ def report(curves: dict, uniform: float, args, workers: int) -> None:
         else f"{workers} rollout workers each (RLlib: EnvRunners), the learner in the driver"
     )
     print(
-        f"\n{args.scenario}, {args.env_steps} environment steps, {STEPS_PER_UPDATE} per update, hidden {HIDDEN}, {sampling}"
+        f"\n{args.scenario}, {args.env_steps} environment steps, {STEPS_PER_UPDATE} per update, "
+        f"hidden {HIDDEN}, {sampling}"
     )
     print(
         "return: summed over an episode, mean over agents, mean over an iteration's episodes, "
@@ -232,7 +233,8 @@ def report(curves: dict, uniform: float, args, workers: int) -> None:
         f"uniform random play {uniform:.2f}"
     )
     print(
-        f"{'':12s} {'steps/s':>9s} {'x rllib':>8s} {'final return':>13s} {'of the way':>10s} {'s to target':>12s} {'speed-up':>9s}"
+        f"{'':12s} {'steps/s':>9s} {'x rllib':>8s} {'final return':>13s} "
+        f"{'of the way':>10s} {'s to target':>12s} {'speed-up':>9s}"
     )
     for name, curve in curves.items():
         reached = time_to(curve, target)

@@ -1,6 +1,6 @@
 """Resident memory over a long PSRO run through the real flow, and what the run leaves behind.
 
-One process runs `flows.psro_flow.run_psro` (its own Prefect server, local Ray, an MLflow SQLite
+One process runs `flows.entrypoints.run_scenario` (its own Prefect server, local Ray, an MLflow SQLite
 store, every member registered) and records, at every iteration, the resident memory of this
 driver and of every process the run started, grouped by kind. Started processes are found by an
 environment variable the script sets before anything starts (`PSRO_RUN_MARKER`): the Prefect
@@ -137,7 +137,8 @@ def main(argv=None) -> int:
         import tracemalloc
 
         tracemalloc.start(12)
-    from flows.psro_flow import run_psro  # after the environment is set: Prefect reads it on import
+    from flows.entrypoints import run_scenario
+    from flows.scenarios.psro import PSRO  # after the environment is set: Prefect reads it on import
     from marl_core.psro.config import build_config
 
     config = build_config(
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     error = None
     try:
-        run_psro(config, on_iteration)
+        run_scenario(PSRO, config, observer=on_iteration)
     except Exception as exc:  # the --fail-at case; reported, and the exit code says so
         error = f"{type(exc).__name__}: {exc}"
     wall = time.perf_counter() - started
@@ -200,7 +201,8 @@ def main(argv=None) -> int:
         print("largest Python allocation growth since iteration 50:")
         for stat in late.compare_to(snapshots["early"], "traceback")[:8]:
             print(
-                f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  {stat.traceback.format()[-1].strip()}"
+                f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  "
+                f"{stat.traceback.format()[-1].strip()}"
             )
     return 1 if error else 0
 

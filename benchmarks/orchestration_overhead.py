@@ -4,7 +4,7 @@ The same PSRO run (exact oracle, `nash`) is run twice in one process:
 
 1. the in-process loop (`marl_core.psro.steps.iterate_psro_local`): the floor, pure computation, whose
    per-stage seconds are the compute time of each stage;
-2. `psro run`'s path (`flows.psro_flow.run_psro`): Prefect server, Ray, MLflow, one Prefect
+2. `psro run`'s path (`flows.entrypoints.run_scenario`): Prefect server, Ray, MLflow, one Prefect
    subflow per iteration whose tasks run on Ray.
 
 Both compute the same iterations (tests/test_flow_matches_local.py), so for each iteration the
@@ -65,8 +65,9 @@ class DriverProbe:
         import httpx
         from prefect.tasks import Task
 
-        import flows.psro_flow as psro_flow
-        from flows.tracking.run_tracker import RunTracker
+        import flows.entrypoints as entrypoints
+        import flows.runtime as runtime
+        from flows.tracking.psro_tracker import PSROTracker
         from marl_core.psro.steps import IterationRecord, StageClock
 
         probe = self
@@ -90,19 +91,19 @@ class DriverProbe:
         httpx.Client.send = timed(self.api_seconds, counted_send)
         Task.submit = timed(self.submit_seconds, Task.submit)
 
-        def log_iteration(tracker, record, state, _log=RunTracker.log_iteration):
+        def log_step(tracker, index, record, state, committed, _log=PSROTracker.log_step):
             began = time.perf_counter()
-            _log(tracker, record, state)
+            _log(tracker, index, record, state, committed)
             self.mlflow_seconds[record.iteration] += time.perf_counter() - began
 
-        RunTracker.log_iteration = log_iteration
+        PSROTracker.log_step = log_step
 
         def stamp(iteration: int, event: str) -> None:
             self.call.setdefault(iteration, {})[event] = time.perf_counter()
 
         # Patched on classes only: Prefect pickles the iteration flow's function, with the
         # module globals it names, into every task, and the probe does not pickle.
-        take, clock_init, record_init = psro_flow.Handoff.take, StageClock.__init__, IterationRecord.__init__
+        take, clock_init, record_init = runtime.Handoff.take, StageClock.__init__, IterationRecord.__init__
 
         def timed_take(key):
             stamp(probe.iteration(), "entered")  # the body's first step
@@ -116,15 +117,15 @@ class DriverProbe:
             record_init(record, *args, **kwargs)
             stamp(probe.iteration(), "ended")  # the work's last step: its record
 
-        psro_flow.Handoff.take = staticmethod(timed_take)
+        runtime.Handoff.take = staticmethod(timed_take)
         StageClock.__init__ = timed_clock_init
         IterationRecord.__init__ = timed_record_init
-        subflow = type(psro_flow.psro_iteration).__call__
+        subflow = type(entrypoints.psro_iteration).__call__
 
         def timed_call(flow_self, *args, **kwargs):
-            if flow_self is not psro_flow.psro_iteration:
+            if flow_self is not entrypoints.psro_iteration:
                 return subflow(flow_self, *args, **kwargs)
-            iteration = args[1]
+            iteration = args[0]
             self.local.iteration = iteration
             stamp(iteration, "called")
             try:
@@ -132,7 +133,7 @@ class DriverProbe:
             finally:
                 stamp(iteration, "returned")
 
-        type(psro_flow.psro_iteration).__call__ = timed_call
+        type(entrypoints.psro_iteration).__call__ = timed_call
 
 
 def psro_config(args, **settings):
@@ -163,17 +164,20 @@ def run_local(args):
 
 
 def run_flow(args, probe: DriverProbe):
-    from flows.runtime import prefect_api
+    from flows.services import prefect_api
 
     records, seen = [], []
     with tempfile.TemporaryDirectory() as tracking_dir:
         started = time.perf_counter()
-        with prefect_api() as api:
-            from flows.psro_flow import run_psro
+        with prefect_api():
+            from flows.entrypoints import run_scenario
+            from flows.scenarios.psro import PSRO
 
             probe.install()
             config = psro_config(args, tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db")
-            run_psro(config, lambda record, state: (records.append(record), seen.append(time.perf_counter())))
+            run_scenario(
+                PSRO, config, observer=lambda record, state: (records.append(record), seen.append(time.perf_counter()))
+            )
     return records, seen, started
 
 
@@ -217,7 +221,8 @@ def main() -> None:
 
     columns = ["compute", "flow", "start", "waited", "finish", "api", "calls", "submit", *STAGES, "mlflow", "gap"]
     print(
-        f"\n{args.game}, oracle {args.oracle}: seconds per iteration (stage columns: flow's stage time minus its compute time)"
+        f"\n{args.game}, oracle {args.oracle}: seconds per iteration "
+        "(stage columns: flow's stage time minus its compute time)"
     )
     print(" iter " + " ".join(f"{c[:10]:>10}" for c in columns))
 
@@ -237,11 +242,13 @@ def main() -> None:
         f"{seen[-1] - started:.2f} s for {len(flow)} iterations"
     )
     print(
-        f"orchestration per iteration (flow minus compute): {overhead:.4f} s, {overhead / flow_mean:.1%} of the flow's iteration"
+        f"orchestration per iteration (flow minus compute): {overhead:.4f} s, "
+        f"{overhead / flow_mean:.1%} of the flow's iteration"
     )
     best_response = statistics.fmean(r["best_response"] for r in steady)
     print(
-        f"best-response stage (its tasks' scheduling, transfer and Prefect engine): {best_response:.4f} s, {best_response / flow_mean:.1%} of the flow's iteration"
+        f"best-response stage (its tasks' scheduling, transfer and Prefect engine): {best_response:.4f} s, "
+        f"{best_response / flow_mean:.1%} of the flow's iteration"
     )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

@@ -27,37 +27,38 @@ EVAL_SEED = 7_777_777  # no run's member seed: runs use seed + member index
 
 def reevaluate(tracking_uri: str, run_id: str, episodes: int) -> tuple[list[float], int, float, float]:
     """(final scores per member, the best member, its re-evaluated mean return, standard error)."""
-    import mlflow
     import numpy as np
     import torch
 
-    from flows.tracking.pbt_tracker import load_pbt_checkpoint
-    from marl_core.marl import training
+    from flows.scenarios.pbt import PBT
+    from flows.tracking.pbt_tracker import load_pbt_state
+    from flows.tracking.resume import committed_step, logged_config, open_client
+    from marl_core.marl.config import layout_and_spec, make_learner, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
+    from marl_core.marl.steps import evaluate_policies, summarize
     from marl_core.pbt.marl import PBTConfig
     from marl_core.rollout.pool import WorkerPool
 
-    checkpoint = load_pbt_checkpoint(tracking_uri, run_id)
-    config = PBTConfig(**checkpoint.config)
-    last = checkpoint.state.round - 1
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    client = open_client(tracking_uri)
+    last = committed_step(client, run_id, PBT)
+    config = PBTConfig(**logged_config(client, run_id))
+    state, learners = load_pbt_state(client, run_id, last, config.marl.checkpoint_every)
     scores = []
     for i in range(config.population):
         history = client.get_metric_history(run_id, f"member_{i}/score")
         scores.append(max(history, key=lambda m: m.step).value)
     best = int(np.argmax(scores))  # a top member: exploit never overwrites it, so the checkpoint holds what it scored
-    member = checkpoint.state.member_config(config, best).model_copy(
-        update={"eval_episodes": episodes, "seed": EVAL_SEED}
-    )
+    member = state.member_config(config, best).model_copy(update={"eval_episodes": episodes, "seed": EVAL_SEED})
     torch.set_num_threads(1)
-    layout, spec = training.layout_and_spec(member)
-    learner = training.make_learner(member, layout, spec.state_size)
-    learner.load_state_dict(checkpoint.learners[best])
-    pool = WorkerPool(training.pool_config(member))
+    layout, spec = layout_and_spec(member)
+    learner = make_learner(member, layout, spec.state_size)
+    learner.load_state_dict(learners[best])
+    pool = WorkerPool(pool_config(member))
     try:
-        returns = training.evaluate_policies(member, pool, training.LocalLearner(learner), last).returns
+        returns = evaluate_policies(member, pool, LocalLearner(learner), last).returns
     finally:
         pool.close()
-    mean, stderr = training.summarize(returns, list(layout.agents), layout.groups)
+    mean, stderr = summarize(returns, list(layout.agents), layout.groups)
     (policy,) = [key for key in mean if key.startswith("policy/")]  # a member's score is its policy's return
     return scores, best, mean[policy], stderr[policy]
 

@@ -1,4 +1,4 @@
-"""Pipeline PSRO against sequential PSRO with the same learned oracle, in one run.
+r"""Pipeline PSRO against sequential PSRO with the same learned oracle, in one run.
 
 Both run `psro run`'s path (a Prefect server, a local Ray, an MLflow store, one subflow per
 iteration) on the same game and config file, one after the other, each in a fresh process and
@@ -11,7 +11,8 @@ threshold or at the time cap; a run that reached it exports its population, and 
 The machine must be quiet: the benchmark refuses to start while the 1-minute load average is at
 or above half the CPU count (`--force` times anyway), and prints the load beside the figures.
 
-    python benchmarks/pipeline_vs_sequential.py --config leduc-dqn.yaml [--levels 2] [--thresholds 1.0 0.5] [--time-cap 3600]
+    python benchmarks/pipeline_vs_sequential.py --config leduc-dqn.yaml [--levels 2] [--thresholds 1.0 0.5] \
+        [--time-cap 3600]
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def first_times(records: list[tuple[float, float]], thresholds) -> dict[float, f
 def run_here(settings: dict, time_cap: float) -> None:
     """Child process: one run; prints a JSON line per iteration."""
     started = time.perf_counter()
-    from flows.runtime import services_starting
+    from flows.services import services_starting
 
     def on_iteration(record, state) -> None:
         seconds = time.perf_counter() - started
@@ -59,7 +60,8 @@ def run_here(settings: dict, time_cap: float) -> None:
             raise TimeoutError
 
     with tempfile.TemporaryDirectory() as tracking_dir, services_starting(None, None, settings["game"]) as services:
-        from flows.psro_flow import run_psro
+        from flows.entrypoints import run_scenario
+        from flows.scenarios.psro import PSRO
         from marl_core.psro.config import build_config
 
         export = Path(tracking_dir) / "export"
@@ -67,7 +69,7 @@ def run_here(settings: dict, time_cap: float) -> None:
             {**settings, "tracking_uri": f"sqlite:///{tracking_dir}/mlflow.db", "export": str(export)}
         )
         try:
-            run_psro(config, on_iteration, services=services)
+            run_scenario(PSRO, config, observer=on_iteration, services=services)
         except TimeoutError:
             return
         sys.path.insert(0, str(ROOT / "scripts"))
@@ -98,7 +100,8 @@ def run(label: str, settings: dict, time_cap: float) -> tuple[list[tuple[float, 
                 continue
             records.append((entry["seconds"], entry["exploitability"]))
             print(
-                f"  {label:<10} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}"
+                f"  {label:<10} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  "
+                f"exploitability {entry['exploitability']:.4f}"
                 f"  response episodes {entry['episodes']:,.0f}  load {os.getloadavg()[0]:.2f}",
                 flush=True,
             )
@@ -151,7 +154,8 @@ def main() -> None:
     for label, (_, checked) in runs.items():
         if checked is not None:
             print(
-                f"{label}: the export at its stop, by OpenSpiel's nash_conv: exploitability {checked['openspiel_exploitability']:.4f}"
+                f"{label}: the export at its stop, by OpenSpiel's nash_conv: "
+                f"exploitability {checked['openspiel_exploitability']:.4f}"
             )
 
 

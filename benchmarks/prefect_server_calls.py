@@ -4,7 +4,7 @@
 
 Each PSRO iteration is a Prefect flow run, so the server's answers bound how fast iterations can
 follow each other however well the driver overlaps them (docs/performance.md, "Where an
-iteration's time goes"). This starts the server `psro run` starts (`flows.runtime.LocalPrefectServer`,
+iteration's time goes"). This starts the server `psro run` starts (`flows.services.LocalPrefectServer`,
 one-run services off) in a temporary Prefect home and times, one after another, the calls of a
 flow run's life: create it, read it back, propose Running, propose Completed. It prints the
 median and mean of each (the first 10 rounds, the server's warm-up, left out) and the load
@@ -47,9 +47,9 @@ async def time_calls(rounds: int) -> dict[str, list[float]]:
             run = await client.create_flow_run(iteration, parameters={})
             seconds["create flow run"].append(time.perf_counter() - started)
             for name, call in [
-                ("read flow run", lambda: client.read_flow_run(run.id)),
-                ("propose Running", lambda: client.set_flow_run_state(run.id, Running())),
-                ("propose Completed", lambda: client.set_flow_run_state(run.id, Completed())),
+                ("read flow run", lambda run=run: client.read_flow_run(run.id)),
+                ("propose Running", lambda run=run: client.set_flow_run_state(run.id, Running())),
+                ("propose Completed", lambda run=run: client.set_flow_run_state(run.id, Completed())),
             ]:
                 started = time.perf_counter()
                 await call()
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=60, help="flow runs to time (each makes one call of every kind)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from flows.runtime import LocalPrefectServer
+    from flows.services import LocalPrefectServer
 
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as home:
@@ -72,7 +72,8 @@ def main() -> None:
             started = time.perf_counter()
             server.wait()
             print(
-                f"server answering after {time.perf_counter() - started:.1f} s (a new Prefect home: its database is created)"
+                f"server answering after {time.perf_counter() - started:.1f} s "
+                "(a new Prefect home: its database is created)"
             )
             seconds = asyncio.run(time_calls(args.calls))
         finally:

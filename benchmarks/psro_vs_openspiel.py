@@ -49,7 +49,7 @@ def load() -> str:
 
 def prepare_prefect_database() -> None:
     """Run Prefect's one-time database migrations outside the clock."""
-    from flows.runtime import prefect_api
+    from flows.services import prefect_api
 
     if not (Path.home() / ".prefect" / "prefect.db").exists():
         print("preparing Prefect's database (one-time migrations, not timed)", flush=True)
@@ -73,7 +73,7 @@ def run_floor(game: str, stop: float, time_cap: float) -> list[tuple[float, floa
 def run_ours_here(game: str, stop: float, time_cap: float) -> None:
     """Child process: one `psro run`-path run; prints a JSON line per iteration."""
     started = time.perf_counter()  # the same order as `psro run`: server and Ray first, then imports
-    from flows.runtime import services_starting
+    from flows.services import services_starting
 
     def on_iteration(record, state) -> None:
         seconds = time.perf_counter() - started
@@ -87,7 +87,8 @@ def run_ours_here(game: str, stop: float, time_cap: float) -> None:
             raise TimeoutError
 
     with tempfile.TemporaryDirectory() as tracking_dir, services_starting(None, None, game) as services:
-        from flows.psro_flow import run_psro
+        from flows.entrypoints import run_scenario
+        from flows.scenarios.psro import PSRO
         from marl_core.psro.config import PSROConfig
 
         config = PSROConfig(
@@ -99,7 +100,7 @@ def run_ours_here(game: str, stop: float, time_cap: float) -> None:
             tracking_uri=f"sqlite:///{tracking_dir}/mlflow.db",
         )
         try:
-            run_psro(config, on_iteration, services=services)
+            run_scenario(PSRO, config, observer=on_iteration, services=services)
         except TimeoutError:
             pass
 
@@ -113,7 +114,8 @@ def run_ours(label: str, game: str, stop: float, time_cap: float) -> list[tuple[
             entry = json.loads(line)
             records.append((entry["seconds"], entry["exploitability"]))
             print(
-                f"  {label:<9} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}",
+                f"  {label:<9} iter {entry['iteration']:4d}  {entry['seconds']:7.1f}s  "
+                f"exploitability {entry['exploitability']:.4f}",
                 flush=True,
             )
     if child.wait() != 0:
@@ -125,7 +127,7 @@ class PsroServer:
     """A `psro server` in a child process, for the warm runs; stopped with SIGTERM."""
 
     def __enter__(self):
-        from flows.runtime import find_running_server
+        from flows.services import find_running_server
 
         if find_running_server():
             raise RuntimeError("a psro server is already running; stop it so the cold run starts its own")
@@ -152,7 +154,8 @@ def run_theirs(game: str, time_cap: float, stop: float) -> list[tuple[float, flo
 
     def show(entry):
         print(
-            f"  {'psro_v2':<9} iter {entry['iteration']:4d}  {entry['elapsed_seconds']:7.1f}s  exploitability {entry['exploitability']:.4f}",
+            f"  {'psro_v2':<9} iter {entry['iteration']:4d}  {entry['elapsed_seconds']:7.1f}s  "
+            f"exploitability {entry['exploitability']:.4f}",
             flush=True,
         )
 

@@ -126,7 +126,8 @@ def main() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
     try:
         print(
-            f"{'environment':34s} {'plain loop':>11s} {'raw library':>12s} {'1 worker':>10s} {'2 workers':>10s} {'2w/plain':>9s} {'2w/raw':>7s}"
+            f"{'environment':34s} {'plain loop':>11s} {'raw library':>12s} {'1 worker':>10s} "
+            f"{'2 workers':>10s} {'2w/plain':>9s} {'2w/raw':>7s}"
         )
         for env_name, episodes in ENVIRONMENTS.items():
             plain = plain_loop(env_name, args.seconds)
@@ -134,11 +135,13 @@ def main() -> None:
             one = rollout_system(env_name, 1, args.envs_per_worker, episodes, args.seconds)
             two = rollout_system(env_name, 2, args.envs_per_worker, episodes, args.seconds)
             print(
-                f"{env_name:34s} {plain:11,.0f} {raw:12,.0f} {one:10,.0f} {two:10,.0f} {two / plain:8.2f}x {two / raw:6.2f}x",
+                f"{env_name:34s} {plain:11,.0f} {raw:12,.0f} {one:10,.0f} {two:10,.0f} "
+                f"{two / plain:8.2f}x {two / raw:6.2f}x",
                 flush=True,
             )
         print(
-            "steps per second (environment steps); 'plain loop' is the issue's peer: our env API, random actions, one process"
+            "steps per second (environment steps); "
+            "'plain loop' is the issue's peer: our env API, random actions, one process"
         )
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:

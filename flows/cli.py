@@ -1,4 +1,5 @@
-"""The `psro` command: run PSRO, list games and meta-solvers.
+"""The `psro` command: every scenario's `run` and `resume` (`flows.scenario_cli`), the listings
+(games, meta-solvers, oracles, algorithms), evaluation, ratings, export, and the servers.
 
 Every setting is checked before anything starts (no server, no Ray, no MLflow run), so a typo
 costs one line and exit code 2 rather than a half-made run.
@@ -6,157 +7,20 @@ costs one line and exit code 2 rather than a half-made run.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows.cli_errors import OneLineErrors, fail, with_services
-from flows.league_cli import league_app
-from flows.marl_cli import marl_app
-from flows.pbt_cli import pbt_app
+from flows.cli_errors import OneLineErrors, fail
+from flows.scenario_cli import add_scenario_commands, scenario_app
+from flows.scenarios import SCENARIOS
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow."
 )
 console = Console()
-
-
-@app.command(cls=OneLineErrors)
-def run(
-    config_file: Path | None = typer.Option(None, "--config", help="YAML file of settings; flags override it"),
-    game: str | None = typer.Option(
-        None, help="OpenSpiel game string (leduc_poker, 'kuhn_poker(players=3)') or pettingzoo:<module>"
-    ),
-    oracle: str | None = typer.Option(None, help="best-response oracle (see `psro oracles`)"),
-    meta_solver: str | None = typer.Option(None, help="meta-solver (see `psro solvers`)"),
-    iterations: int | None = typer.Option(None, help="PSRO iterations"),
-    eval: str | None = typer.Option(None, "--eval", help="payoff evaluator: exact or sampled"),
-    episodes: int | None = typer.Option(None, help="episodes per profile when --eval sampled"),
-    seed: int | None = typer.Option(None, help="random seed"),
-    stop_exploitability: float | None = typer.Option(None, help="stop once exploitability is at most this"),
-    ray_address: str | None = typer.Option(
-        None, envvar="RAY_ADDRESS", help="join this Ray cluster instead of starting one"
-    ),
-    num_cpus: int | None = typer.Option(None, help="CPUs for the local Ray instance"),
-    tracking_uri: str | None = typer.Option(None, help="MLflow tracking URI (default sqlite:///mlflow.db)"),
-    experiment: str | None = typer.Option(None, help="MLflow experiment name"),
-    export: Path | None = typer.Option(None, help="write an OpenSpiel-checkable export to this directory"),
-    resume: bool = typer.Option(
-        False, "--resume", help="continue the newest unfinished run with these settings, if any"
-    ),
-) -> None:
-    """Run PSRO. One line per iteration: population, exploitability, seconds."""
-    from marl_core.psro.config import ConfigError, build_config, load_config_file
-
-    flags = dict(
-        game=game,
-        oracle=oracle,
-        meta_solver=meta_solver,
-        iterations=iterations,
-        eval=eval,
-        episodes=episodes,
-        seed=seed,
-        stop_exploitability=stop_exploitability,
-        ray_address=ray_address,
-        num_cpus=num_cpus,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        export=export,
-    )
-    try:
-        values = load_config_file(config_file) if config_file else {}
-        values.update({key: value for key, value in flags.items() if value is not None})
-        config = build_config(values)
-        from flows.preflight import preflight  # what the settings point at: Ray, MLflow store, export dir
-
-        preflight(config)
-    except ConfigError as error:
-        fail(str(error))
-    resume_run_id = None
-    if resume:
-        from flows.tracking.resume import find_resumable
-
-        resume_run_id = find_resumable(config)
-        console.print(
-            f"resuming run {resume_run_id}" if resume_run_id else "nothing to resume: starting a new run",
-            highlight=False,
-        )
-    _run(config, resume_run_id)
-
-
-@app.command("resume", cls=OneLineErrors)
-def resume_run(
-    run_id: str = typer.Argument(..., help="MLflow run id of the run to continue"),
-    tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow tracking URI the run is in"),
-    iterations: int | None = typer.Option(None, help="run to this many iterations (default: the run's own)"),
-) -> None:
-    """Continue a run after its last completed iteration (e.g. after a crash)."""
-    from flows.preflight import preflight
-    from flows.tracking.resume import ResumeError, resume_settings
-    from marl_core.psro.config import ConfigError, build_config
-
-    try:
-        values = resume_settings(tracking_uri, run_id)
-        if iterations is not None:
-            values["iterations"] = iterations
-        config = build_config(values)
-        preflight(config)  # the stored settings may point at what is gone by now, as for `psro run`
-    except (ResumeError, ConfigError) as error:
-        fail(str(error))
-    console.print(f"resuming run {run_id}", highlight=False)
-    _run(config, run_id)
-
-
-def _run(config, resume_run_id: str | None = None) -> None:
-    with_services(config, config.game, console, lambda services: _run_with(config, services, resume_run_id))
-
-
-def _run_with(config, services, resume_run_id: str | None = None) -> None:
-    from flows.progress import progress_bars, view_for
-    from flows.psro_flow import run_psro  # slow imports (Prefect, Ray) while the server boots
-
-    console.print(
-        f"PSRO on [bold]{config.game}[/]: oracle={config.oracle} meta-solver={config.meta_solver} "
-        f"eval={config.eval} iterations={config.iterations}; MLflow at {config.tracking_uri}",
-        highlight=False,
-        soft_wrap=True,
-    )
-    started = time.perf_counter()
-    last = {}
-    progress = progress_bars(console)  # the iterations' row, and one per learned response at work
-    with progress:
-        bar = progress.add_task("[bold blue]PSRO", total=config.iterations + 1, info="exploitability -")
-
-        def on_iteration(record, state) -> None:
-            last["record"] = record
-            progress.console.print(
-                f"iter {record.iteration:4d}  pop {'x'.join(map(str, record.population_sizes)):>9}  "
-                f"{record.summary()}  {record.iteration_seconds:5.2f}s",
-                highlight=False,
-                soft_wrap=True,
-            )
-            progress.update(bar, advance=1, info=f"exploitability {record.exploitability:.4f}")
-
-        view = view_for(console, progress)
-        run_psro(config, on_iteration, resume_run_id, services, progress=view)
-    wall = time.perf_counter() - started
-    if "record" not in last:
-        console.print(f"nothing to do: the run already completed {config.iterations} iterations", highlight=False)
-    else:
-        record = last["record"]
-        console.print(
-            f"done: {record.iteration} iterations, {record.summary()} in {wall:.1f}s",
-            highlight=False,
-        )
-    if config.export:  # written by the flow
-        console.print(
-            f"exported to {config.export}; check it with: python scripts/verify_export.py {config.export}",
-            highlight=False,
-            soft_wrap=True,
-        )
 
 
 @app.command()
@@ -247,7 +111,8 @@ def ratings_command(
     members: list[str] = typer.Option(
         [],
         "--member",
-        help="registry member NAME@ALIAS or NAME/VERSION; repeat: every member of one role plays every member of the other",
+        help="registry member NAME@ALIAS or NAME/VERSION; repeat: "
+        "every member of one role plays every member of the other",
     ),
     episodes: int = typer.Option(200, help="greedy games per pairing of members"),
     games_per_match: int = typer.Option(
@@ -267,7 +132,8 @@ def ratings_command(
         fail(f"elo_k={elo_k}: needs to be above 0")
     if not 1 <= games_per_match <= episodes:
         fail(
-            f"games_per_match={games_per_match}: needs 1 to episodes ({episodes}), so that a pairing plays at least one match"
+            f"games_per_match={games_per_match}: needs 1 to episodes ({episodes}), "
+            "so that a pairing plays at least one match"
         )
     if run_id is not None:
         rows, title = _league_ratings(run_id, tracking_uri)
@@ -296,20 +162,20 @@ def _league_ratings(run_id: str, tracking_uri: str) -> tuple[list[dict], str]:
 
     import pandas as pd
 
+    from flows.scenarios.league import LEAGUE
     from flows.tracking import layout
-    from flows.tracking.league_tracker import committed_league
-    from flows.tracking.registry_members import PopulationError, open_store
-    from flows.tracking.resume import ResumeError
+    from flows.tracking.resume import ResumeError, committed_step, logged_config, open_client
 
-    try:
-        client = open_store(tracking_uri)
-        checkpoint = committed_league(tracking_uri, run_id)
-    except (ResumeError, PopulationError) as error:
+    try:  # a store that does not exist is not made here
+        client = open_client(tracking_uri)
+        generation = committed_step(client, run_id, LEAGUE)
+    except ResumeError as error:
         fail(str(error))
+    game = logged_config(client, run_id)["game"]
     with tempfile.TemporaryDirectory() as directory:
-        folder = client.download_artifacts(run_id, layout.league_generation_path(checkpoint.generation), directory)
+        folder = client.download_artifacts(run_id, layout.league_generation_path(generation), directory)
         rows = pd.read_csv(Path(folder) / "ratings.csv").to_dict("records")
-    return rows, f"league run {run_id} on {checkpoint.config['game']}: ratings after generation {checkpoint.generation}"
+    return rows, f"league run {run_id} on {game}: ratings after generation {generation}"
 
 
 def _member_ratings(
@@ -336,7 +202,8 @@ def _member_ratings(
     matches = f", rated as matches of {games_per_match}" if games_per_match > 1 else ""
     return (
         ratings.table(),
-        f"{game.name}: {len(games)} greedy games, {episodes} per pairing of {game.roles[0]} and {game.roles[1]} members{matches}",
+        f"{game.name}: {len(games)} greedy games, {episodes} per pairing of "
+        f"{game.roles[0]} and {game.roles[1]} members{matches}",
     )
 
 
@@ -388,7 +255,8 @@ def export_command(
         )
     if result["approx"]:
         measured.append(
-            f"approximate exploitability logged {result['approx'].exploitability:.6g} ± {result['approx'].exploitability_stderr:.2g}"
+            f"approximate exploitability logged {result['approx'].exploitability:.6g} "
+            f"± {result['approx'].exploitability_stderr:.2g}"
         )
     console.print(
         f"exported run {run_id} ({result['game']}, iteration {result['iterations']}, populations "
@@ -405,12 +273,15 @@ def serve(
         None, "--deployment", help="serve only this deployment of prefect.yaml; repeatable"
     ),
     prefect_yaml: Path = typer.Option(Path("prefect.yaml"), help="the deployment definitions"),
+    limit: int | None = typer.Option(None, help="run at most this many flow runs at once (default: no limit)"),
 ) -> None:
     """Serve prefect.yaml's deployments from this process: triggered and scheduled runs execute here, no work pool."""
     from flows import deployments as serving
 
+    if limit is not None and limit < 1:
+        fail(f"limit={limit}: needs 1 or more")
     try:
-        serving.serve(serving.read_deployments(prefect_yaml, deployments), console)
+        serving.serve(serving.read_deployments(prefect_yaml, deployments), console, limit)
     except serving.DeploymentError as error:
         fail(str(error))
 
@@ -424,7 +295,7 @@ def server_command(
     import socket
 
     from flows.psro_server import serve
-    from flows.runtime import find_running_server, prefect_home
+    from flows.services import find_running_server, prefect_home
 
     if port != 0 and not 1024 <= port <= 65535:
         fail(f"port={port}: choose a port from 1024 to 65535, or 0 for a free one")
@@ -448,9 +319,32 @@ def server_command(
     serve(port, num_cpus, ready)
 
 
-app.add_typer(marl_app, name="marl")
-app.add_typer(league_app, name="league")
-app.add_typer(pbt_app, name="pbt")
+def scenario_commands(app: typer.Typer, scenarios=SCENARIOS) -> dict[str, typer.Typer]:
+    """Every scenario's `run` and `resume` on `app`: PSRO's at the top (`psro run`), the
+    others' under their names (`psro marl run`); returns the groups by name."""
+    groups = {}
+    for name in scenarios:
+        scenario = scenarios[name]
+        if name == "psro":
+            add_scenario_commands(app, scenario)
+        else:
+            groups[name] = scenario_app(scenario)
+            app.add_typer(groups[name], name=name)
+    return groups
+
+
+groups = scenario_commands(app)
+
+
+@groups["marl"].command("algorithms")
+def marl_algorithms() -> None:
+    """MARL algorithms, by the name --algorithm takes."""
+    from marl_core.marl import MARL_ALGORITHMS
+
+    table = Table("name", "summary")
+    for name in sorted(MARL_ALGORITHMS):
+        table.add_row(name, MARL_ALGORITHMS.summary(name))
+    console.print(table)
 
 
 if __name__ == "__main__":

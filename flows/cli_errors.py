@@ -1,5 +1,5 @@
-"""Bad input on any `psro` command (`flows.cli`, `flows.marl_cli`, `flows.league_cli`): one
-`error:` line naming the value, exit code 2; and the start-up every scenario's run command shares."""
+"""Bad input on any `psro` command (`flows.cli`, `flows.scenario_cli`): one `error:` line naming
+the value, exit code 2; and the start-up every scenario's run command shares."""
 
 from __future__ import annotations
 
@@ -14,23 +14,6 @@ def fail(message: str) -> None:
 
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
-
-
-def build_or_fail(model, values: dict):
-    """`model(**values)`, or its first validation error as one `error:` line naming the setting
-    and its value (a message that names an entry of a mapping itself is put under the mapping)."""
-    from pydantic import ValidationError
-
-    try:
-        return model(**values)
-    except ValidationError as error:
-        first = error.errors()[0]
-        message = first["msg"].removeprefix("Value error, ")
-        where = ".".join(map(str, first["loc"]))
-        if not first["loc"]:
-            fail(message)
-        named = isinstance(first["input"], dict) and any(message.startswith(f"{key}=") for key in first["input"])
-        fail(f"{where}.{message}" if named else f"{where}={first['input']!r}: {message}")
 
 
 class OneLineErrors(typer.core.TyperCommand):
@@ -52,7 +35,7 @@ class OneLineErrors(typer.core.TyperCommand):
             fail(error.format_message())
 
 
-def with_services(config, environment: str, console: Console, body) -> None:
+def with_services(settings, console: Console, body) -> None:
     """What every scenario's run command does once its settings are checked: check the progress
     lines' setting, start the Prefect server and Ray (before the slow imports, so they overlap),
     print where the Prefect UI is, and call `body(services)`; SIGTERM stops it as Ctrl-C does."""
@@ -64,12 +47,13 @@ def with_services(config, environment: str, console: Console, body) -> None:
         plain_interval()  # the progress lines' setting, checked before anything starts
     except ValueError as error:
         fail(str(error))
-    from flows.runtime import services_starting, stop_on_sigterm  # standard library only
+    from flows.services import services_starting, stop_on_sigterm  # standard library only
 
     # Prefect's console shows warnings only: its INFO lines would bury the progress lines; its
     # API handler keeps every level, so the UI still has all logs.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    with stop_on_sigterm(), services_starting(config.ray_address, config.num_cpus, environment) as services:
+    starting = services_starting(settings.ray_address, settings.num_cpus, settings.environment)
+    with stop_on_sigterm(), starting as services:
         console.print(services.ui_line, highlight=False, soft_wrap=True)
         from flows.patches import driver_keeps_sigterm
 

@@ -1,13 +1,14 @@
 """`psro serve`: prefect.yaml's deployments served from one process, no work pool or worker.
 
 prefect.yaml is the one source of truth: `prefect deploy --all` reads it for the work-pool route,
-and this module reads the same entries (name, description, parameters, schedules) and hands them
-to `prefect.serve`. Triggered runs (`prefect deployment run 'psro/kuhn-smoke'`) and scheduled
-ones then execute here, each in a child process that starts its own Ray session.
+and this module reads the same entries (name, entrypoint, description, parameters, schedules)
+and hands them to `prefect.serve`. Triggered runs (`prefect deployment run 'psro/kuhn-smoke'`)
+and scheduled ones then execute here, each in a child process that starts its own Ray session.
 
-The flow served is `psro_flow` itself (it turns subflow heartbeats off on its own); it is
-imported only once PREFECT_API_URL is set, because Prefect fixes its settings when it is first
-imported.
+A deployment's entrypoint names a scenario's flow, as `flows.entrypoints` makes them
+(`flows.entrypoints.psro`, `flows.entrypoints.marl`, ...; a test's own scenario's flow too): its
+config is checked by that scenario before anything is served. The flows are imported only once
+PREFECT_API_URL is set, because Prefect fixes its settings when it is first imported.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 
 import yaml
 
-ENTRYPOINT = "flows.psro_flow.psro_flow"
 SCHEDULE_KINDS = ("cron", "interval", "rrule")
 SERVER_WAIT_SECONDS = 60.0
 
@@ -33,6 +33,7 @@ class DeploymentError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Definition:
     name: str
+    entrypoint: str
     description: str
     parameters: dict
     schedules: list[dict]
@@ -40,9 +41,9 @@ class Definition:
 
 
 def read_deployments(path: Path, only: list[str] | None = None) -> list[Definition]:
-    """The `psro` deployments of prefect.yaml (all, or those named in ``only``), with their
-    PSRO configs checked now rather than when the schedule fires at night."""
-    from marl_core.psro.config import ConfigError, build_config
+    """The deployments of prefect.yaml (all, or those named in ``only``), with their configs
+    checked now rather than when the schedule fires at night."""
+    from marl_core.psro.config import ConfigError
 
     try:
         document = yaml.safe_load(Path(path).read_text()) or {}
@@ -66,25 +67,56 @@ def read_deployments(path: Path, only: list[str] | None = None) -> list[Definiti
         if only and entry.get("name") not in only:
             continue
         name = entry.get("name")
-        if entry.get("entrypoint") != ENTRYPOINT:
-            raise DeploymentError(
-                f"deployment {name!r} has entrypoint {entry.get('entrypoint')!r}; psro serve serves {ENTRYPOINT} only"
-            )
+        scenario = scenario_of(name, entry.get("entrypoint"))
         parameters = entry.get("parameters") or {}
         try:
-            build_config(parameters.get("config") or {})
+            scenario.build_config(parameters.get("config") or {})
         except ConfigError as error:
             raise DeploymentError(f"deployment {name!r}: config: {error}") from None
         schedules = entry.get("schedules") or []
         for schedule in schedules:
             if sum(kind in schedule for kind in SCHEDULE_KINDS) != 1:
                 raise DeploymentError(
-                    f"deployment {name!r}: a schedule needs exactly one of {', '.join(SCHEDULE_KINDS)}, got {schedule!r}"
+                    f"deployment {name!r}: a schedule needs exactly one of "
+                    f"{', '.join(SCHEDULE_KINDS)}, got {schedule!r}"
                 )
+        tags = entry.get("tags") or []
         definitions.append(
-            Definition(name, entry.get("description", ""), parameters, schedules, entry.get("tags") or [])
+            Definition(name, entry["entrypoint"], entry.get("description", ""), parameters, schedules, tags)
         )
     return definitions
+
+
+def scenario_of(name: str, entrypoint) -> object:
+    """The scenario whose flow a deployment's entrypoint (a module path, `package.module.flow`)
+    names: a registered scenario's is known by name, without importing Prefect; a flow defined
+    elsewhere (a test's scenario) is imported to find out."""
+    from flows.scenarios import SCENARIOS
+
+    if not isinstance(entrypoint, str) or ":" in entrypoint or "." not in entrypoint:
+        raise DeploymentError(
+            f"deployment {name!r} has entrypoint {entrypoint!r}; expected a scenario's flow by module path, "
+            f"one of: {', '.join(f'flows.entrypoints.{s}' for s in SCENARIOS)}"
+        )
+    module, _, attribute = entrypoint.rpartition(".")
+    if module == "flows.entrypoints" and attribute in SCENARIOS:
+        return SCENARIOS[attribute]
+    flow = _import(name, module, attribute)
+    scenario = getattr(flow, "scenario", None)
+    if scenario is None:
+        raise DeploymentError(
+            f"deployment {name!r}: {entrypoint} is not a scenario's flow (see flows.entrypoints.scenario_flows)"
+        )
+    return scenario
+
+
+def _import(name: str, module: str, attribute: str):
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as error:
+        raise DeploymentError(f"deployment {name!r}: cannot import {module}.{attribute}: {error}") from None
 
 
 def _schedule(entry: dict):
@@ -115,9 +147,9 @@ def _wait_for_server(api_url: str) -> None:
         time.sleep(0.5)
 
 
-def serve(definitions: list[Definition], console) -> None:
+def serve(definitions: list[Definition], console, limit: int | None = None) -> None:
     """Serve until interrupted, against PREFECT_API_URL or a server started here on 127.0.0.1."""
-    from flows.runtime import prefect_api
+    from flows.services import prefect_api
 
     # SIGTERM (a service manager, `kill`) stops serving like Ctrl-C, so a server started here stops too
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -131,17 +163,15 @@ def serve(definitions: list[Definition], console) -> None:
             console.print(
                 f"trigger from another shell with PREFECT_API_URL={api_url} set", highlight=False, soft_wrap=True
             )
-        _serve(definitions)
+        _serve(definitions, limit)
 
 
-def _serve(definitions: list[Definition]) -> None:
+def _serve(definitions: list[Definition], limit: int | None) -> None:
     import prefect  # after PREFECT_API_URL is set: Prefect reads its settings at import
     from prefect.deployments.runner import EntrypointType
 
-    from flows.psro_flow import psro_flow
-
     deployments = [
-        psro_flow.to_deployment(
+        _import(definition.name, *definition.entrypoint.rsplit(".", 1)).to_deployment(
             name=definition.name,
             description=definition.description,
             parameters=definition.parameters,
@@ -152,4 +182,4 @@ def _serve(definitions: list[Definition]) -> None:
         )
         for definition in definitions
     ]
-    prefect.serve(*deployments)
+    prefect.serve(*deployments, limit=limit)  # runs beyond the limit wait for a slot

@@ -10,13 +10,13 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
   import of `flows/ray_runner.py`, which the driver, `psro serve` and every Ray worker import.
 - `apply_server_patches()`: Prefect's server, in the server process
   (`flows/patched_prefect_server.py`).
-- `quiet_ray_notices()`: Ray's loggers, before Ray starts (`flows.runtime.start_ray`); it imports
+- `quiet_ray_notices()`: Ray's loggers, before Ray starts (`flows.services.start_ray`); it imports
   nothing, so the processes that start Ray before (or without) importing Prefect can call it.
 - `ray_on_loopback()`: around the `ray.init` that starts a local Ray or joins one on 127.0.0.1
-  (`flows.runtime.start_ray`).
+  (`flows.services.start_ray`).
 - `ray_without_cluster_services()`: around the `ray.init` that starts a run's own local Ray
-  (`flows.runtime.start_ray`).
-- `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.runtime.start_ray`).
+  (`flows.services.start_ray`).
+- `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.services.start_ray`).
 - `driver_keeps_sigterm()`: in a run's driver started from the command line
   (`flows.cli_errors.with_services`), before its flow runs.
 
@@ -66,13 +66,13 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   spends its time in `ray.get`, and raised there, inside Ray, that exception became a
   SystemError (`psro marl run` exited with status 1) or was lost (`psro league run` went on
   waiting for minutes): SIGTERM did not stop a run as Ctrl-C does. With the swap off, the
-  driver's own handler (`flows.runtime.stop_on_sigterm`) stays; it raises KeyboardInterrupt,
+  driver's own handler (`flows.services.stop_on_sigterm`) stays; it raises KeyboardInterrupt,
   which ends Ray's wait as Ctrl-C does, and Prefect marks the flow runs crashed as on Ctrl-C.
   Prefect's swap serves a runner that cancels a flow run it started (a deployment's run), so
   only drivers started from the command line turn it off.
 - Ray's loggers (`quiet_ray_notices`): the notice that token authentication is on, and the one
   that Ray set no SIGTERM handler when it starts off the main thread (`psro run` starts it on a
-  thread; its main thread handles signals, `flows.runtime.stop_on_sigterm`).
+  thread; its main thread handles signals, `flows.services.stop_on_sigterm`).
 """
 
 from __future__ import annotations

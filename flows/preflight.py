@@ -57,11 +57,12 @@ HTTP2_SETTINGS = 0x04
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def preflight(config) -> None:
-    """Raise ConfigError for the first setting that points at something unusable."""
-    check_ray_address(config.ray_address)
-    check_tracking_store(config.tracking_uri, config.experiment)
-    check_export_dir(config.export)
+def preflight(settings) -> None:
+    """Raise ConfigError for the first setting that points at something unusable; `settings`
+    is a `flows.scenario.RunSettings` (or anything with its fields)."""
+    check_ray_address(settings.ray_address)
+    check_tracking_store(settings.tracking_uri, settings.experiment)
+    check_export_dir(settings.export)
 
 
 # --- Ray --------------------------------------------------------------------------------------
@@ -120,6 +121,14 @@ def check_tracking_store(uri: str, experiment: str) -> None:
         problem = f"unknown scheme {scheme!r}"
     if problem:
         fail(problem)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` store (None for any other store, or an in-memory one)."""
+    if not uri.lower().startswith("sqlite://"):
+        return None
+    name = uri[len("sqlite://") :].partition("?")[0]
+    return None if name in ("", "/", "/:memory:") else Path(name[1:])
 
 
 def _sqlite_problem(uri: str, experiment: str) -> str | None:

@@ -2,7 +2,7 @@
 
 A learned best response or a MARL run may play for minutes before it has a result to report.
 Their episodes and steps are counted where the rollout pool collects them, into the pool's
-parameter store (`marl_core.rollout.progress`); here a thread reads the store once per second
+weight store (`marl_core.rollout.progress`); here a thread reads the store once per second
 (one call to the store actor, which the workers never wait for) and shows what it read:
 
 - on an interactive terminal, one live row per piece of work (`ProgressRows`): label, bar,

@@ -150,8 +150,8 @@ def _remote_task_body(remote_options: dict[str, Any]):
 
 class FastRayTaskRunner(RayTaskRunner):
     def __enter__(self) -> FastRayTaskRunner:
-        """Runs on the Ray its run started before the first subflow (`flows.runtime`, or
-        `psro_flow` under a deployment). prefect-ray starts a default local Ray where none is
+        """Runs on the Ray its run started before the first subflow (`flows.services`, or
+        a scenario's flow under a deployment). prefect-ray starts a default local Ray where none is
         running; here that can only be a subflow thread of a failed run starting after the run
         stopped Ray, and the Ray it started would outlive the run, so it fails instead."""
         import ray

@@ -1,6 +1,6 @@
 """Check, on a machine with a GPU, the learner path that `asynchronous: {device: cuda}` takes on
 pixels: an APPO and an IMPALA trainer with the Nature-CNN actor-critic moved to the GPU
-(`marl_core.distributed.learning.place`), fed a Pong-shaped batch whose frames come as uint8
+(`marl_core.marl.learner.place`), fed a Pong-shaped batch whose frames come as uint8
 and are read as floats, as `JointExperience.agent_experience` hands them over.
 
 For each algorithm, from the same seed and the same batch, one update on the CPU and one on the
@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from marl_core.distributed.learning import place  # noqa: E402
+from marl_core.marl.learner import place  # noqa: E402
 from marl_core.rl import ALGORITHMS  # noqa: E402
 from marl_core.rl.batch import Experience  # noqa: E402
 
@@ -107,7 +107,8 @@ def main() -> int:
         print(
             f"{name}: loss cpu {cpu_metrics['loss']:.6f} gpu {gpu_metrics['loss']:.6f} (relative gap {loss_gap:.1e}); "
             f"largest weight gap {weight_gap:.1e} (lr {lr:g}, {steps} Adam steps); weights back on the CPU: {on_cpu}; "
-            f"one update of {args.batch}: cpu {cpu_seconds * 1e3:.0f} ms, gpu {gpu_seconds * 1e3:.0f} ms; {'ok' if ok else 'MISMATCH'}"
+            f"one update of {args.batch}: cpu {cpu_seconds * 1e3:.0f} ms, gpu {gpu_seconds * 1e3:.0f} ms; "
+            f"{'ok' if ok else 'MISMATCH'}"
         )
     return 1 if failures else 0
 

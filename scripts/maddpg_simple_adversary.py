@@ -36,8 +36,9 @@ import time
 import numpy as np
 import torch
 
+from marl_core.marl.config import MARLConfig, layout_and_spec, policy_mapping
+from marl_core.marl.learner_handles import LocalLearner
 from marl_core.marl.rounds import iterate_marl_local
-from marl_core.marl.training import LocalLearner, MARLConfig, layout_and_spec, policy_mapping
 from marl_core.rollout.pool import PoolConfig, WorkerPool
 from marl_core.rollout.worker import RolloutRequest
 

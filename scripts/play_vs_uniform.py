@@ -126,7 +126,8 @@ def report(checkpoint: Checkpoint, results: list[RoleResult]) -> str:
     sizes = "x".join(str(len(p)) for p in checkpoint.populations)
     lines = [
         f"run {checkpoint.run_id}: {game}, iteration {checkpoint.iteration}, populations {sizes}; "
-        f"each role's final meta-strategy mixture against uniform play on every other role, {results[0].games} games per role",
+        f"each role's final meta-strategy mixture against uniform play on every other role, "
+        f"{results[0].games} games per role",
         f"{'role':<12} {'agents':<24} {'wins':>6} {'draws':>6} {'losses':>6}  {'win rate':>15}  {'mean return':>18}",
     ]
     for r in results:

@@ -49,7 +49,7 @@ def scripted_targets(good: str, adversary: str, world) -> list:
     adversary_target = {
         "idle": None,
         "midpoint": (landmarks[0] + landmarks[1]) / 2,
-        "nearest_good": min(landmarks, key=lambda l: min(np.linalg.norm(a.state.p_pos - l) for a in (a0, a1))),
+        "nearest_good": min(landmarks, key=lambda spot: min(np.linalg.norm(a.state.p_pos - spot) for a in (a0, a1))),
         "knows_goal": goal,
     }[adversary]
     return [adversary_target, *good_targets]
@@ -103,7 +103,10 @@ def actors_endings(path: str, episodes: int) -> None:
             total += rewards["adversary_0"]
         goal = adv.goal_a.state.p_pos
         decoy = next(landmark for landmark in world.landmarks if landmark is not adv.goal_a).state.p_pos
-        near = lambda point: min(np.linalg.norm(a.state.p_pos - point) for a in (a0, a1)) < COVERED  # noqa: E731
+
+        def near(point, good_agents=(a0, a1)):
+            return min(np.linalg.norm(a.state.p_pos - point) for a in good_agents) < COVERED
+
         covered.append(near(goal) and near(decoy))
         to_goal.append(np.linalg.norm(adv.state.p_pos - goal))
         to_decoy.append(np.linalg.norm(adv.state.p_pos - decoy))

@@ -1,7 +1,7 @@
 """Prefect tasks of a MARL training round: one per step of `marl_core.marl.rounds.STEPS`.
 
 The rollout workers and the learner are Ray actors that live for the whole run (see
-`flows/marl_flow.py`); a task drives them and hands on what they return, so one round is three
+`flows/scenarios/marl.py`); a task drives them and hands on what they return, so one round is three
 coarse tasks, never one per episode or step. An asynchronous round's `stream-rollouts` and
 `train-learner` tasks run at once, each for the whole round.
 """

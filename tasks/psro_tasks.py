@@ -12,7 +12,7 @@ the inputs or the code: retrying would only repeat it, so it fails the run at on
 A learned best response is two tasks that run at the same time: `train-best-response` (the
 learner, holding a CPU slot) and `collect-experience` (the collector, driving the rollout
 actors, holding none). Either may be retried alone: the other waits for it
-(`marl_core.rollout.store.ExperienceStream`), and the collector plays whatever round the learner
+(`marl_core.rollout.experience_stream.ExperienceStream`), and the collector plays whatever round the learner
 asks for, so a retried learner starts over with the same collector.
 """
 
@@ -27,7 +27,7 @@ _options = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 def _transient(task, task_run, state) -> bool:
-    from marl_core.rollout.store import is_transient
+    from marl_core.rollout.experience_stream import is_transient
 
     try:
         state.result()

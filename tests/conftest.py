@@ -17,10 +17,9 @@ os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
 
 
 LONGEST_FILES = (
+    "test_scenarios.py",
     "test_flow_matches_local.py",
     "test_approx_exploitability.py",
-    "test_marl_flow.py",
-    "test_pbt_flow.py",
     "test_memory.py",
     "test_end_to_end.py",
     "test_pettingzoo_flow.py",
@@ -28,7 +27,7 @@ LONGEST_FILES = (
     "test_learned_end_to_end.py",
     "test_cluster.py",
     "test_resume.py",
-    "test_retry.py",
+    "test_scenario_commands.py",
     "test_deployments.py",
 )
 

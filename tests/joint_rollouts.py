@@ -2,7 +2,7 @@
 MARL tests need to hand a learner a batch, or to watch a network act, without a learner loop.
 
 The workers of a run rebuild each network from its spec and pull its weights from the
-parameter store; here the worker acts with the test's own network objects, so a test can count
+weight store; here the worker acts with the test's own network objects, so a test can count
 their calls or train them between fragments.
 """
 
@@ -24,7 +24,7 @@ class JointRollouts:
     @classmethod
     def of(cls, config) -> JointRollouts:
         """One worker with a MARL config's environment, copies, policies and seed."""
-        from marl_core.marl.training import policy_mapping
+        from marl_core.marl.config import policy_mapping
 
         return cls(config.env, config.envs_per_worker, policy_mapping(config), config.agent_ids, config.seed)
 

@@ -19,7 +19,7 @@ def uninterrupted_tables(config) -> tuple[str, dict]:
     """What `final_tables` reads from a run of `config` that nothing interrupted, computed by
     playing it through in this process and rendered as the run tracker renders it: the flow
     computes what the local loop does (`tests/test_flow_matches_local.py`)."""
-    from marl_core.psro.game import psro_game_of
+    from marl_core.empirical_game.game import psro_game_of
     from marl_core.psro.steps import iterate_psro_local
 
     *_, (record, state) = iterate_psro_local(config)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import os
 import shutil
 import tempfile
 import time
@@ -48,7 +49,7 @@ def processes_with_env(entry: str) -> list[str]:
 
 def start_bare_ray(temp_dir: Path) -> None:
     """A local Ray for tests that need Ray without a run, started as a run starts its own
-    (`flows.runtime.start_ray`: no cluster services), with its files in ``temp_dir``."""
+    (`flows.services.start_ray`: no cluster services), with its files in ``temp_dir``."""
     import ray
 
     from flows.patches import ray_without_cluster_services
@@ -95,7 +96,7 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
 @functools.cache
 def _migrated_prefect_home() -> Path:
     """Made once per test process, by a real server start; removed when the process exits."""
-    from flows.runtime import LocalPrefectServer
+    from flows.services import LocalPrefectServer
 
     template = Path(tempfile.mkdtemp(prefix="prefect-home-"))
     atexit.register(shutil.rmtree, template, True)
@@ -151,9 +152,7 @@ class FinishedRun:
     timed_lines: list[tuple[float, str]]  # (time.monotonic() when read, line)
 
 
-def run_config(
-    work: Path, config_text: str, *flags: str, timeout: float = 600, env: dict | None = None
-) -> FinishedRun:
+def run_config(work: Path, config_text: str, *flags: str, timeout: float = 600, env: dict | None = None) -> FinishedRun:
     """`psro run` on `config_text` (written to work/run.yaml) in a clean environment (plus `env`)
     with its own Prefect home, MLflow in work/mlflow.db and two CPUs; asserts it succeeded and
     left no process behind. Its standard output is read as it comes (not a terminal: progress
@@ -196,3 +195,13 @@ def run_config(
     assert returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert_all_exited(f"PREFECT_HOME={work / 'prefect-home'}")
     return finished
+
+
+FAULT_INJECTION = Path(__file__).resolve().parent / "fault_injection"
+
+
+def killed_at_commit(env: dict, step: int) -> dict:
+    """`env` for a process that dies by SIGKILL just before it commits `step`, whatever the
+    scenario (`tests/fault_injection/sitecustomize.py`, the suite's one fault-injection seam)."""
+    path = os.pathsep.join(p for p in (str(FAULT_INJECTION), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path, "PSRO_TEST_KILL_AT_COMMIT": str(step)}

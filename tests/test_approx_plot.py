@@ -1,6 +1,6 @@
 """The approximate-exploitability figure a run logs to MLflow.
 
-Runs are tracked by the real RunTracker into a local SQLite store, from hand-made iterations
+Runs are tracked by the real PSROTracker into a local SQLite store, from hand-made iterations
 (real `IterationRecord`s and populations, no PSRO loop): every figure the tracker logs is
 captured as it is made, and its error bars are compared with the metrics MLflow holds.
 """
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from matplotlib.container import ErrorbarContainer
 
+from flows.runtime import load_resumed
+from flows.scenarios.psro import PSRO
 from flows.tracking import layout, plots
-from flows.tracking.resume import load_checkpoint
-from flows.tracking.run_tracker import RunTracker, running_seconds
+from flows.tracking.psro_tracker import PSROTracker, running_seconds
 from marl_core.empirical_game.payoffs import PayoffTable
 from marl_core.games.exploitability import nash_conv
 from marl_core.games.tree import build_tree
@@ -106,7 +107,7 @@ def uri(tmp_path, monkeypatch):
 
 
 def _track(config: PSROConfig, iterations, resume=None, finish: bool = True) -> str:
-    with RunTracker(config, resume=resume) as tracker:
+    with PSROTracker(config, resume=resume) as tracker:
         for record, state in iterations:
             tracker.log_iteration(record, state)
         if finish:
@@ -156,7 +157,7 @@ def test_a_resumed_tree_game_run_plots_every_approx_point_beside_the_exact_curve
     config = PSROConfig(game="kuhn_poker", iterations=5, tracking_uri=uri, experiment="tree")
     iterations = list(_iterations(config, approx_every=2, count=6))
     run_id = _track(config, iterations[:3], finish=False)
-    run_id = _track(config, iterations[3:], resume=load_checkpoint(uri, run_id))
+    run_id = _track(config, iterations[3:], resume=load_resumed(PSRO, config, uri, run_id))
     client = mlflow.MlflowClient(tracking_uri=uri)
 
     assert _plots(client, run_id) == {

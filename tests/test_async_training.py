@@ -13,9 +13,9 @@ import torch
 from processes import poll, start_bare_ray
 
 from marl_core.marl import rounds
-from marl_core.marl.async_rounds import RayAsyncLearners
+from marl_core.marl.async_learners import RayAsyncLearners
+from marl_core.marl.config import MARLConfig, layout_and_spec, pool_config
 from marl_core.marl.rounds import iterate_marl_local
-from marl_core.marl.training import MARLConfig, layout_and_spec, pool_config
 from marl_core.rollout.pool import WorkerPool
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"

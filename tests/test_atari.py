@@ -180,17 +180,18 @@ def test_self_play_on_pong_ships_frames_as_bytes_and_learns_from_them_as_floats(
     the way to the learner (a quarter of the bytes), the learner's update runs on them."""
     import yaml
 
-    from marl_core.marl import training
-    from marl_core.marl.training import MARLConfig
+    from marl_core.marl.config import MARLConfig, check, layout_and_spec, make_learner, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
+    from marl_core.marl.steps import collect_rollouts
     from marl_core.rollout.pool import WorkerPool
 
     settings = yaml.safe_load(open("configs/marl/pong/ippo.yaml"))
     settings["settings"]["ppo"].update(hidden=[16], minibatch_size=8, epochs=1)
     config = MARLConfig(**{**settings, "workers": 1, "envs_per_worker": 2, "steps_per_round": 6})
-    training.check(config)
-    layout, spec = training.layout_and_spec(config)
-    learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
-    batch = training.collect_rollouts(config, WorkerPool(training.pool_config(config)), learner, 0).batch
+    check(config)
+    layout, spec = layout_and_spec(config)
+    learner = LocalLearner(make_learner(config, layout, spec.state_size))
+    batch = collect_rollouts(config, WorkerPool(pool_config(config)), learner, 0).batch
     assert all(batch.obs[a].dtype == np.uint8 and batch.obs[a].shape == (6, 2, 6 * 84 * 84) for a in AGENTS)
     assert batch.state.shape == (6, 2, 0)  # an independent learner: no global state shipped
     before = {k: v.clone() for k, v in learner.learner.policies["pong"].state_dict().items()}

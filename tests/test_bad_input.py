@@ -64,7 +64,8 @@ ROWS = [
     Row(
         "unknown meta-solver",
         ("--meta-solver", "best"),
-        "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform",
+        "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, "
+        "regret_matching, uniform",
     ),
     Row(
         "unknown oracle",
@@ -112,7 +113,8 @@ ROWS = [
     Row(
         "learned oracle without tensors",
         ("--oracle", "dqn", "--game", "tic_tac_toe"),
-        "oracle 'dqn' needs a game with information-state tensors (network inputs); 'tic_tac_toe' has none: use oracle 'exact'",
+        "oracle 'dqn' needs a game with information-state tensors (network inputs); "
+        "'tic_tac_toe' has none: use oracle 'exact'",
     ),
     Row(
         "exact eval on a PettingZoo env",
@@ -123,7 +125,8 @@ ROWS = [
     Row(
         "exact oracle on a PettingZoo env",
         ("--game", "pettingzoo:mpe2.simple_spread_v3"),
-        "oracle 'exact' walks a game tree; 'pettingzoo:mpe2.simple_spread_v3' has none: use a learned oracle (a2c, appo, dqn, impala, ppo)",
+        "oracle 'exact' walks a game tree; 'pettingzoo:mpe2.simple_spread_v3' has none: "
+        "use a learned oracle (a2c, appo, dqn, impala, ppo)",
     ),
     Row(
         "tabular oracle on a PettingZoo env",
@@ -189,8 +192,8 @@ ROWS = [
     Row(
         "misspelt A2C setting",
         ("--oracle", "a2c"),
-        "a2c.learning_rate=0.1: Extra inputs are not permitted; a2c takes: hidden, shared_trunk, encoder, frame_size, lr, gamma, "
-        "gae_lambda, entropy_coef, value_coef, max_grad_norm, normalize_advantages, seed",
+        "a2c.learning_rate=0.1: Extra inputs are not permitted; a2c takes: hidden, shared_trunk, encoder, frame_size, "
+        "lr, gamma, gae_lambda, entropy_coef, value_coef, max_grad_norm, normalize_advantages, seed",
         config="a2c: {learning_rate: 0.1}\n",
     ),
     # the outside world (flows/preflight.py)
@@ -235,7 +238,8 @@ ROWS = [
     Row(
         "MLflow server refused",
         ("--tracking-uri", "http://127.0.0.1:1"),
-        f"tracking_uri='http://127.0.0.1:1': no MLflow server answers at 127.0.0.1:1 (connection refused); {EXPECTED_STORE}",
+        f"tracking_uri='http://127.0.0.1:1': no MLflow server answers at 127.0.0.1:1 (connection refused); "
+        f"{EXPECTED_STORE}",
     ),
     Row(
         "non-empty export directory",
@@ -415,14 +419,15 @@ OTHER_COMMANDS = [
         "league run",
         (),
         "league: {league_exploiter: {weighting: cubic}}\n",
-        "league.league_exploiter.weighting='cubic': unknown PFSP weighting; choose one of: squared, variance, linear, linear_capped, uniform",
+        "league.league_exploiter.weighting='cubic': unknown PFSP weighting; "
+        "choose one of: squared, variance, linear, linear_capped, uniform",
     ),
     (
         "league run",
         (),
         "league: {main_agentz: 2}\n",
-        "league.main_agentz=2: Extra inputs are not permitted; league takes: main_agents, main_exploiters, league_exploiters, decay, "
-        "main_agent, main_exploiter, league_exploiter, snapshot",
+        "league.main_agentz=2: Extra inputs are not permitted; league takes: main_agents, main_exploiters, "
+        "league_exploiters, decay, main_agent, main_exploiter, league_exploiter, snapshot",
     ),
     (
         "league run",
@@ -447,7 +452,8 @@ OTHER_COMMANDS = [
         "ratings",
         ("--member", "x"),
         None,
-        "member 'x' is not NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest",
+        "member 'x' is not NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), "
+        "e.g. psro-kuhn_poker-player_0@newest",
     ),
     ("ratings", ("--run", "no-such-run"), None, "no MLflow run 'no-such-run' in sqlite:///{store}/mlflow.db"),
     ("ratings", ("--run", "r", "--episodes", "0"), None, "episodes=0: needs 1 or more"),
@@ -461,16 +467,16 @@ OTHER_COMMANDS = [
         "pbt run",
         (),
         "population: 2\n",
-        "--config run.yaml: no marl section (the learners' settings: env, algorithm, rounds, ...)",
+        "no marl section (the learners' settings: env, algorithm, rounds, ...)",
     ),
     ("pbt run", ("--population", "1"), PBT_CONFIG, "population=1: Input should be greater than or equal to 2"),
     (
         "pbt run",
         (),
         PBT_CONFIG.replace("lr: [", "learning_rate: ["),
-        "pbt.hyperparam_mutations: ['learning_rate'] are not settings of mappo; it has ['clip', 'critic_hidden', 'critic_lr', "
-        "'entropy_coef', 'epochs', 'gae_lambda', 'gamma', 'hidden', 'lr', 'max_grad_norm', 'minibatch_size', 'normalize_advantages', "
-        "'seed', 'value_coef', 'value_norm']",
+        "pbt.hyperparam_mutations: ['learning_rate'] are not settings of mappo; "
+        "it has ['clip', 'critic_hidden', 'critic_lr', 'entropy_coef', 'epochs', 'gae_lambda', 'gamma', 'hidden', "
+        "'lr', 'max_grad_norm', 'minibatch_size', 'normalize_advantages', 'seed', 'value_coef', 'value_norm']",
     ),
     (
         "pbt run",
@@ -496,7 +502,8 @@ OTHER_COMMANDS = [
         "marl run",
         (),
         ASYNC_CONFIG.format("{distributed: {strategy: gossip}}"),
-        "settings.asynchronous.distributed.strategy='gossip': Input should be 'bsp', 'asp' or 'bap' (impala's settings)",
+        "settings.asynchronous.distributed.strategy='gossip': Input should be 'bsp', 'asp' or 'bap' "
+        "(impala's settings)",
     ),
     (
         "marl run",
@@ -508,14 +515,16 @@ OTHER_COMMANDS = [
         "marl run",
         ("--env", "atari:pong_v9", "--algorithm", "ippo"),
         None,
-        "unknown Atari game 'pong_v9' (No module named 'pettingzoo.atari.pong_v9'); use a module of pettingzoo.atari such as 'pong_v3'",
+        "unknown Atari game 'pong_v9' (No module named 'pettingzoo.atari.pong_v9'); "
+        "use a module of pettingzoo.atari such as 'pong_v3'",
     ),
     (
         "marl run",
         (),
         'env: "pettingzoo:mpe2.simple_spread_v3"\nalgorithm: ippo\nsettings: {ppo: {encoder: nature_cnn}}\n',
-        "settings.ppo.encoder='nature_cnn' reads [channels, 84, 84] frames; policy 'agent' observes 21 numbers, not a multiple "
-        "of 7056 (use an atari: environment with agent_ids: false, or encoder: mlp)",
+        "settings.ppo.encoder='nature_cnn' reads [channels, 84, 84] frames; "
+        "policy 'agent' observes 21 numbers, not a multiple of 7056 "
+        "(use an atari: environment with agent_ids: false, or encoder: mlp)",
     ),
 ]
 

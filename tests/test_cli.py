@@ -16,7 +16,8 @@ CASES = [
     (["--game", "kuhn_poker(players=)"], "cannot load game 'kuhn_poker(players=)'"),
     (
         ["--meta-solver", "best"],
-        "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, regret_matching, uniform",
+        "unknown meta-solver 'best'; choose one of: alpharank, fictitious_play, last, nash, prd, "
+        "regret_matching, uniform",
     ),
     (["--oracle", "sarsa"], "unknown oracle 'sarsa'; choose one of: a2c, appo, dqn, exact, impala, ppo, tabular_q"),
     (["--iterations", "0"], "iterations=0: Input should be greater than 0"),
@@ -79,14 +80,14 @@ def test_missing_config_file(workdir):
 
 
 def test_listings_name_every_registered_entry(monkeypatch):
-    from flows import cli, marl_cli
+    from flows import cli, scenario_cli
     from marl_core.empirical_game.meta_solvers import META_SOLVERS
     from marl_core.marl import MARL_ALGORITHMS
     from marl_core.psro.oracles import ORACLES
 
     # The commands' consoles took their width when the modules were imported (80 columns where no
     # terminal was there); wide enough here that no summary wraps onto a second line.
-    for module in (cli, marl_cli):
+    for module in (cli, scenario_cli):
         monkeypatch.setattr(module.console, "width", 300)
 
     for command, registry in (

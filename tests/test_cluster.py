@@ -56,7 +56,7 @@ def serve_cluster(gcs_port: int) -> None:
 
 @pytest.fixture
 def two_node_cluster():
-    from flows.runtime import free_port
+    from flows.services import free_port
 
     ray_tmp = tempfile.mkdtemp(prefix="psro-ray-", dir="/tmp")  # short: Ray's socket paths live here
     marker = f"RAY_TMPDIR={ray_tmp}"
@@ -107,7 +107,7 @@ def _nodes_of_tasks(api_url: str) -> dict[str, set[str]]:
 def prefect_server(tmp_path):
     """A Prefect server that outlives the run, so its task logs can be read; it boots while the
     cluster starts (request this fixture first)."""
-    from flows.runtime import LocalPrefectServer
+    from flows.services import LocalPrefectServer
 
     server = LocalPrefectServer(prefect_home(tmp_path / "prefect-home"))
     try:
@@ -179,10 +179,10 @@ def test_ray_address_comes_from_the_environment(monkeypatch):
     """RAY_ADDRESS is the same as --ray-address (the flag wins when both are given)."""
     from typer.testing import CliRunner
 
-    from flows import cli
+    from flows import cli, scenario_cli
 
     seen = []
-    monkeypatch.setattr(cli, "_run", lambda config, resume_run_id=None: seen.append(config))
+    monkeypatch.setattr(scenario_cli, "start", lambda scenario, config, resume_run_id: seen.append(config))
     monkeypatch.setattr("flows.preflight.preflight", lambda config: None)  # no cluster listens here
     runner = CliRunner()
     assert runner.invoke(cli.app, ["run"], env={"RAY_ADDRESS": "127.0.0.1:6379"}).exit_code == 0

@@ -226,7 +226,7 @@ def test_every_shipped_marl_config_is_valid(path):
     MARL settings, its algorithm's included, and is the algorithm its name says."""
     import yaml
 
-    from marl_core.marl.training import MARLConfig
+    from marl_core.marl.config import MARLConfig
 
     config = MARLConfig(**yaml.safe_load(path.read_text()))
     assert config.algorithm_settings is not None and path.stem == config.algorithm

@@ -66,7 +66,7 @@ class Prefect:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from flows.runtime import LocalPrefectServer
+    from flows.services import LocalPrefectServer
 
     work = tmp_path_factory.mktemp("deployments")
     home = work / "prefect-home"
@@ -179,16 +179,27 @@ def test_bad_deployment_names_fail_with_one_line():
 
     result = CliRunner().invoke(app, ["serve", "--deployment", "nightly", "--prefect-yaml", str(ROOT / "prefect.yaml")])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
-    assert "no deployment 'nightly'" in result.output and "choose from: kuhn-smoke, leduc-nightly" in result.output
+    assert (
+        "no deployment 'nightly'" in result.output
+        and "choose from: kuhn-league, kuhn-smoke, leduc-nightly, spread-ippo-nightly, spread-pbt-weekly"
+        in result.output
+    )
     result = CliRunner().invoke(app, ["serve", "--prefect-yaml", "missing.yaml"])
     assert result.exit_code == 2 and "no deployment file at 'missing.yaml'" in result.output
 
 
 def test_entrypoints_import_the_flow_as_part_of_the_package():
-    """A file-path entrypoint (flows/psro_flow.py:psro_flow) makes Prefect load the file as a
-    top-level module `psro_flow`; Ray workers cannot import that, and every worker-pool run fails."""
+    """A file-path entrypoint (flows/entrypoints.py:psro) makes Prefect load the file as a
+    top-level module `entrypoints`; Ray workers cannot import that, and every worker-pool run fails.
+    Every scenario has a deployment."""
     from prefect.flows import load_flow_from_entrypoint
 
+    from flows.scenarios import SCENARIOS
+
+    scenarios = set()
     for deployment in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
         flow = load_flow_from_entrypoint(deployment["entrypoint"])
-        assert flow.name == "psro" and flow.fn.__module__ == "flows.psro_flow", deployment["name"]
+        module, _, name = deployment["entrypoint"].rpartition(".")
+        assert flow.name == name and flow.fn.__module__ == module == "flows.entrypoints", deployment["name"]
+        scenarios.add(flow.scenario.name)
+    assert scenarios == set(SCENARIOS)

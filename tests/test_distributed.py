@@ -151,15 +151,14 @@ def test_bsp_with_two_learners_steps_exactly_as_one_learner_on_the_union_of_thei
     server = _server("bsp", learners=2)
     alone = _trainer()
     learners, versions = [_trainer(), _trainer()], [-1, -1]
+
+    def learn(results: list, i: int, batch: Experience, version: int):  # a thread's target: keeps learner i's outcome
+        results[i] = _learn(server, i, learners[i], batch, version)
+
     for round in range(3):  # Adam's moments carry over, so later steps check them too
         batches = [_batch(10 * round), _batch(10 * round + 1, streams=5)]  # unequal sizes: weighted by samples
         results = [None, None]
-        threads = [
-            threading.Thread(
-                target=lambda i=i: results.__setitem__(i, _learn(server, i, learners[i], batches[i], versions[i]))
-            )
-            for i in range(2)
-        ]
+        threads = [threading.Thread(target=learn, args=(results, i, batches[i], versions[i])) for i in range(2)]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -22,8 +22,8 @@ from marl_core.psro.oracles import OracleCall
 from marl_core.psro.steps import initial_populations
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.ppo import PPOTrainer
+from marl_core.rollout.experience_stream import StreamError, StreamTimeouts
 from marl_core.rollout.pool import PoolConfig, WorkerPool
-from marl_core.rollout.store import StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
 
 torch.set_num_threads(1)  # as the learner and the workers act: the one loop below must do the same arithmetic
@@ -276,7 +276,7 @@ def local_ray(tmp_path_factory):
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-# The flow's placement (flows/psro_flow.py): a learner holds a CPU slot, a collector none.
+# The flow's placement (flows/task_steps.py): a learner holds a CPU slot, a collector none.
 @ray.remote(num_cpus=1)
 def _learner_task(call: OracleCall, timeouts: StreamTimeouts):
     return learn_best_response(call, timeouts)
@@ -334,7 +334,8 @@ def test_the_flow_submits_a_collector_with_no_cpu_slot(monkeypatch):
     from prefect_ray.context import RemoteOptionsContext
 
     import tasks
-    from flows.psro_flow import RayTaskSteps
+    from flows.task_steps import RayTaskSteps
+    from tasks.psro_tasks import TASKS
 
     class Recorder:
         def __init__(self):
@@ -347,7 +348,7 @@ def test_the_flow_submits_a_collector_with_no_cpu_slot(monkeypatch):
     learner, collector = Recorder(), Recorder()
     monkeypatch.setitem(tasks.TASKS, "train-best-response", learner)
     monkeypatch.setitem(tasks.TASKS, "collect-experience", collector)
-    runner = RayTaskSteps()
+    runner = RayTaskSteps(TASKS)
     submitted = runner.submit("train-best-response", CONFIG, 0)
     runner.submit_beside(submitted, "collect-experience", CONFIG, 0)
     assert learner.options == [{}] and collector.options == [{"num_cpus": 0}]

@@ -72,7 +72,7 @@ def _task_runs(api_url: str, flow_run_ids) -> list:
 def services(tmp_path_factory):
     """One real Prefect server for this module's own home (Prefect's clients in this process keep
     the first server they talk to), and an MLflow store in the module's folder."""
-    from flows.runtime import prefect_api
+    from flows.services import prefect_api
 
     work = tmp_path_factory.mktemp("flow-vs-local")
     with pytest.MonkeyPatch.context() as patch:
@@ -103,14 +103,15 @@ def services(tmp_path_factory):
     ids=["exact-stops-early", "sampled", "learned"],
 )
 def test_flow_and_local_loop_agree(services, settings):
-    from flows.psro_flow import run_psro
+    from flows.entrypoints import run_scenario
+    from flows.scenarios.psro import PSRO
 
     api, tracking_uri = services
     config = PSROConfig(meta_solver="nash", seed=3, tracking_uri=tracking_uri, num_cpus=2, **settings)
     expected = _local(config)
     earlier = {run.id for run in _iteration_flow_runs(api[0])}
     seen = []
-    run_psro(config, lambda record, state: seen.append((record, _snapshot(state))))
+    run_scenario(PSRO, config, observer=lambda record, state: seen.append((record, _snapshot(state))))
 
     assert [r.iteration for r, _ in seen] == [r.iteration for r, _ in expected]
     for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(
@@ -157,10 +158,11 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
     import mlflow
     import torch
 
-    from flows.marl_flow import run_marl
+    from flows.entrypoints import run_scenario
+    from flows.scenarios.marl import MARL
     from flows.tracking import layout
+    from marl_core.marl.config import MARLConfig
     from marl_core.marl.rounds import iterate_marl_local
-    from marl_core.marl.training import MARLConfig
 
     _, tracking_uri = services
     config = MARLConfig(
@@ -180,10 +182,14 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
     )
     timing = ("seconds/", "env_steps_per_second")
     local, learner = [], None
-    for record, learner in iterate_marl_local(config):
+    for record, learner in iterate_marl_local(config):  # noqa: B007 - the last learner is checked after the loop
         local.append({k: v for k, v in record.metrics.items() if not k.startswith(timing)})
     seen = []
-    run_marl(config, lambda record: seen.append({k: v for k, v in record.metrics.items() if not k.startswith(timing)}))
+    run_scenario(
+        MARL,
+        config,
+        observer=lambda record, _: seen.append({k: v for k, v in record.metrics.items() if not k.startswith(timing)}),
+    )
 
     assert len(seen) == len(local) == 3 and any("eval_return/policy/agent" in m for m in seen)
     for round, (flow_metrics, local_metrics) in enumerate(zip(seen, local)):
@@ -201,7 +207,8 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
 def test_pipeline_flow_and_local_loop_agree(services):
     """Pipeline PSRO's flow (levels as Ray actors, a `train-levels` task per freeze) computes
     what its in-process loop computes, freeze for freeze."""
-    from flows.psro_flow import run_psro
+    from flows.entrypoints import run_scenario
+    from flows.scenarios.psro import PSRO
     from marl_core.psro.pipeline import iterate_pipeline_local
 
     api, tracking_uri = services
@@ -224,13 +231,15 @@ def test_pipeline_flow_and_local_loop_agree(services):
     expected = [(record, _snapshot(state)) for record, state in iterate_pipeline_local(config)]
     earlier = {run.id for run in _iteration_flow_runs(api[0])}
     seen = []
-    run_psro(config, lambda record, state: seen.append((record, _snapshot(state))))
+    run_scenario(PSRO, config, observer=lambda record, state: seen.append((record, _snapshot(state))))
 
     assert [r.iteration for r, _ in seen] == [r.iteration for r, _ in expected] == [0, 1, 2, 3]
     for (record, (payoffs, meta, populations)), (local_record, (local_payoffs, local_meta, local_populations)) in zip(
         seen, expected
     ):
         np.testing.assert_array_equal(payoffs, local_payoffs, err_msg=f"iteration {record.iteration}")
+        for a, b in zip(meta, local_meta):
+            np.testing.assert_array_equal(a, b, err_msg=f"iteration {record.iteration}")
         for a, b in zip(populations, local_populations):
             np.testing.assert_array_equal(a, b, err_msg=f"iteration {record.iteration}")
         assert record.report.nash_conv == local_record.report.nash_conv

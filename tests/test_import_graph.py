@@ -102,7 +102,7 @@ def test_the_graph_sees_imports_everywhere_in_a_module():
     """The parser itself: a function-level `from pkg import module` is an edge to that module,
     `from pkg import name` one to the package, and a two-module loop is reported."""
     modules = project_modules()
-    assert {"flows.cli", "flows.marl_cli", "marl_core.psro.config", "tasks"} <= set(modules)
+    assert {"flows.cli", "flows.scenario_cli", "marl_core.psro.config", "tasks"} <= set(modules)
     graph = import_graph()
     assert "flows.preflight" in graph["flows.cli"]  # imported inside `run`
     assert "marl_core.psro.config" in graph["flows.cli"]
@@ -115,7 +115,65 @@ def test_no_project_module_is_part_of_an_import_cycle():
     assert not found, "import cycles:\n" + "\n".join(_describe(component, graph) for component in found)
 
 
+def _subpackage(module: str) -> str:
+    """`marl_core.rollout.worker` -> `marl_core.rollout`; a top-level module such as
+    `marl_core.registry` stands for itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def library_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
+    """`marl_core`'s graph between its subpackages: each module's edges collapsed to its
+    subpackage; and, per edge, the module imports that make it (for the failure message)."""
+    graph: dict[str, set[str]] = {}
+    behind: dict[tuple[str, str], list[str]] = {}
+    for module, imported in sorted(import_graph().items()):
+        if module.partition(".")[0] != "marl_core":
+            continue
+        source = _subpackage(module)
+        graph.setdefault(source, set())
+        for target in sorted(imported):
+            if target.partition(".")[0] == "marl_core" and _subpackage(target) != source:
+                graph[source].add(_subpackage(target))
+                behind.setdefault((source, _subpackage(target)), []).append(f"{module} -> {target}")
+    return graph, behind
+
+
+def test_the_library_subpackages_import_each_other_without_cycles():
+    """The library layers: registry, games and envs at the bottom; policies, rl and rollout on
+    them; marl, distributed and empirical_game above; psro, league and pbt on top. Two
+    subpackages that import each other, even through modules that form no cycle themselves,
+    leave no place where either concept can be read (or tested) without the other."""
+    graph, behind = library_graph()
+    assert {"marl_core.games", "marl_core.policies", "marl_core.rollout", "marl_core.registry"} <= set(graph)
+    found = cycles(graph)
+    lines = [
+        f"{a} -> {b}: " + ", ".join(behind[a, b])
+        for component in found
+        for a in sorted(component)
+        for b in sorted(graph[a] & component)
+    ]
+    assert not found, "cycles between marl_core's subpackages:\n" + "\n".join(lines)
+
+
+def test_the_library_imports_neither_prefect_nor_mlflow():
+    """`marl_core` runs in Ray actors, tests and scripts without the orchestration and tracking
+    layers (`flows/`, `tasks/`): every one of its modules, imported in a fresh interpreter, leaves
+    neither Prefect nor MLflow in `sys.modules`."""
+    library = sorted(name for name in project_modules() if name.partition(".")[0] == "marl_core")
+    check = (
+        "import importlib, sys\n"
+        f"for name in {library!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_the_marl_command_module_imports_on_its_own():
     """A fresh interpreter, so nothing imported earlier in the suite hides an import-order bug."""
-    result = subprocess.run([sys.executable, "-c", "import flows.marl_cli"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", "import flows.scenario_cli"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr

@@ -15,10 +15,10 @@ from processes import run_config
 
 from flows.tracking.layout import registered_model_name
 from flows.tracking.registry_members import load_member, open_store, parse_member
-from marl_core.games.tabularize import tabularize
 from marl_core.games.tree import build_tree
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
+from marl_core.policies.tabularize import tabularize
 
 pytestmark = pytest.mark.slow
 

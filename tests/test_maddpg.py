@@ -21,8 +21,8 @@ import pytest
 import torch
 from joint_rollouts import JointRollouts
 
+from marl_core.marl.config import MARLConfig, make_learner
 from marl_core.marl.maddpg import GumbelSoftmaxPolicy, MADDPGLearner, gumbel_softmax
-from marl_core.marl.training import MARLConfig, make_learner
 
 torch.set_num_threads(1)
 
@@ -223,7 +223,7 @@ def test_a_frozen_policy_acts_but_does_not_learn_while_the_others_do(setup):
 
 
 def test_freezing_a_policy_the_layout_lacks_is_refused_before_any_work():
-    from marl_core.marl.training import check
+    from marl_core.marl.config import check
 
     config = MARLConfig(env=ADVERSARY, algorithm="maddpg", settings={**SMALL, "frozen": ("adversaries",)})
     with pytest.raises(

@@ -21,11 +21,11 @@ from joint_rollouts import JointRollouts
 
 from marl_core.envs import make_env
 from marl_core.envs.agent_mapping import by_prefix
-from marl_core.marl.batch import JointExperience
+from marl_core.marl.config import MARLConfig, make_learner
 from marl_core.marl.mappo import MAPPOLearner
 from marl_core.marl.rounds import iterate_marl_local
 from marl_core.marl.settings import MAPPOConfig
-from marl_core.marl.training import MARLConfig, make_learner
+from marl_core.rollout.joint_experience import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 
 torch.set_num_threads(1)

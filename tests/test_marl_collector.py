@@ -5,7 +5,8 @@ import pytest
 from joint_rollouts import JointRollouts
 
 from marl_core.envs import by_prefix, make_env, one_population_per_agent
-from marl_core.rl.policy import NetworkPolicy, uniform_legal
+from marl_core.rl.policy import NetworkPolicy
+from marl_core.rl.sampling import uniform_legal
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 TWO_STEP = "pettingzoo:marl_core.envs.two_step"
@@ -103,7 +104,7 @@ def test_episodes_run_on_across_segments_and_terminations_are_flagged():
 
 
 def test_turn_based_environments_and_mismatched_sharing_are_refused_in_one_line():
-    from marl_core.marl.training import MARLConfig, layout_and_spec
+    from marl_core.marl.config import MARLConfig, layout_and_spec
 
     with pytest.raises(ValueError, match="turn-based; MARL training needs a simultaneous environment"):
         layout_and_spec(MARLConfig(env="pettingzoo:classic.connect_four_v3"))
@@ -115,17 +116,18 @@ def test_turn_based_environments_and_mismatched_sharing_are_refused_in_one_line(
 
 
 def test_independent_learners_fragments_leave_the_global_state_out_and_centralized_ones_keep_it():
-    from marl_core.marl import training
-    from marl_core.marl.training import MARLConfig
+    from marl_core.marl.config import MARLConfig, layout_and_spec, make_learner, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
+    from marl_core.marl.steps import collect_rollouts
     from marl_core.rollout.pool import WorkerPool
 
     for algorithm, state_size in (("ippo", 0), ("mappo", 54)):  # simple_spread: 3 agents x 18
         config = MARLConfig(
             env="pettingzoo:mpe2.simple_spread_v3", algorithm=algorithm, envs_per_worker=2, steps_per_round=5
         )
-        layout, spec = training.layout_and_spec(config)
-        learner = training.LocalLearner(training.make_learner(config, layout, spec.state_size))
-        batch = training.collect_rollouts(config, WorkerPool(training.pool_config(config)), learner, 0).batch
+        layout, spec = layout_and_spec(config)
+        learner = LocalLearner(make_learner(config, layout, spec.state_size))
+        batch = collect_rollouts(config, WorkerPool(pool_config(config)), learner, 0).batch
         assert batch.state.shape == batch.next_state.shape == (5, 2, state_size), algorithm
         learner.learn(batch)  # each learns from what it was given
 
@@ -137,7 +139,10 @@ def _recorded(episode_ends: list[tuple[int, int]], steps: int = 4, envs: int = 2
     from marl_core.rollout.joint import JointRecorder
 
     record = JointRecorder(steps, envs, ("a",), {"a": 2}, {"a": 2}, 0, {"a": np.uint8})
-    seen = lambda t, e: np.array([10 * t + e, 1], np.uint8)
+
+    def seen(t, e):
+        return np.array([10 * t + e, 1], np.uint8)
+
     for t in range(steps):
         for e in range(envs):
             done = (t, e) in episode_ends
@@ -165,7 +170,7 @@ def _recorded(episode_ends: list[tuple[int, int]], steps: int = 4, envs: int = 2
 def test_the_observation_after_each_step_is_recorded_only_where_the_next_row_lacks_it():
     import pickle
 
-    from marl_core.marl.batch import FollowingObservations, JointExperience
+    from marl_core.rollout.joint_experience import FollowingObservations, JointExperience
 
     ends = [(1, 0), (0, 1), (3, 1)]
     batch = _recorded(ends)

@@ -16,8 +16,8 @@ family; the defaults are for MPE (docs/marl.md).
 import pytest
 
 from marl_core.marl import MARL_ALGORITHMS
+from marl_core.marl.config import MARLConfig
 from marl_core.marl.rounds import iterate_marl_local
-from marl_core.marl.training import MARLConfig
 
 TWO_STEP = "pettingzoo:marl_core.envs.two_step"
 UNIFORM_RETURN = 4.75  # 0.5 * 7 + 0.5 * (0 + 1 + 1 + 8) / 4

@@ -107,7 +107,7 @@ def test_a_pair_runs_its_tasks_config_with_the_suites_budget_seed_and_evaluation
 def test_uniform_play_in_a_roles_seats_faces_the_trained_opponents():
     """simple_push: uniform play in the adversary's seat faces the agent's policy, and in the
     agent's seat the adversary's; a cooperative task's one score is the whole team's."""
-    from marl_core.marl.training import UniformInSeats
+    from marl_core.marl.steps import UniformInSeats
 
     seats = UniformInSeats(("adversary_0",), lambda agent: agent.split("_")[0])
     assert (seats("adversary_0"), seats("agent_0")) == ("uniform/adversary_0", "agent")

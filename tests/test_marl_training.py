@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from flows import cli
 from marl_core.marl import MARL_ALGORITHMS
+from marl_core.marl.config import MARLConfig, make_learner
 from marl_core.marl.rounds import iterate_marl_local
-from marl_core.marl.training import MARLConfig, make_learner
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 
@@ -166,7 +166,9 @@ def test_agents_of_a_role_share_one_network_by_default_and_their_own_when_mapped
 
 
 def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_seed():
-    from marl_core.marl import training
+    from marl_core.marl.config import layout_and_spec, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
+    from marl_core.marl.steps import evaluate_policies
     from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
@@ -177,11 +179,11 @@ def test_greedy_evaluation_plays_the_episodes_asked_for_and_repeats_with_its_see
         envs_per_worker=3,
         eval_episodes=7,
     )
-    layout, spec = training.layout_and_spec(config)
-    learner = training.LocalLearner(make_learner(config, layout, spec.state_size))
-    greedy = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), learner, round=0).returns
+    layout, spec = layout_and_spec(config)
+    learner = LocalLearner(make_learner(config, layout, spec.state_size))
+    greedy = evaluate_policies(config, WorkerPool(pool_config(config)), learner, round=0).returns
     assert greedy.shape == (7, 2)
-    again = training.evaluate_policies(config, WorkerPool(training.pool_config(config)), learner, round=0).returns
+    again = evaluate_policies(config, WorkerPool(pool_config(config)), learner, round=0).returns
     np.testing.assert_array_equal(greedy, again)  # fresh workers, the same seed: the same episodes
     assert len(set(greedy[:, 0])) == 1  # a deterministic policy on a deterministic game: one outcome
 
@@ -230,7 +232,9 @@ def test_evaluation_against_uniform_play_matches_the_two_step_games_expected_ret
     """Each agent alone, greedy, against a uniformly random partner: the expected return follows
     from its greedy actions by hand (two-step game: 2A pays 7, 2B pays [[0, 1], [1, 8]])."""
     from marl_core.envs.two_step import PAYOFF_2B
-    from marl_core.marl import training
+    from marl_core.marl.config import check, layout_and_spec, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
+    from marl_core.marl.steps import evaluate_policies
     from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
@@ -242,12 +246,10 @@ def test_evaluation_against_uniform_play_matches_the_two_step_games_expected_ret
         eval_versus_uniform=True,
         seed=3,
     )
-    training.check(config)
-    layout, spec = training.layout_and_spec(config)
+    check(config)
+    layout, spec = layout_and_spec(config)
     learner = make_learner(config, layout, spec.state_size)
-    evaluation = training.evaluate_policies(
-        config, WorkerPool(training.pool_config(config)), training.LocalLearner(learner), round=0
-    )
+    evaluation = evaluate_policies(config, WorkerPool(pool_config(config)), LocalLearner(learner), round=0)
     assert evaluation.returns.shape == evaluation.versus_uniform.shape == (400, 2)
 
     def greedy(policy: str, state: int) -> int:
@@ -271,7 +273,9 @@ def test_evaluation_against_uniform_play_matches_the_two_step_games_expected_ret
 def test_evaluation_against_uniform_play_where_agents_differ_in_shape():
     """simple_adversary: the adversary sees 8 numbers, the good agents 10; each uniform player
     gets a role of its own, since a role is one policy of one shape."""
-    from marl_core.marl import training
+    from marl_core.marl.config import layout_and_spec, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
+    from marl_core.marl.steps import evaluate_policies
     from marl_core.rollout.pool import WorkerPool
 
     config = MARLConfig(
@@ -282,19 +286,19 @@ def test_evaluation_against_uniform_play_where_agents_differ_in_shape():
         eval_episodes=4,
         eval_versus_uniform=True,
     )
-    layout, spec = training.layout_and_spec(config)
+    layout, spec = layout_and_spec(config)
     learner = make_learner(config, layout, spec.state_size)
-    pool = WorkerPool(training.pool_config(config))
+    pool = WorkerPool(pool_config(config))
     try:
-        evaluation = training.evaluate_policies(config, pool, training.LocalLearner(learner), round=0)
+        evaluation = evaluate_policies(config, pool, LocalLearner(learner), round=0)
     finally:
         pool.close()
     assert evaluation.versus_uniform.shape == (4, 3) and np.isfinite(evaluation.versus_uniform).all()
 
 
 def test_evaluation_against_uniform_play_is_refused_where_a_shared_policy_sees_agent_ids():
-    from marl_core.marl import training
+    from marl_core.marl.config import check
 
     config = MARLConfig(env="pettingzoo:marl_core.envs.two_step", algorithm="ippo", eval_versus_uniform=True)
     with pytest.raises(ValueError, match="eval_versus_uniform=True with agent_ids=True"):
-        training.check(config)
+        check(config)

@@ -1,7 +1,7 @@
 """A long run keeps its memory flat, and no run, finished or failed, leaves a process behind.
 
 Both tests run `benchmarks/memory_long_run.py` as a subprocess: one driver process runs the real
-flow (`flows.psro_flow.run_psro`: its own Prefect server, local Ray, an MLflow SQLite store with
+flow (`flows.entrypoints.run_scenario`: its own Prefect server, local Ray, an MLflow SQLite store with
 every member registered) with a temporary PREFECT_HOME and store, and samples resident memory at
 every iteration. Every process the run starts inherits an environment marker from the driver, so
 "left behind" is checked exactly, even on a machine where other runs have their own Ray and
@@ -67,7 +67,7 @@ def test_60_kuhn_iterations_keep_memory_flat_and_leave_nothing_running(tmp_path)
     workers = late["kib"]["ray_worker"] / early["kib"]["ray_worker"] - 1
     assert workers < MAX_GROWTH
     assert early["processes"] == late["processes"]  # no worker or server piles up along the way
-    assert report["left_running"] == {}  # when run_psro returned
+    assert report["left_running"] == {}  # when run_scenario returned
     assert marked_processes(str(tmp_path.resolve())) == {}  # after the driver exited
 
 

@@ -6,7 +6,7 @@ Prefect's subflow engine, begins the SQLite server's write transactions IMMEDIAT
 of Ray's private loggers, keeps a Ray on this machine on loopback, and starts a run's own Ray
 without Ray's cluster services. Beside that,
 flows/ray_runner.py overrides prefect-ray's RayTaskRunner.submit and _run_prefect_task and
-swaps the flow in Prefect's serialized context; flows/runtime.py drains Prefect's log and event
+swaps the flow in Prefect's serialized context; flows/services.py drains Prefect's log and event
 workers, sets the task-run recorder's batch settings, and calls Ray's private token loader;
 flows/cli_errors.py catches the exceptions of the click that typer bundles (typer._click).
 None of that is public API, so pyproject.toml pins those packages. An upgrade changes the pin;
@@ -36,9 +36,9 @@ from processes import assert_all_exited, command_line, pids_with_env
 ROOT = Path(__file__).resolve().parents[1]
 # package -> the files whose patches rely on its internals
 PATCHED = {
-    "prefect": "flows/patches.py, flows/ray_runner.py, flows/runtime.py",
+    "prefect": "flows/patches.py, flows/ray_runner.py, flows/services.py",
     "prefect-ray": "flows/ray_runner.py",
-    "ray": "flows/patches.py, flows/runtime.py",
+    "ray": "flows/patches.py, flows/services.py",
     "typer": "flows/cli_errors.py",
 }
 
@@ -128,7 +128,8 @@ def test_settings_serialization_is_memoized_on_prefects_own_path():
     )
     first, second = serialize_context()["settings_context"], serialize_context()["settings_context"]
     assert first is second, (
-        "serialize_context() no longer goes through SettingsContext.serialize: the memo in flows/patches.py has no effect"
+        "serialize_context() no longer goes through SettingsContext.serialize: "
+        "the memo in flows/patches.py has no effect"
     )
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:1/api"}):
         changed = serialize_context()["settings_context"]
@@ -155,11 +156,13 @@ def test_prefect_clients_share_one_tls_context_and_keep_one_they_are_given():
             f"flows/patches.py no longer patches {client_class.__name__}.__init__"
         )
         assert "httpx_settings" in inspect.signature(patched.__wrapped__).parameters, (
-            f"{client_class.__name__}.__init__ no longer takes httpx_settings: flows/patches.py passes the shared context there"
+            f"{client_class.__name__}.__init__ no longer takes httpx_settings: "
+            "flows/patches.py passes the shared context there"
         )
         source = inspect.getsource(patched.__wrapped__)
         assert 'httpx_settings.get("verify")' in source and "isinstance(tls_verify, ssl.SSLContext)" in source, (
-            f"{client_class.__name__} no longer skips building an SSL context when given one: the shared context saves nothing"
+            f"{client_class.__name__} no longer skips building an SSL context when given one: "
+            "the shared context saves nothing"
         )
     contexts = [
         client._client._transport._pool._ssl_context
@@ -192,11 +195,13 @@ def test_the_patched_engine_methods_keep_prefects_signatures():
         patched = getattr(owner, name)
         assert getattr(patched, "_fresh_aware", False), f"flows/patches.py no longer patches {owner.__name__}.{name}"
         assert list(inspect.signature(patched.__wrapped__).parameters) == parameters, (
-            f"prefect changed {owner.__name__}.{name}{inspect.signature(patched.__wrapped__)}; flows/patches.py passes {parameters}"
+            f"prefect changed {owner.__name__}.{name}{inspect.signature(patched.__wrapped__)}; "
+            f"flows/patches.py passes {parameters}"
         )
     engine_source = inspect.getsource(importlib.import_module("prefect.flow_engine"))
     assert "self.flow_run = client.read_flow_run(self.flow_run.id)" in engine_source, (
-        "prefect's subflow engine no longer reads back the flow run it created: flows/patches.py's read skip may be obsolete"
+        "prefect's subflow engine no longer reads back the flow run it created: "
+        "flows/patches.py's read skip may be obsolete"
     )
     assert "if subflow_run := self.load_subflow_run(" in engine_source
 
@@ -212,7 +217,7 @@ def test_a_fresh_subflow_skips_both_reads_and_still_nests_under_its_parent(tmp_p
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.patches import fresh_every_call
-    from flows.runtime import LocalPrefectServer, _flush_prefect_clients
+    from flows.services import LocalPrefectServer, _flush_prefect_clients
 
     calls: list[str] = []
     send = PrefectHttpxSyncClient.send
@@ -302,7 +307,8 @@ def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch
     assert "self.database_config.begin_transaction(" in inspect.getsource(
         interface.PrefectDBInterface.session_context
     ), (
-        "prefect's server no longer opens transactions through database_config.begin_transaction: flows/patches.py's patch is bypassed"
+        "prefect's server no longer opens transactions through database_config.begin_transaction: "
+        "flows/patches.py's patch is bypassed"
     )
     assert _sqlite_statements(tmp_path / "before")[0] == "BEGIN DEFERRED", (
         "prefect now begins SQLite write transactions some other way: flows/patches.py's patch may be obsolete"
@@ -334,7 +340,8 @@ def test_every_flow_run_enters_the_sigterm_swap_a_driver_turns_off(monkeypatch):
     from flows.patches import driver_keeps_sigterm
 
     assert inspect.getsource(flow_engine).count("with capture_sigterm():") == 2, (
-        "prefect's flow engine no longer enters capture_sigterm() around its sync and async runs: recheck driver_keeps_sigterm"
+        "prefect's flow engine no longer enters capture_sigterm() around its sync and async runs: "
+        "recheck driver_keeps_sigterm"
     )
     assert (
         flow_engine.capture_sigterm is engine.capture_sigterm or flow_engine.capture_sigterm._leaves_sigterm
@@ -410,7 +417,8 @@ def test_a_worker_takes_a_settings_instance_where_prefect_sends_a_dict():
     )
     with hydrated_context(context, client=object()):  # no flow run in the context: the client goes unused
         assert SettingsContext.get().settings is settings, (
-            "prefect's hydrated_context rebuilt the settings: flows/ray_runner.py's per-worker cache no longer saves anything"
+            "prefect's hydrated_context rebuilt the settings: "
+            "flows/ray_runner.py's per-worker cache no longer saves anything"
         )
 
 
@@ -423,7 +431,8 @@ def test_prefect_ray_still_calls_the_overridden_task_function():
     from flows.ray_runner import FastRayTaskRunner
 
     assert isinstance(inspect.getattr_static(RayTaskRunner, "_run_prefect_task"), staticmethod), (
-        "prefect-ray's RayTaskRunner._run_prefect_task is no longer a staticmethod; FastRayTaskRunner overrides it as one"
+        "prefect-ray's RayTaskRunner._run_prefect_task is no longer a staticmethod; "
+        "FastRayTaskRunner overrides it as one"
     )
     parameters = inspect.signature(RayTaskRunner._run_prefect_task).parameters
     assert next(iter(parameters.values())).kind is inspect.Parameter.VAR_POSITIONAL, (
@@ -434,7 +443,8 @@ def test_prefect_ray_still_calls_the_overridden_task_function():
         "prefect-ray's submit no longer runs self._run_prefect_task: FastRayTaskRunner's override is bypassed"
     )
     assert list(inspect.signature(RayTaskRunner.__init__).parameters) == ["self", "address", "init_kwargs"], (
-        f"RayTaskRunner{inspect.signature(RayTaskRunner.__init__)}: FastRayTaskRunner.duplicate passes address and init_kwargs only"
+        f"RayTaskRunner{inspect.signature(RayTaskRunner.__init__)}: "
+        "FastRayTaskRunner.duplicate passes address and init_kwargs only"
     )
     runner = FastRayTaskRunner(address="ray://head:10001", init_kwargs={"num_cpus": 1})
     copy = runner.duplicate()
@@ -491,7 +501,7 @@ def test_module_level_tasks_and_flows_travel_by_name_and_others_whole():
     """A `@task` or `@flow` at module level is bound to its function's name, so the worker can
     import it; one made by `with_options` (not bound anywhere) must travel as itself."""
     import tasks
-    from flows.psro_flow import psro_iteration
+    from flows.entrypoints import psro_iteration
     from flows.ray_runner import _by_reference, _loaded, _ModuleAttribute
 
     for task_or_flow in (tasks.TASKS["solve-meta-game"], psro_iteration):
@@ -507,7 +517,7 @@ def test_the_serialized_context_carries_its_flow_where_the_runner_swaps_it():
     hydrated_context must read it from there; anywhere else, the flow would travel pickled."""
     from prefect.context import FlowRunContext, hydrated_context, serialize_context
 
-    from flows.psro_flow import psro_iteration
+    from flows.entrypoints import psro_iteration
     from flows.ray_runner import _by_reference, _loaded, _ModuleAttribute, _with_flow
 
     with FlowRunContext.model_construct(flow=psro_iteration, result_store=None):
@@ -522,7 +532,8 @@ def test_the_serialized_context_carries_its_flow_where_the_runner_swaps_it():
     )
     assert _with_flow(sent, _loaded)["flow_run_context"]["flow"] is psro_iteration
     assert 'flow_run_context["flow"]' in inspect.getsource(hydrated_context), (
-        "prefect's hydrated_context no longer reads the flow from flow_run_context['flow']: the worker would get a name, not a flow"
+        "prefect's hydrated_context no longer reads the flow from flow_run_context['flow']: "
+        "the worker would get a name, not a flow"
     )
 
 
@@ -542,15 +553,16 @@ def test_opaque_parameters_survive_the_trip_to_a_worker_and_prefect_unwraps_them
     assert isinstance(restored["xs"][0], opaque) and restored["xs"][1] == 7 and restored["plain"] is value
     resolved = resolve_inputs_sync(restored)
     assert resolved["x"] is value and resolved["xs"] == [value, 7], (
-        "prefect no longer unwraps `opaque` when it resolves a task's parameters: flows/psro_flow.py's tasks would get the wrapper"
+        "prefect no longer unwraps `opaque` when it resolves a task's parameters: "
+        "flows/task_steps.py's tasks would get the wrapper"
     )
 
 
-# --- flows/runtime.py -------------------------------------------------------------------------
+# --- flows/services.py -------------------------------------------------------------------------
 
 
 def test_prefects_log_and_event_workers_still_drain_with_a_timeout():
-    """flows/runtime.py calls drain_all(timeout=5) under contextlib.suppress: a changed method
+    """flows/services.py calls drain_all(timeout=5) under contextlib.suppress: a changed method
     would lose the run's last logs without a word."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
@@ -562,14 +574,14 @@ def test_prefects_log_and_event_workers_still_drain_with_a_timeout():
 
 
 def test_rays_token_loader_for_joining_a_cluster_is_still_there():
-    """flows/runtime.py joins a cluster the way `ray.init(address="auto")` does, through Ray's
+    """flows/services.py joins a cluster the way `ray.init(address="auto")` does, through Ray's
     private `maybe_enable_token_auth_if_token_available`; without it a `psro server` (token auth
     on) refuses every run that tries to reuse it."""
     from ray._private.authentication import authentication_token_setup
 
     function = getattr(authentication_token_setup, "maybe_enable_token_auth_if_token_available", None)
     assert function is not None, (
-        "ray moved maybe_enable_token_auth_if_token_available: flows/runtime.py's ray_session must follow"
+        "ray moved maybe_enable_token_auth_if_token_available: flows/services.py's ray_session must follow"
     )
     assert "warn_if_disabled" in inspect.signature(function).parameters
 
@@ -577,7 +589,7 @@ def test_rays_token_loader_for_joining_a_cluster_is_still_there():
 LOCAL_RAY = """
 import sys
 import ray
-from flows.runtime import start_ray
+from flows.services import start_ray
 start_ray(None, 1, {})
 ray.get(ray.remote(lambda: None).remote())  # a worker process too
 print("up", flush=True)
@@ -659,7 +671,7 @@ def _host(hex_address: str) -> str:
 
 
 def test_the_task_run_recorder_writes_in_the_batches_the_server_environment_sets(monkeypatch):
-    """flows/runtime.py starts the Prefect server with TASK_RUN_RECORDER_BATCHING in its
+    """flows/services.py starts the Prefect server with TASK_RUN_RECORDER_BATCHING in its
     environment: the variables must be Prefect settings, and the recorder must hand those
     settings to the consumer that writes the batches (else it writes one event per transaction)."""
     import contextlib
@@ -668,7 +680,7 @@ def test_the_task_run_recorder_writes_in_the_batches_the_server_environment_sets
     from prefect.server.services import task_run_recorder
     from prefect.settings import Settings
 
-    from flows.runtime import TASK_RUN_RECORDER_BATCHING
+    from flows.services import TASK_RUN_RECORDER_BATCHING
 
     for name, value in TASK_RUN_RECORDER_BATCHING.items():
         monkeypatch.setenv(name, value)
@@ -712,11 +724,13 @@ def test_typers_bundled_click_errors_are_what_a_bad_flag_raises():
     runner = CliRunner()
     bad_type = runner.invoke(app, ["run", "--iterations", "many"])
     assert bad_type.exit_code == 2 and bad_type.output.strip().splitlines()[0].startswith("error: iterations='many'"), (
-        f"typer's bad-parameter error no longer reaches flows/cli_errors.py's handler (typer._click.exceptions.BadParameter):\n{bad_type.output}"
+        "typer's bad-parameter error no longer reaches flows/cli_errors.py's handler "
+        f"(typer._click.exceptions.BadParameter):\n{bad_type.output}"
     )
     unknown = runner.invoke(app, ["run", "--no-such-flag"])
     assert unknown.exit_code == 2 and unknown.output.strip().splitlines() == [
         "error: No such option: --no-such-flag"
     ], (
-        f"typer's usage error no longer reaches flows/cli_errors.py's handler (typer._click.exceptions.UsageError):\n{unknown.output}"
+        "typer's usage error no longer reaches flows/cli_errors.py's handler "
+        f"(typer._click.exceptions.UsageError):\n{unknown.output}"
     )

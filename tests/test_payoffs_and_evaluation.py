@@ -214,7 +214,7 @@ EPISODES = 3000
 
 def evaluate_sampled(tree, tables, profiles, *, episodes, seed):
     """The `sampled` evaluator on tabular populations given as [K, I, A] arrays."""
-    from marl_core.psro.game import psro_game
+    from marl_core.empirical_game.game import psro_game
 
     game = psro_game(tree.game_string)
     populations = [

@@ -132,13 +132,13 @@ def _pbt_config(**values):
 def test_a_copied_learner_keeps_its_new_learning_rate():
     import torch
 
-    from marl_core.marl import training
+    from marl_core.marl.config import layout_and_spec, make_learner
     from marl_core.rl.optimizers import load_keeping_hyperparameters
 
     config = _pbt_config()
-    layout, spec = training.layout_and_spec(config.marl)
-    source = training.make_learner(config.member_config(2), layout, spec.state_size)
-    copy = training.make_learner(config.member_config(0, {"lr": 0.00123}), layout, spec.state_size)
+    layout, spec = layout_and_spec(config.marl)
+    source = make_learner(config.member_config(2), layout, spec.state_size)
+    copy = make_learner(config.member_config(0, {"lr": 0.00123}), layout, spec.state_size)
     load_keeping_hyperparameters(copy, source.state_dict())
     for policy, network in source.policies.items():
         for a, b in zip(network.parameters(), copy.policies[policy].parameters()):

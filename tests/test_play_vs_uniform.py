@@ -1,7 +1,7 @@
 """scripts/play_vs_uniform.py: a run's final mixture against uniform play, read from MLflow.
 
 Two runs in one SQLite store: a real two-iteration Kuhn poker run (the one-process PSRO loop,
-tracked by the RunTracker `psro run` uses), whose outcome probabilities against uniform play
+tracked by the PSROTracker `psro run` uses), whose outcome probabilities against uniform play
 are computed exactly on the game tree; and a connect four run whose populations are the uniform
 policy alone, so both seats play uniformly and the two roles' games must mirror each other.
 """
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from flows.tracking import layout
+from flows.tracking.psro_tracker import PSROTracker
 from flows.tracking.resume import load_checkpoint
-from flows.tracking.run_tracker import RunTracker
 from marl_core.empirical_game.payoffs import PayoffTable
 from marl_core.games.exploitability import mixed_reach
 from marl_core.games.tree import build_tree
@@ -36,7 +36,7 @@ CONNECT_FOUR = "pettingzoo:classic.connect_four_v3"
 
 
 def _track(config: PSROConfig, iterations) -> str:
-    with RunTracker(config) as tracker:
+    with PSROTracker(config) as tracker:
         for record, state in iterations:
             tracker.log_iteration(record, state)
         tracker.finish(state)

@@ -1,6 +1,6 @@
 """`psro evaluate` and `psro export --run` read populations back from MLflow.
 
-The store is written by the same RunTracker that `psro run` uses, driven by the one-process PSRO
+The store is written by the same PSROTracker that `psro run` uses, driven by the one-process PSRO
 loop (no Prefect or Ray needed to produce artifacts). Then the commands run through the CLI:
 evaluate must reproduce the payoff entries the run stored for the same registry members (exact:
 to the last bit; sampled: within standard errors), and an exported run must pass OpenSpiel's
@@ -28,12 +28,12 @@ ITERATIONS = 4
 
 
 def _track_local_run(**settings) -> str:
-    from flows.tracking.run_tracker import RunTracker
+    from flows.tracking.psro_tracker import PSROTracker
     from marl_core.psro.config import PSROConfig
     from marl_core.psro.steps import iterate_psro_local
 
     config = PSROConfig(game="kuhn_poker", iterations=ITERATIONS, **settings)
-    with RunTracker(config) as tracker:
+    with PSROTracker(config) as tracker:
         for record, state in iterate_psro_local(config):
             tracker.log_iteration(record, state)
         tracker.finish(state)

@@ -1,4 +1,4 @@
-"""Progress of long work: counted where the rollout pool collects, kept in the parameter store,
+"""Progress of long work: counted where the rollout pool collects, kept in the weight store,
 shown as live rows on a terminal or as plain lines anywhere else. The real commands' progress
 lines are checked on their end-to-end runs (`test_learned_end_to_end.py`, `test_marl_flow.py`)."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from flows.progress import PlainLines, describe, watching
 from marl_core.rollout.progress import Progress, ProgressBoard, Work
-from marl_core.rollout.store import ParameterStore
+from marl_core.rollout.weight_store import WeightStore
 
 
 class FakeClock:
@@ -21,7 +21,7 @@ class FakeClock:
 
 def test_the_store_keeps_done_total_rate_and_time_left_and_drops_work_that_ended():
     clock = FakeClock()
-    store = ParameterStore(clock=clock)
+    store = WeightStore(clock=clock)
     store.begin(Work("a", "best response player_0 (iteration 1)", 3000, "episodes"))
     clock.now += 2
     store.begin(Work("b", "mappo training", 1000, "steps"))
@@ -66,8 +66,13 @@ def test_work_that_ends_before_any_read_is_shown_once_as_it_ended():
 def test_plain_lines_come_when_work_starts_then_at_most_every_interval():
     clock, lines = FakeClock(0.0), []
     view = PlainLines(lines.append, every=10, clock=clock)
-    response = lambda done, elapsed: Progress("best response player_0 (iteration 3)", done, 3000, "episodes", elapsed)
-    training = lambda done, elapsed: Progress("mappo training", done, 64_000, "steps", elapsed)
+
+    def response(done, elapsed):
+        return Progress("best response player_0 (iteration 3)", done, 3000, "episodes", elapsed)
+
+    def training(done, elapsed):
+        return Progress("mappo training", done, 64_000, "steps", elapsed)
+
     for second, shown in enumerate(
         [
             [response(0, 0.5)],
@@ -175,8 +180,8 @@ def test_a_sampled_psro_run_reports_each_iterations_payoff_evaluation(monkeypatc
 
 
 def test_a_marl_run_reports_its_training_steps_round_by_round(monkeypatch):
+    from marl_core.marl.config import MARLConfig
     from marl_core.marl.rounds import iterate_marl_local
-    from marl_core.marl.training import MARLConfig
 
     ended = _recording_ends(monkeypatch)
     config = MARLConfig(

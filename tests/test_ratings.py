@@ -122,10 +122,10 @@ def test_ratings_survive_their_state_and_refuse_strangers():
 
 
 def test_a_round_robin_plays_every_pairing_and_rates_round_by_round():
+    from marl_core.empirical_game.game import psro_game
     from marl_core.games.tree import build_tree
     from marl_core.league.tournament import rate, round_robin
     from marl_core.policies.tabular import TabularPolicy
-    from marl_core.psro.game import psro_game
 
     tree = build_tree("kuhn_poker")
     always_bet = tree.players[0].uniform_policy() * 0

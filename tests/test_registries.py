@@ -81,7 +81,7 @@ def test_a_bad_setting_of_an_algorithm_is_one_line_naming_it_and_what_is_allowed
 
 def test_exact_has_no_settings():
     with pytest.raises(ValueError, match="oracle 'exact' is not learned and has no settings"):
-        build_config({"oracle": "exact"}).oracle_settings
+        _ = build_config({"oracle": "exact"}).oracle_settings
 
 
 @pytest.mark.timeout(300)
@@ -130,7 +130,7 @@ def test_listing_and_checking_names_and_settings_imports_no_torch():
         "from typer.testing import CliRunner\n"
         "from flows.cli import app\n"
         "from marl_core.psro.config import build_config\n"
-        "from marl_core.marl.training import MARLConfig\n"
+        "from marl_core.marl.config import MARLConfig\n"
         "for name in ('dqn', 'ppo', 'a2c'):\n"
         "    build_config({'oracle': name, name: {'lr': 0.01}})\n"
         "MARLConfig(env='pettingzoo:mpe2.simple_spread_v3', algorithm='mappo', settings={'lr': 0.01})\n"

@@ -3,7 +3,7 @@ iteration is committed resumes from its last committed iteration and ends exactl
 uninterrupted run ends, with every member registered exactly once; a run whose stored settings
 point at something unusable is refused before any work.
 
-The kill point is fixed by the tracker's fault-injection hook (`PSRO_KILL_BEFORE_COMMIT=N`):
+The kill point is fixed by the suite's fault-injection seam (`processes.killed_at_commit`):
 the driver dies by SIGKILL in the one window whose leftovers (registry versions of the
 uncommitted iteration) resume has to remove.
 """
@@ -19,13 +19,13 @@ from pathlib import Path
 import mlflow
 import pytest
 from mlflow_reads import final_tables, registered_members, uninterrupted_tables
-from processes import assert_all_exited, mlflow_store, prefect_home
+from processes import assert_all_exited, killed_at_commit, mlflow_store, prefect_home
 from typer.testing import CliRunner
 
-from flows import cli
+from flows import cli, scenario_cli
+from flows.scenarios.psro import PSRO as PSRO_SCENARIO
 from flows.tracking.layout import COMMITTED_TAG, CONFIG_ARTIFACT
 from flows.tracking.resume import find_resumable
-from flows.tracking.run_tracker import KILL_BEFORE_COMMIT
 from marl_core.psro.config import build_config
 
 ITERATIONS = 6
@@ -68,7 +68,7 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     crashed = subprocess.run(
         [PSRO, "run", *_settings(store, "crash")],
         cwd=tmp_path,
-        env=_env(home, **{KILL_BEFORE_COMMIT: str(KILLED_AT)}),
+        env=killed_at_commit(_env(home), KILLED_AT),
         capture_output=True,
         text=True,
         timeout=600,
@@ -84,7 +84,7 @@ def test_a_run_killed_before_its_commit_resumes_to_the_uninterrupted_result(tmp_
     config = build_config(
         {"game": "kuhn_poker", "iterations": ITERATIONS, "tracking_uri": store, "experiment": "crash"}
     )
-    assert find_resumable(config) == run_id  # what `psro run ... --resume` continues
+    assert find_resumable(PSRO_SCENARIO, config) == run_id  # what `psro run ... --resume` continues
     resumed = subprocess.run(
         [PSRO, "resume", run_id, "--tracking-uri", store],
         cwd=tmp_path,
@@ -136,7 +136,7 @@ def test_resume_refuses_a_stored_setting_that_no_longer_works(store, monkeypatch
     client.set_tag(run_id, COMMITTED_TAG, "0")
     files, run = sorted(directory.rglob("*")), client.get_run(run_id)
     started = []
-    monkeypatch.setattr(cli, "_run", lambda *args: started.append(args))  # the work: server, Ray, the flow
+    monkeypatch.setattr(scenario_cli, "start", lambda *args: started.append(args))  # the work: server, Ray, the flow
 
     result = CliRunner().invoke(cli.app, ["resume", run_id, "--tracking-uri", uri])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output

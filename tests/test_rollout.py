@@ -16,7 +16,7 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS
 from marl_core.rollout.pool import PoolConfig, WorkerPool
-from marl_core.rollout.store import ParameterStore
+from marl_core.rollout.weight_store import WeightStore
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutWorker
 
 torch.set_num_threads(1)
@@ -142,9 +142,9 @@ def test_the_learner_never_trembles():
     last = [name for name in weights if name.endswith("weight")][-1]
     weights[last].zero_()
     weights[last.replace("weight", "bias")].copy_(torch.tensor([1.0, 0.0]))
-    store = ParameterStore()
+    store = WeightStore()
     store.push(spec.key, 0, weights)
-    worker = RolloutWorker("kuhn_poker", envs_per_worker=8, parameter_store=store)
+    worker = RolloutWorker("kuhn_poker", envs_per_worker=8, store=store)
     request = RolloutRequest(
         PLAYERS,
         {"player_1": always_pass},
@@ -222,7 +222,7 @@ def test_one_action_probs_call_per_role_and_member_in_use_per_step():
 
 
 def test_a_request_is_deterministic_and_returns_exactly_the_asked_episodes():
-    store = ParameterStore()
+    store = WeightStore()
     spec = _dqn_learner()
     policy = ALGORITHMS["dqn"].policy(11, 2, spec.build.config)
     store.push("test", 1, policy.get_weights())
@@ -252,7 +252,7 @@ def test_a_learner_role_of_two_agents_returns_both_agents_transitions():
     log: list = []
     adversary = PolicyMixture((Recorder("adversary", log),), np.array([1.0]))
     spec = LearnerSpec("shared", AlgorithmPolicy("ppo", ALGORITHMS["ppo"].config()))
-    store = ParameterStore()
+    store = WeightStore()
     store.push("shared", 1, ALGORITHMS["ppo"].policy(10, 5, spec.build.config).get_weights())
     request = RolloutRequest(
         ADVERSARY_ROLES,
@@ -277,7 +277,8 @@ def test_a_learner_role_of_two_agents_returns_both_agents_transitions():
         (
             {"adversary": "recorder"},
             None,
-            "simple_adversary_v3: agent 'agent_0' of role 'agent' has neither a learner nor a population (learners: [], populations: ['adversary'])",
+            "simple_adversary_v3: agent 'agent_0' of role 'agent' has neither a learner nor a population "
+            "(learners: [], populations: ['adversary'])",
         ),
         (
             {"adversary": "recorder", "agent": "recorder", "good": "recorder"},
@@ -318,8 +319,8 @@ def test_mixture_weights_are_checked_when_the_mixture_is_made():
         PolicyMixture((member, member), np.array([1.0]))
 
 
-class CountingStore(ParameterStore):
-    """The parameter store, recording every pull a worker makes (key, version it had)."""
+class CountingStore(WeightStore):
+    """The weight store, recording every pull a worker makes (key, version it had)."""
 
     def __init__(self):
         super().__init__()

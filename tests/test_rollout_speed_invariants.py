@@ -26,11 +26,12 @@ from marl_core.envs import (
 )
 from marl_core.envs.api import check_actions
 from marl_core.games.tree import build_tree
-from marl_core.policies.base import Observations, sample_rows
+from marl_core.policies.base import Observations
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rollout.store import ParameterStore
+from marl_core.rl.sampling import sample_rows
+from marl_core.rollout.weight_store import WeightStore
 from marl_core.rollout.worker import (
     AlgorithmPolicy,
     EnvSource,
@@ -217,7 +218,7 @@ def _run_both(env: EnvSource, envs_per_worker: int, algorithm: str, request_args
         torch.manual_seed(7)
         policy = ALGORITHMS[algorithm].policy(spec.observation_size[agent], spec.num_actions[agent], settings)
         request_args["learners"] = {learner_role: LearnerSpec("invariants", AlgorithmPolicy(algorithm, settings))}
-    store = ParameterStore()
+    store = WeightStore()
     if policy is not None:
         store.push("invariants", 3, policy.get_weights())
     request = RolloutRequest(**request_args)

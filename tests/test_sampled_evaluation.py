@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from marl_core.empirical_game.evaluation import evaluate_exact
+from marl_core.empirical_game.game import psro_game
 from marl_core.empirical_game.sampled import evaluate_by_rollouts
 from marl_core.games.tree import build_tree
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.population import Population, stacked_tables
 from marl_core.policies.tabular import TabularPolicy
-from marl_core.psro.game import psro_game
 from marl_core.rl import PPOConfig
 from marl_core.rollout.pool import PoolConfig, WorkerPool
 from marl_core.rollout.worker import RolloutResult, RolloutWorker
@@ -113,7 +113,8 @@ class NaNPool:
     [
         (
             dict(populations="swapped"),
-            "kuhn_poker: populations are for roles ['player_1', 'player_0']; the game's roles are ['player_0', 'player_1'], in that order",
+            "kuhn_poker: populations are for roles ['player_1', 'player_0']; "
+            "the game's roles are ['player_0', 'player_1'], in that order",
         ),
         (dict(profiles=[[0, 2]]), "kuhn_poker: profile [0, 2] names a member outside the populations' sizes [2, 2]"),
         (dict(profiles=[0, 1]), "kuhn_poker: profiles must be [m, 2] member indices, got shape (2,)"),

@@ -63,8 +63,8 @@ def test_runs_reuse_the_server_a_second_server_is_refused_and_sigterm_stops_ever
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert (
-        f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} (the running psro server's; Ray at {state['ray_address']})"
-        in run.stdout
+        f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} "
+        f"(the running psro server's; Ray at {state['ray_address']})" in run.stdout
     )
     assert "done: 2 iterations" in run.stdout
     assert server.poll() is None, "the run must leave the server it reused running"
@@ -95,8 +95,8 @@ def test_runs_reuse_the_server_a_second_server_is_refused_and_sigterm_stops_ever
     )
     assert marl.returncode == 0, marl.stdout[-2000:] + marl.stderr[-2000:]
     assert (
-        f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} (the running psro server's; Ray at {state['ray_address']})"
-        in marl.stdout
+        f"Prefect UI during the run: {state['prefect_api_url'].removesuffix('/api')} "
+        f"(the running psro server's; Ray at {state['ray_address']})" in marl.stdout
     )
     assert "done: 1 rounds" in marl.stdout
     assert server.poll() is None
@@ -105,7 +105,8 @@ def test_runs_reuse_the_server_a_second_server_is_refused_and_sigterm_stops_ever
     second = subprocess.run([PSRO, "server"], env=_env(home), capture_output=True, text=True, timeout=120)
     assert second.returncode == 2
     assert second.stderr.strip().splitlines() == [
-        f"error: a psro server already runs for {home.resolve()} (pid {state['pid']}, Prefect at {state['prefect_api_url']})"
+        f"error: a psro server already runs for {home.resolve()} "
+        f"(pid {state['pid']}, Prefect at {state['prefect_api_url']})"
     ]
     assert server.poll() is None
 
@@ -133,7 +134,7 @@ def test_bad_server_settings_fail_in_one_line(tmp_path, args, message):
 def test_only_a_one_run_server_turns_its_scheduling_services_off(tmp_path, one_run):
     """A server kept for one run (`prefect_api` without a `psro server`) drops the services that only
     schedule or reap; a long-lived server (`psro server`, which serves deployments) keeps them."""
-    from flows.runtime import ONE_RUN_SERVICES_OFF, LocalPrefectServer
+    from flows.services import ONE_RUN_SERVICES_OFF, LocalPrefectServer
 
     server = LocalPrefectServer(tmp_path / "prefect-home", one_run=one_run)
     try:  # read empty while the process is still in its exec (seen once), so poll

@@ -1,4 +1,4 @@
-"""SIGTERM stops a run the way Ctrl-C does (`flows.runtime.stop_on_sigterm`), even while its main
+"""SIGTERM stops a run the way Ctrl-C does (`flows.services.stop_on_sigterm`), even while its main
 thread waits on Ray, where a scenario's driver spends most of its time (`ray.get` on a round's or
 generation's tasks), and leaves it resumable."""
 
@@ -21,7 +21,7 @@ sys.path.insert(0, sys.argv[2])
 import ray
 from prefect import flow_engine
 from flows.patches import driver_keeps_sigterm
-from flows.runtime import rearm_sigterm_handler, stop_on_sigterm
+from flows.services import rearm_sigterm_handler, stop_on_sigterm
 from processes import start_bare_ray
 
 # as a run's driver does: Ray starts on a thread that lives on (Ray's processes die with it), flows run here

@@ -1,4 +1,4 @@
-"""Population members as MLflow holds them: tabular and network members, stored by the RunTracker,
+"""Population members as MLflow holds them: tabular and network members, stored by the PSROTracker,
 come back from resume's loader and the registry exactly, and `psro evaluate/export` use them.
 
 The runs are tracked directly from hand-made populations (no PSRO loop, no Prefect or Ray): per
@@ -23,20 +23,22 @@ from mlflow_reads import registered_members
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.runtime import load_resumed
+from flows.scenarios.psro import PSRO
 from flows.tracking import layout
+from flows.tracking.psro_tracker import PSROTracker
 from flows.tracking.resume import load_checkpoint
-from flows.tracking.run_tracker import RunTracker
 from marl_core.empirical_game.evaluation import evaluate_exact
+from marl_core.empirical_game.game import psro_game
 from marl_core.empirical_game.payoffs import PayoffTable
 from marl_core.games.exploitability import nash_conv
-from marl_core.games.tabularize import tabularize
 from marl_core.games.tree import build_tree
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.population import Population
 from marl_core.policies.storage import load_policy
 from marl_core.policies.tabular import TabularPolicy
+from marl_core.policies.tabularize import tabularize
 from marl_core.psro.config import PSROConfig
-from marl_core.psro.game import psro_game
 
 ROOT = Path(__file__).resolve().parents[1]
 GAME = "kuhn_poker"
@@ -112,7 +114,7 @@ def _iterations(untabled: bool):
 
 def _track(uri: str, experiment: str, untabled: bool) -> tuple[str, State]:
     config = PSROConfig(game=GAME, tracking_uri=uri, experiment=experiment)
-    with RunTracker(config) as tracker:
+    with PSROTracker(config) as tracker:
         for record, state in _iterations(untabled):
             tracker.log_iteration(record, state)
         tracker.finish(state)
@@ -197,7 +199,7 @@ def test_a_resumed_tracker_drops_the_uncommitted_iterations_versions_and_registe
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     config = PSROConfig(game=GAME, tracking_uri=uri, experiment="resumed")
     iterations = list(_iterations(untabled=True))
-    with RunTracker(config) as tracker:
+    with PSROTracker(config) as tracker:
         for record, state in iterations:
             tracker.log_iteration(record, state)
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -211,7 +213,7 @@ def test_a_resumed_tracker_drops_the_uncommitted_iterations_versions_and_registe
 
     checkpoint = load_checkpoint(uri, tracker.run_id)
     assert [len(p) for p in checkpoint.populations] == [2, 2]
-    with RunTracker(config, resume=checkpoint) as resumed:
+    with PSROTracker(config, resume=load_resumed(PSRO, config, uri, tracker.run_id)) as resumed:
         record, state = iterations[-1]
         resumed.log_iteration(record, state)
         resumed.finish(state)
@@ -360,7 +362,7 @@ def adversary_store(tmp_path_factory):
             config = PSROConfig(
                 game=ADVERSARY, roles=roles, oracle="ppo", iterations=1, tracking_uri=uri, experiment=experiment
             )
-            with RunTracker(config) as tracker:
+            with PSROTracker(config) as tracker:
                 for record, state in _adversary_iterations(roles):
                     tracker.log_iteration(record, state)
                 tracker.finish(state)

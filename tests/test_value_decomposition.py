@@ -19,9 +19,9 @@ import torch
 from joint_rollouts import JointRollouts
 
 from marl_core.envs import by_prefix
+from marl_core.marl.config import MARLConfig
 from marl_core.marl.rounds import iterate_marl_local
 from marl_core.marl.settings import QMIXConfig, VDNConfig
-from marl_core.marl.training import MARLConfig
 from marl_core.marl.value_decomposition import JointReplayBuffer, QMixer, VDNMixer
 from marl_core.rl.dqn import QPolicy
 from marl_core.rl.settings import DQNConfig
@@ -67,7 +67,7 @@ def train_two_step(algorithm: str, seed: int):
         seed=seed,
     )
     returns = []
-    for record, learner in iterate_marl_local(config):
+    for record, learner in iterate_marl_local(config):  # noqa: B007 - the last learner is returned after the loop
         if record.eval_returns is not None:
             returns.append(record.eval_returns["policy/agent"])
     return returns, learner

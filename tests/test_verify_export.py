@@ -230,7 +230,8 @@ def test_psro_export_of_a_simultaneous_game_checks_with_openspiel_alone(tmp_path
     assert summary["configured_game"] == game_string
     game = pyspiel.load_game(summary["game"])
     assert game.get_type().dynamics == pyspiel.GameType.Dynamics.SEQUENTIAL, (
-        f"summary.json names {summary['game']!r}, a simultaneous-move game; the policies are keyed by its turn-based conversion"
+        f"summary.json names {summary['game']!r}, a simultaneous-move game; "
+        "the policies are keyed by its turn-based conversion"
     )
     weights = json.loads((tmp_path / "meta_strategy.json").read_text())
     populations = []

@@ -1,4 +1,4 @@
-"""One MLflow tracking thread per run, shared by the PSRO and MARL trackers.
+"""One MLflow tracking thread per run, for every scenario's tracker (`scenario_tracker.py`).
 
 MLflow calls take milliseconds to seconds (SQLite commits, artifact copies, registry versions),
 so a tracker queues them on one thread and the training loop goes on. One thread keeps them in

@@ -41,6 +41,7 @@ EVALUATION_MEMBERS = "members.json"
 COMMITTED_TAG = "psro.committed_iteration"
 # Tags the MLflow run with the Prefect flow run that created it: a retried flow run finds it by this.
 FLOW_RUN_TAG = "prefect.flow_run_id"
+SCENARIO_TAG = "scenario"  # which scenario's run it is: psro, marl, league, pbt
 NEWEST_ALIAS = "newest"
 META_WEIGHT_TAG = "meta_weight"  # the version tag the end of a run rewrites
 

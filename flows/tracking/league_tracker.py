@@ -17,67 +17,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 import tempfile
 from pathlib import Path
 
 from flows.tracking import layout
-from flows.tracking.background import BackgroundTracker
-from flows.tracking.resume import ResumeError, committed_run
-from flows.tracking.run_tracker import create_run, ensure_registered_model
-
-# Fault injection for tests: SIGKILL the process once generation N's snapshots are registered
-# and its checkpoint written, before N is committed.
-KILL_BEFORE_COMMIT = "LEAGUE_KILL_BEFORE_COMMIT"
+from flows.tracking.resume import ResumeError
+from flows.tracking.scenario_tracker import ScenarioTracker, ensure_registered_model
 
 
-@dataclasses.dataclass(frozen=True)
-class LeagueCheckpoint:
-    run_id: str
-    config: dict  # as the run logged it
-    generation: int  # the last committed generation
-
-
-def committed_league(tracking_uri: str, run_id: str) -> LeagueCheckpoint:
-    """Which league run `run_id` is and how far it got; a ResumeError in one line if it is none."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    what = f"run {run_id} has no committed generation to resume from (was it a `psro league run`?)"
-    run = committed_run(client, run_id, layout.LEAGUE_COMMITTED_TAG, what)
-    with tempfile.TemporaryDirectory() as directory:
-        config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
-    return LeagueCheckpoint(run_id, config, int(run.data.tags[layout.LEAGUE_COMMITTED_TAG]))
-
-
-def load_league_state(config, checkpoint: LeagueCheckpoint):
-    """The `LeagueState` that generation `checkpoint.generation` committed."""
-    import mlflow
+def load_league_state(config, client, run_id: str, generation: int):
+    """The `LeagueState` that generation `generation` of run `run_id` committed."""
     import torch
 
+    from marl_core.empirical_game.game import psro_game_of
     from marl_core.league.generation import LeagueState
     from marl_core.league.players import League
     from marl_core.league.ratings import Ratings
     from marl_core.pbt.schedule import LineageEntry
     from marl_core.policies.storage import load_policy
-    from marl_core.psro.game import psro_game_of
 
     game = psro_game_of(config)
-    client = mlflow.MlflowClient(tracking_uri=config.tracking_uri)
     with tempfile.TemporaryDirectory() as directory:
-        slot = Path(
-            client.download_artifacts(
-                checkpoint.run_id, layout.league_checkpoint_path(checkpoint.generation), directory
-            )
-        )
+        slot = Path(client.download_artifacts(run_id, layout.league_checkpoint_path(generation), directory))
         saved = torch.load(slot / layout.LEAGUE_CHECKPOINT_FILE, weights_only=True)
-        if saved["generation"] != checkpoint.generation:
+        if saved["generation"] != generation:
             raise ResumeError(
-                f"run {checkpoint.run_id}: its checkpoint holds generation {saved['generation']}, its commit tag says {checkpoint.generation}"
+                f"run {run_id}: its checkpoint holds generation {saved['generation']}, its commit tag says {generation}"
             )
         league = League.from_state(config.league, saved["league"])
-        members_root = Path(client.download_artifacts(checkpoint.run_id, "league/members", directory))
+        members_root = Path(client.download_artifacts(run_id, "league/members", directory))
 
         def load(root: Path, id: str) -> tuple:
             return tuple(load_policy(root / id / role, config.game, r) for r, role in enumerate(game.roles))
@@ -91,77 +59,57 @@ def load_league_state(config, checkpoint: LeagueCheckpoint):
         Ratings.from_state(saved["ratings"]),
         members,
         trainers,
-        checkpoint.generation,
+        generation,
         json.loads(saved["settings"]),
         lineage,
     )
 
 
-class LeagueTracker(BackgroundTracker):
-    def __init__(self, config, resume: LeagueCheckpoint | None = None):
-        super().__init__()
-        self.config = config
-        self.resume = resume
-        self.run_id: str | None = None
+class LeagueTracker(ScenarioTracker):
+    """Every generation committed: its metrics, tables, new snapshots and checkpoint slot; a
+    new run's generation 0 (the seeded league) first."""
 
-    def commit_seed(self, state) -> None:
+    commit_tag = layout.LEAGUE_COMMITTED_TAG
+
+    def __init__(self, config, resume=None, tags: dict[str, str] | None = None):
+        super().__init__(config, config.tracking_uri, config.experiment, resume, tags)
+
+    def begin(self, state) -> None:
         """A new run's generation 0: the seeded league, its snapshots registered."""
-        self._raise_failures()
-        self._submit(self._commit, 0, state, [s.id for s in state.league.snapshots], {})
+        if self.resume is None:
+            self._raise_failures()
+            self._submit(self._log_step, 0, ({}, state, [s.id for s in state.league.snapshots]), True)
 
-    def log_generation(self, record, state) -> None:
+    def _snapshot(self, index, record, state, committed):
         """`state` is the generation's own (`run_generation` never changes one it returned)."""
-        self._raise_failures()
-        self._submit(self._commit, record.generation, state, record.snapshots, record.metrics())
-
-    def finish(self, state) -> None:
-        self._submit(self._plot, state)
-        self._drain()
+        return record.metrics(), state, record.snapshots
 
     # --- the tracking thread ------------------------------------------------------------------
 
-    def _start(self) -> None:
-        import mlflow
+    def run_name(self) -> str:
+        return f"league-{self.config.game}-{self.config.algorithm}"
 
-        config = self.config
-        self.client = mlflow.MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
-        if self.resume is not None:
-            self.run_id = self.resume.run_id
-            self.client.update_run(self.run_id, status="RUNNING")
-            self._forget_uncommitted(self.resume.generation)
-            return
-        self.run_id = create_run(
-            self.client,
-            config,
-            f"league-{config.game}-{config.algorithm}",
-            {"game": config.game, "algorithm": config.algorithm, "scenario": "league"},
-        )
+    def run_tags(self) -> dict[str, str]:
+        return {"game": self.config.game, "algorithm": self.config.algorithm}
 
-    def _forget_uncommitted(self, committed: int) -> None:
+    def _reopened(self, committed: int) -> None:
         """Registry versions of a generation that never committed would be registered again."""
-        for role in self._roles():
-            name = layout.registered_model_name(self.config.experiment, self.config.game, role)
-            for version in self.client.search_model_versions(layout.versions_of_run(name, self.run_id)):
-                if int(version.tags.get("iteration", -1)) > committed:
-                    self.client.delete_model_version(name, version.version)
+        names = [layout.registered_model_name(self.config.experiment, self.config.game, r) for r in self._roles()]
+        self._delete_versions_after(committed, names, "iteration")
+
+    def _log(self, index: int, snapshot) -> None:
+        self._log_metrics(index, snapshot[0])
 
     def _roles(self) -> tuple[str, ...]:
-        from marl_core.psro.game import psro_game_of
+        from marl_core.empirical_game.game import psro_game_of
 
         return psro_game_of(self.config).roles
 
-    def _commit(self, generation: int, state, snapshots: list[str], metrics: dict) -> None:
-        import time
-
+    def _store(self, generation: int, snapshot) -> None:
         import pandas as pd
         import torch
-        from mlflow.entities import Metric
 
-        if metrics:
-            now = int(time.time() * 1000)
-            self.client.log_batch(
-                self.run_id, metrics=[Metric(k, float(v), now, generation) for k, v in metrics.items()]
-            )
+        _, state, snapshots = snapshot
         with tempfile.TemporaryDirectory() as directory:
             root = Path(directory)
             tables = root / "tables"
@@ -186,9 +134,6 @@ class LeagueTracker(BackgroundTracker):
             self._save_members(slot / "members", state, [p.id for p in state.league.players])
             torch.save(saved, slot / layout.LEAGUE_CHECKPOINT_FILE)
             self.client.log_artifacts(self.run_id, str(slot), layout.league_checkpoint_path(generation))
-        if os.environ.get(KILL_BEFORE_COMMIT) == str(generation):
-            os.kill(os.getpid(), signal.SIGKILL)
-        self.client.set_tag(self.run_id, layout.LEAGUE_COMMITTED_TAG, str(generation))  # last: the commit
 
     def _save_members(self, root: Path, state, ids: list[str]) -> None:
         from marl_core.policies.storage import save_policy
@@ -217,7 +162,7 @@ class LeagueTracker(BackgroundTracker):
             version = self.client.create_model_version(name, f"{artifact_uri}/{path}", run_id=self.run_id, tags=tags)
             self.client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
 
-    def _plot(self, state) -> None:
+    def _finish(self, state) -> None:
         import matplotlib.pyplot as plt
 
         from flows.tracking import plots
@@ -254,7 +199,3 @@ class LeagueTracker(BackgroundTracker):
         for path, figure in figures.items():
             self.client.log_figure(self.run_id, figure, path)
             plt.close(figure)
-
-    def _end(self, status: str) -> None:
-        if self.run_id is not None:
-            self.client.set_terminated(self.run_id, status)

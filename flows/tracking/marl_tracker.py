@@ -12,56 +12,12 @@ Nothing is unpickled on resume: the training state is loaded with `torch.load(we
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
-import os
-import signal
 import tempfile
 from pathlib import Path
 
 from flows.tracking import layout
-from flows.tracking.background import BackgroundTracker
-from flows.tracking.resume import committed_run
-from flows.tracking.run_tracker import create_run, ensure_registered_model
-
-# Fault injection for tests: SIGKILL the process once round N's policies are registered and
-# before N is committed, the window whose leftovers resume must clean up.
-KILL_BEFORE_COMMIT = "MARL_KILL_BEFORE_COMMIT"
-
-
-@dataclasses.dataclass(frozen=True)
-class MARLCheckpoint:
-    run_id: str
-    config: dict
-    round: int  # the last committed round
-    env_steps: int
-    state: dict  # the learner's training state
-
-
-def load_marl_checkpoint(tracking_uri: str, run_id: str) -> MARLCheckpoint:
-    import mlflow
-    import torch
-
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    run = committed_run(
-        client,
-        run_id,
-        layout.MARL_COMMITTED_TAG,
-        f"run {run_id} has no committed round to resume from (was it a `psro marl run`?)",
-    )
-    with tempfile.TemporaryDirectory() as directory:
-        config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
-        # map_location: a state a GPU learner saved resumes on a machine without one
-        state = torch.load(
-            client.download_artifacts(run_id, layout.MARL_CHECKPOINT, directory), weights_only=True, map_location="cpu"
-        )
-    return MARLCheckpoint(
-        run_id,
-        config,
-        int(run.data.tags[layout.MARL_COMMITTED_TAG]),
-        int(run.data.tags[layout.MARL_ENV_STEPS_TAG]),
-        state,
-    )
+from flows.tracking.scenario_tracker import ScenarioTracker, ensure_registered_model
 
 
 def store_policy(client, run_id: str, config, policy: str, weights: dict, path: str, tags: dict[str, str]) -> None:
@@ -85,61 +41,40 @@ def store_policy(client, run_id: str, config, policy: str, weights: dict, path: 
     client.set_registered_model_alias(name, layout.NEWEST_ALIAS, version.version)
 
 
-class MARLTracker(BackgroundTracker):
-    def __init__(self, config, resume: MARLCheckpoint | None = None):
-        super().__init__()
-        self.config = config
-        self.resume = resume
-        self.run_id: str | None = None
-        self._curve: dict[
-            str, dict[int, float]
-        ] = {}  # line (`_curve_line`) -> env steps -> evaluation return (tracking thread's)
+class MARLTracker(ScenarioTracker):
+    """Every round's metrics; every `checkpoint_every` rounds the learner's training state and
+    each policy's acting weights (a registry version), then the commit."""
+
+    commit_tag = layout.MARL_COMMITTED_TAG
+    commit_waits = True
+
+    def __init__(self, config, resume=None, tags: dict[str, str] | None = None):
+        super().__init__(config, config.tracking_uri, config.experiment, resume, tags)
+        self._curve: dict[str, dict[int, float]] = {}  # line (`_curve_line`) -> env steps -> evaluation return
         self._staleness: collections.Counter[int] = collections.Counter()  # since this process started the run
 
-    def log_round(self, record) -> None:
-        self._raise_failures()
-        self._submit(self._log_round, record.round, record.env_steps, record.metrics)
+    def _snapshot(self, index, record, state, committed):
         if record.staleness:
             self._staleness.update(record.staleness)
+        return record.env_steps, record.metrics, committed
 
-    def commit(self, round: int, env_steps: int, state: dict, weights: dict) -> None:
-        self._submit(self._commit, round, env_steps, state, weights)
-        self._drain()
-
-    def finish(self) -> None:
-        self._submit(self._plot)
-        self._drain()
+    def _final(self, state):
+        return None
 
     # --- the tracking thread ------------------------------------------------------------------
 
-    def _start(self) -> None:
-        import mlflow
+    def run_name(self) -> str:
+        return f"marl-{self.config.env}-{self.config.algorithm}"
 
-        config = self.config
-        self.client = mlflow.MlflowClient(tracking_uri=config.tracking_uri, registry_uri=config.tracking_uri)
-        if self.resume is not None:
-            self.run_id = self.resume.run_id
-            self.client.update_run(self.run_id, status="RUNNING")
-            self._forget_uncommitted(self.resume.round)
-            self._reload_curve(self.resume.round)
-            return
-        self.run_id = create_run(
-            self.client,
-            config,
-            f"marl-{config.env}-{config.algorithm}",
-            {"env": config.env, "algorithm": config.algorithm, "scenario": "marl"},
-        )
+    def run_tags(self) -> dict[str, str]:
+        return {"env": self.config.env, "algorithm": self.config.algorithm}
 
-    def _forget_uncommitted(self, committed: int) -> None:
-        """Registry versions of a checkpoint that never committed (the run died between
-        registering and tagging) would be registered again: delete them first."""
-        for model in self.client.search_registered_models(filter_string=f"name LIKE '{self._model_prefix()}%'"):
-            for version in self.client.search_model_versions(layout.versions_of_run(model.name, self.run_id)):
-                if int(version.tags.get("round", -1)) > committed:
-                    self.client.delete_model_version(model.name, version.version)
-
-    def _reload_curve(self, committed: int) -> None:
-        """The committed rounds' greedy returns, so the final plot shows the whole run."""
+    def _reopened(self, committed: int) -> None:
+        """Registry versions of a checkpoint that never committed are deleted; the committed
+        rounds' greedy returns are read back, so the final plot shows the whole run."""
+        prefix = layout.registered_model_name(self.config.experiment, self.config.env, "")
+        models = self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'")
+        self._delete_versions_after(committed, [m.name for m in models], "round")
         run = self.client.get_run(self.run_id)
         steps = {m.step: int(m.value) for m in self.client.get_metric_history(self.run_id, "env_steps")}
         for key in run.data.metrics:
@@ -149,46 +84,28 @@ class MARLTracker(BackgroundTracker):
                     if m.step <= committed and m.step in steps:
                         curve.setdefault(steps[m.step], m.value)
 
-    def _model_prefix(self) -> str:
-        return layout.registered_model_name(self.config.experiment, self.config.env, "")
-
-    def _log_round(self, round: int, env_steps: int, metrics: dict[str, float]) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
+    def _log(self, index: int, snapshot) -> None:
+        env_steps, metrics, _ = snapshot
         for key, value in metrics.items():
             if (line := _curve_line(key)) is not None:
                 self._curve.setdefault(line, {})[env_steps] = value
+        self._log_metrics(index, metrics)
 
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, round) for k, v in metrics.items()])
-
-    def _commit(self, round: int, env_steps: int, state: dict, weights: dict) -> None:
+    def _store(self, index: int, snapshot) -> None:
         import torch
 
+        env_steps, _, (state, weights) = snapshot
         with tempfile.TemporaryDirectory() as directory:
             torch.save(state, Path(directory) / "learner.pt")
-            self.client.log_artifact(
-                self.run_id, str(Path(directory) / "learner.pt"), layout.MARL_CHECKPOINT.rsplit("/", 1)[0]
-            )
-        tags = {"round": str(round), "env_steps": str(env_steps)}
+            folder = layout.MARL_CHECKPOINT.rsplit("/", 1)[0]
+            self.client.log_artifact(self.run_id, str(Path(directory) / "learner.pt"), folder)
+        tags = {"round": str(index), "env_steps": str(env_steps)}
         for policy, policy_weights in weights.items():
-            store_policy(
-                self.client,
-                self.run_id,
-                self.config,
-                policy,
-                policy_weights,
-                layout.policy_checkpoint_path(policy, round),
-                tags,
-            )
-        if os.environ.get(KILL_BEFORE_COMMIT) == str(round):
-            os.kill(os.getpid(), signal.SIGKILL)
+            path = layout.policy_checkpoint_path(policy, index)
+            store_policy(self.client, self.run_id, self.config, policy, policy_weights, path, tags)
         self.client.set_tag(self.run_id, layout.MARL_ENV_STEPS_TAG, str(env_steps))
-        self.client.set_tag(self.run_id, layout.MARL_COMMITTED_TAG, str(round))  # last: the commit
 
-    def _plot(self) -> None:
+    def _finish(self, final) -> None:
         import matplotlib.pyplot as plt
 
         from flows.tracking import plots
@@ -202,10 +119,6 @@ class MARLTracker(BackgroundTracker):
             figure = plots.staleness_histogram(dict(self._staleness), title)
             self.client.log_figure(self.run_id, figure, layout.STALENESS_PLOT)
             plt.close(figure)
-
-    def _end(self, status: str) -> None:
-        if self.run_id is not None:
-            self.client.set_terminated(self.run_id, status)
 
 
 def _curve_line(metric: str) -> str | None:

@@ -15,112 +15,76 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 import tempfile
 from pathlib import Path
 
 from flows.tracking import layout
-from flows.tracking.background import BackgroundTracker
 from flows.tracking.marl_tracker import store_policy
-from flows.tracking.resume import ResumeError, committed_run
-from flows.tracking.run_tracker import create_run
-
-# Fault injection for tests: SIGKILL the process once round N's checkpoint is written and its
-# policies registered, before N is committed.
-KILL_BEFORE_COMMIT = "PBT_KILL_BEFORE_COMMIT"
+from flows.tracking.resume import ResumeError
+from flows.tracking.scenario_tracker import ScenarioTracker
 
 
-@dataclasses.dataclass(frozen=True)
-class PBTCheckpoint:
-    run_id: str
-    config: dict  # as the run logged it
-    state: PBTState  # after the last committed round
-    learners: list[dict]  # per member, its training state
-
-
-def load_pbt_checkpoint(tracking_uri: str, run_id: str) -> PBTCheckpoint:
-    """What run `run_id` committed last; a ResumeError in one line if it is no PBT run."""
-    import mlflow
+def load_pbt_state(client, run_id: str, committed: int, checkpoint_every: int):
+    """The `PBTState` round `committed` of run `run_id` committed, and every member's training
+    state; a ResumeError in one line if its slot holds another round."""
     import torch
 
     from marl_core.pbt.marl import PBTState
 
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    run = committed_run(
-        client,
-        run_id,
-        layout.PBT_COMMITTED_TAG,
-        f"run {run_id} has no committed round to resume from (was it a `psro pbt run`?)",
-    )
-    committed = int(run.data.tags[layout.PBT_COMMITTED_TAG])
     with tempfile.TemporaryDirectory() as directory:
-        config = json.loads(Path(client.download_artifacts(run_id, layout.CONFIG_ARTIFACT, directory)).read_text())
-        every = config["marl"]["checkpoint_every"]
-        slot = Path(client.download_artifacts(run_id, layout.pbt_checkpoint_path(committed, every), directory))
+        slot = Path(
+            client.download_artifacts(run_id, layout.pbt_checkpoint_path(committed, checkpoint_every), directory)
+        )
         state = PBTState.from_json(json.loads((slot / layout.PBT_STATE_FILE).read_text()))
         if state.round != committed + 1:
             raise ResumeError(
                 f"run {run_id}: its checkpoint holds round {state.round - 1}, its commit tag says {committed}"
             )
         learners = [torch.load(slot / f"member_{i}.pt", weights_only=True) for i in range(len(state.settings))]
-    return PBTCheckpoint(run_id, config, state, learners)
+    return state, learners
 
 
-class PBTTracker(BackgroundTracker):
-    def __init__(self, config, resume: PBTCheckpoint | None = None):
-        super().__init__()
-        self.config = config
-        self.resume = resume
-        self.run_id: str | None = None
+class PBTTracker(ScenarioTracker):
+    """Every round's metrics and hyperparameters; every `checkpoint_every` rounds every member's
+    training state, the PBT state and each member's policies, then the commit."""
+
+    commit_tag = layout.PBT_COMMITTED_TAG
+    commit_waits = True
+
+    def __init__(self, config, resume=None, tags: dict[str, str] | None = None):
+        marl = config.marl
+        super().__init__(config, marl.tracking_uri, marl.experiment, resume, tags)
         self._scores: dict[int, dict[int, float]] = {}  # member -> round -> score (tracking thread's)
         self._values: dict[int, dict[int, dict]] = {}  # member -> round -> hyperparameters
         self._lineage: list[dict] = (
-            [dataclasses.asdict(e) for e in resume.state.lineage] if resume else []
+            [dataclasses.asdict(e) for e in resume.state.state.lineage] if resume else []
         )  # as committed
 
-    def log_round(self, record) -> None:
-        self._raise_failures()
-        self._submit(self._log_round, record)
-
-    def commit(self, state, learners: list[tuple[dict, dict]]) -> None:
-        """`state` as it stands after its last round; per member, (training state, policy
+    def _snapshot(self, index, record, state, committed):
+        """`committed`: the state after the round and, per member, (training state, policy
         weights) as the learner actors returned them."""
-        self._submit(self._commit, json.loads(json.dumps(state.to_json())), learners)
-        self._drain()
+        if committed is None:
+            return record, None
+        pbt_state, learners = committed
+        return record, (json.loads(json.dumps(pbt_state.to_json())), learners)
 
-    def finish(self) -> None:
-        self._submit(self._plot)
-        self._drain()
+    def _final(self, state):
+        return None
 
     # --- the tracking thread ------------------------------------------------------------------
 
-    def _start(self) -> None:
-        import mlflow
+    def run_name(self) -> str:
+        return f"pbt-{self.config.marl.env}-{self.config.marl.algorithm}"
 
-        marl = self.config.marl
-        self.client = mlflow.MlflowClient(tracking_uri=marl.tracking_uri, registry_uri=marl.tracking_uri)
-        if self.resume is not None:
-            self.run_id = self.resume.run_id
-            self.client.update_run(self.run_id, status="RUNNING")
-            self._forget_uncommitted(self.resume.state.round - 1)
-            self._reload_curves(self.resume.state.round - 1)
-            return
-        self.run_id = create_run(
-            self.client,
-            self.config,
-            f"pbt-{marl.env}-{marl.algorithm}",
-            {"env": marl.env, "algorithm": marl.algorithm, "scenario": "pbt"},
-            marl.experiment,
-        )
+    def run_tags(self) -> dict[str, str]:
+        return {"env": self.config.marl.env, "algorithm": self.config.marl.algorithm}
 
-    def _forget_uncommitted(self, committed: int) -> None:
+    def _reopened(self, committed: int) -> None:
         marl = self.config.marl
         prefix = layout.registered_model_name(marl.experiment, marl.env, "")
-        for model in self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'"):
-            for version in self.client.search_model_versions(layout.versions_of_run(model.name, self.run_id)):
-                if int(version.tags.get("round", -1)) > committed:
-                    self.client.delete_model_version(model.name, version.version)
+        models = self.client.search_registered_models(filter_string=f"name LIKE '{prefix}%'")
+        self._delete_versions_after(committed, [m.name for m in models], "round")
+        self._reload_curves(committed)
 
     def _reload_curves(self, committed: int) -> None:
         """The committed rounds' scores and hyperparameters, so the final plot shows the whole run."""
@@ -137,26 +101,21 @@ class PBTTracker(BackgroundTracker):
                     else:
                         self._values.setdefault(i, {}).setdefault(m.step, {})[name.removeprefix("hp/")] = m.value
 
-    def _log_round(self, record) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
+    def _log(self, index: int, snapshot) -> None:
+        record, _ = snapshot
         if (scores := record.scores()) is not None:
             for i, score in enumerate(scores):
                 self._scores.setdefault(i, {})[record.round] = score
         for i, values in enumerate(record.hyperparameters):
             self._values.setdefault(i, {})[record.round] = dict(values)
-        now = int(time.time() * 1000)
-        self.client.log_batch(
-            self.run_id, metrics=[Metric(k, float(v), now, record.round) for k, v in record.metrics().items()]
-        )
+        self._log_metrics(index, record.metrics())
 
-    def _commit(self, state: dict, learners: list[tuple[dict, dict]]) -> None:
+    def _store(self, index: int, snapshot) -> None:
         import pandas as pd
         import torch
 
-        round = state["round"] - 1
+        state, learners = snapshot[1]
+        round = index
         marl = self.config.marl
         with tempfile.TemporaryDirectory() as directory:
             slot = Path(directory) / "slot"
@@ -206,12 +165,9 @@ class PBTTracker(BackgroundTracker):
             ]
             pd.DataFrame(rows).to_csv(lineage / "lineage.csv", index=False)
             self.client.log_artifacts(self.run_id, str(lineage), layout.PBT_LINEAGE)
-        if os.environ.get(KILL_BEFORE_COMMIT) == str(round):
-            os.kill(os.getpid(), signal.SIGKILL)
-        self.client.set_tag(self.run_id, layout.PBT_COMMITTED_TAG, str(round))  # last: the commit
         self._lineage = state["lineage"]
 
-    def _plot(self) -> None:
+    def _finish(self, final) -> None:
         if not self._scores:
             return
         import matplotlib.pyplot as plt
@@ -222,7 +178,3 @@ class PBTTracker(BackgroundTracker):
         figure = plots.pbt_curves(self._scores, self._values, self._lineage, f"PBT: {marl.algorithm} on {marl.env}")
         self.client.log_figure(self.run_id, figure, layout.PBT_PLOT)
         plt.close(figure)
-
-    def _end(self, status: str) -> None:
-        if self.run_id is not None:
-            self.client.set_terminated(self.run_id, status)

@@ -21,14 +21,14 @@ import re
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from flows.tracking import layout
 from marl_core.policies.base import Policy
 from marl_core.policies.population import Population
 
 if TYPE_CHECKING:
-    from marl_core.psro.game import PSROGame
+    from marl_core.empirical_game.game import PSROGame
 
 MEMBER_SYNTAX = "NAME@ALIAS or NAME/VERSION (as in MLflow's models:/ URIs), e.g. psro-kuhn_poker-player_0@newest"
 EVALUATE_EXPERIMENT = "psro-evaluate"
@@ -46,9 +46,8 @@ class MemberSpec:
     version: str | None = None
 
 
-RoleTable = Optional[
-    tuple[tuple[str, str], ...]
-]  # a run's `roles` as sorted (prefix, role) pairs, as `psro_game` takes them
+# a run's `roles` as sorted (prefix, role) pairs, as `psro_game` takes them
+RoleTable = tuple[tuple[str, str], ...] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +96,8 @@ def open_store(tracking_uri: str):
 
 def load_member(client, spec: MemberSpec) -> Member:
     from flows.tracking.resume import table_key
+    from marl_core.empirical_game.game import psro_game
     from marl_core.policies.storage import load_policy
-    from marl_core.psro.game import psro_game
 
     version = _resolve_version(client, spec)
     label = f"{spec.name}/{version.version}"
@@ -106,7 +105,8 @@ def load_member(client, spec: MemberSpec) -> Member:
         tags = layout.VersionTags.of(version.tags or {})
     except (KeyError, ValueError):
         raise PopulationError(
-            f"{label} lacks the tags `psro run` registers members with (game, role, member, ...); only versions it registered are population members"
+            f"{label} lacks the tags `psro run` registers members with (game, role, member, ...); "
+            "only versions it registered are population members"
         ) from None
     roles = _run_roles(client, label, tags)
     game = psro_game(tags.game, roles)
@@ -133,7 +133,8 @@ def _run_roles(client, label: str, tags: layout.VersionTags) -> RoleTable:
         settings = logged_config(client, tags.run_id)
     except (MlflowException, OSError, ValueError) as error:  # the run or its config.json is gone or unreadable
         raise PopulationError(
-            f"{label}: cannot read the settings of its run {tags.run_id} ({str(error).splitlines()[0]}); members are played by their run's roles"
+            f"{label}: cannot read the settings of its run {tags.run_id} ({str(error).splitlines()[0]}); "
+            "members are played by their run's roles"
         ) from None
     if settings.get("game") != tags.game:
         raise PopulationError(
@@ -163,7 +164,8 @@ def _resolve_version(client, spec: MemberSpec):
     except MlflowException:
         known = sorted(m.name for m in client.search_registered_models())
         raise PopulationError(
-            f"no registered model {spec.name!r} in {client.tracking_uri}; registered models: {', '.join(known) or 'none'}"
+            f"no registered model {spec.name!r} in {client.tracking_uri}; "
+            f"registered models: {', '.join(known) or 'none'}"
         ) from None
     if spec.alias:
         aliases = sorted(model.aliases or {})
@@ -184,7 +186,7 @@ def populations_of(members: list[Member]) -> tuple[PSROGame, list[list[Member]]]
     """The game the members' runs played, with their roles, and the members grouped by role (in
     the order given; roles in the game's order). All must come from one game played with the
     same roles, and every role needs at least one."""
-    from marl_core.psro.game import psro_game
+    from marl_core.empirical_game.game import psro_game
 
     games = sorted({m.game for m in members})
     if len(games) > 1:
@@ -209,7 +211,8 @@ def check_evaluable(game: str, groups: list[list[Member]], evaluator: str = "exa
     untabled = [m.label for group in groups for m in group if m.policy.tabular is None]
     if untabled and evaluator == "exact":
         raise PopulationError(
-            f"member(s) {', '.join(untabled)} of {game} are networks without a tabular form; evaluate them with --eval sampled"
+            f"member(s) {', '.join(untabled)} of {game} are networks without a tabular form; "
+            "evaluate them with --eval sampled"
         )
 
 
@@ -332,7 +335,8 @@ def _finished_run(client, run_id: str):
         run = client.get_run(run_id)
     except MlflowException:
         raise PopulationError(
-            f"no MLflow run {run_id!r} in {client.tracking_uri}; run ids are listed in MLflow's UI and by `mlflow runs list`"
+            f"no MLflow run {run_id!r} in {client.tracking_uri}; "
+            "run ids are listed in MLflow's UI and by `mlflow runs list`"
         ) from None
     if run.info.status != "FINISHED":
         raise PopulationError(f"run {run_id} is {run.info.status}; only a FINISHED run can be exported")

@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from flows.tracking import layout
+from marl_core.empirical_game.game import PSROGame, psro_game_of
 from marl_core.empirical_game.payoffs import PayoffTable
 from marl_core.policies.population import Population
-from marl_core.psro.game import PSROGame, psro_game_of
 
 
 class ResumeError(ValueError):
@@ -44,13 +44,16 @@ class Checkpoint:
     meta_strategy: list[np.ndarray]  # per role [K]
 
 
-# Settings that say how or how long to run, not what is computed: a run may resume with others.
-OPERATIONAL = {"iterations", "stop_exploitability", "ray_address", "num_cpus", "export"}
-
-
-def _client(tracking_uri: str):
+def open_client(tracking_uri: str):
+    """A client of the store at `tracking_uri` for reading what a run committed. A SQLite store
+    that does not exist holds no run: it is not created (MLflow would make a new database)."""
     import mlflow
 
+    from flows.preflight import sqlite_path
+
+    path = sqlite_path(tracking_uri)
+    if path is not None and not path.is_file():
+        raise ResumeError(f"no MLflow store at {tracking_uri} (no file {str(path)!r})")
     return mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
@@ -64,41 +67,44 @@ def logged_config(client, run_id: str) -> dict:
         return _read_json(client, run_id, layout.CONFIG_ARTIFACT, scratch)
 
 
-def resume_settings(tracking_uri: str, run_id: str) -> dict:
-    """The settings a run was started with (for `psro resume RUN_ID`)."""
-    client = _client(tracking_uri)
-    _committed_run(client, run_id)
-    return {**logged_config(client, run_id), "tracking_uri": tracking_uri}
-
-
-def find_resumable(config) -> str | None:
-    """The newest unfinished run of the config's experiment that computes the same thing."""
-    client = _client(config.tracking_uri)
-    experiment = client.get_experiment_by_name(config.experiment)
+def find_resumable(scenario, config) -> str | None:
+    """The newest unfinished run of the scenario in the config's experiment that computes the
+    same thing (equal settings, but for how and how long it runs) and committed a step."""
+    settings = scenario.settings(config)
+    client = open_client(settings.tracking_uri)
+    experiment = client.get_experiment_by_name(settings.experiment)
     if experiment is None:
         return None
-    wanted = {k: v for k, v in config.model_dump(mode="json").items() if k not in OPERATIONAL}
+    ignored = scenario.operational | {scenario.steps_setting}
+
+    def computed(values: dict) -> dict:
+        kept = {k: v for k, v in values.items() if k not in ignored}
+        section = scenario.settings_section  # PBT keeps the common settings in its marl section
+        if section and isinstance(kept.get(section), dict):
+            kept[section] = computed(kept[section])
+        return kept
+
+    wanted = computed(config.model_dump(mode="json"))
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"])
     for run in runs:
-        if run.info.status == "FINISHED" or committed_iteration(run) is None:
+        if run.info.status == "FINISHED" or scenario.commit_tag not in run.data.tags:
             continue
-        logged = logged_config(client, run.info.run_id)
-        if {k: v for k, v in logged.items() if k not in OPERATIONAL} == wanted:
+        if computed(logged_config(client, run.info.run_id)) == wanted:
             return run.info.run_id
     return None
 
 
-def find_tagged(config, key: str, value: str) -> str | None:
-    """The run of the config's experiment tagged ``key=value`` that committed an iteration.
+def find_tagged(tracking_uri: str, experiment: str, key: str, value: str, commit_tag: str) -> str | None:
+    """The run of `experiment` tagged ``key=value`` that committed a step (`commit_tag`).
 
     A run that committed nothing has nothing to continue from; whoever looks it up starts anew.
     """
-    client = _client(config.tracking_uri)
-    experiment = client.get_experiment_by_name(config.experiment)
-    if experiment is None:
+    client = open_client(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
         return None
-    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{key}` = '{value}'")
-    return next((run.info.run_id for run in runs if committed_iteration(run) is not None), None)
+    runs = client.search_runs([found.experiment_id], filter_string=f"tags.`{key}` = '{value}'")
+    return next((run.info.run_id for run in runs if commit_tag in run.data.tags), None)
 
 
 def committed_run(client, run_id: str, tag: str, nothing_committed: str):
@@ -115,6 +121,13 @@ def committed_run(client, run_id: str, tag: str, nothing_committed: str):
     return run
 
 
+def committed_step(client, run_id: str, scenario) -> int:
+    """The last step run `run_id` committed, which must be one of `scenario`'s runs."""
+    command = "psro run" if scenario.name == "psro" else f"psro {scenario.name} run"
+    nothing = f"run {run_id} has no committed {scenario.step_noun} to resume from (was it a `{command}`?)"
+    return int(committed_run(client, run_id, scenario.commit_tag, nothing).data.tags[scenario.commit_tag])
+
+
 def _committed_run(client, run_id: str):
     return committed_run(
         client, run_id, layout.COMMITTED_TAG, f"run {run_id} committed no iteration; start it again with `psro run`"
@@ -127,7 +140,7 @@ def committed_iteration(run) -> int | None:
 
 
 def load_checkpoint(tracking_uri: str, run_id: str) -> Checkpoint:
-    client = _client(tracking_uri)
+    client = open_client(tracking_uri)
     iteration = committed_iteration(_committed_run(client, run_id))
     with tempfile.TemporaryDirectory() as scratch:
         config = _read_json(client, run_id, layout.CONFIG_ARTIFACT, scratch)

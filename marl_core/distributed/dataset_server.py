@@ -201,7 +201,7 @@ class DatasetServer:
 
 class DatasetClient:
     """The server actor seen as a `DatasetServer`, each method one call over Ray. Workers find it
-    by name, as they find the parameter store (`marl_core.rollout.store.StoreClient`)."""
+    by name, as they find the weight store (`marl_core.rollout.weight_store.WeightStoreClient`)."""
 
     def __init__(self, server):
         import ray

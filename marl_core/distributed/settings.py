@@ -1,14 +1,15 @@
-"""Typed settings of the asynchronous learners, their dataset server and distributed strategy.
+"""Typed settings of the dataset server and of the distributed strategy of a parameter server.
 
 They live apart from the code that uses them so that checking a run's settings imports no torch
-and no Ray.
+and no Ray; the asynchronous learners' own settings, which hold these, are
+`marl_core.marl.settings.AsyncConfig`.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class DatasetConfig(BaseModel):
@@ -23,7 +24,8 @@ class DatasetConfig(BaseModel):
     capacity: int = Field(
         2,
         gt=0,
-        description="fragments held at most; a full FIFO buffer makes the workers wait (on-policy: small, or the data goes stale)",
+        description="fragments held at most; a full FIFO buffer makes the workers wait "
+        "(on-policy: small, or the data goes stale)",
     )
     priority_exponent: float = Field(0.6, ge=0, description="prioritized: alpha, how much priorities skew sampling")
 
@@ -47,28 +49,3 @@ class StrategyConfig(BaseModel):
     learners: int = Field(1, gt=0, description="learners of each policy, each a Ray actor")
     staleness: int = Field(2, ge=0, description="bap: iterations a learner may run ahead of the slowest")
     iteration_timeout: float = Field(60.0, gt=0, description="bsp, bap: seconds one learner iteration may take")
-
-
-class AsyncConfig(BaseModel):
-    """An asynchronous learner's settings beyond its algorithm's."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
-    distributed: StrategyConfig = Field(default_factory=StrategyConfig)
-    fragments_per_batch: int = Field(
-        1, gt=0, description="fragments a learner takes from the dataset server per update"
-    )
-    publish_every: int = Field(1, gt=0, description="updates between the weights the workers act with")
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto",
-        description="where learners train: auto takes a GPU when torch sees one, else the CPU (workers always act on CPUs)",
-    )
-
-    @model_validator(mode="after")
-    def _a_batch_fits(self) -> AsyncConfig:
-        if self.fragments_per_batch > self.dataset.capacity:
-            raise ValueError(
-                f"fragments_per_batch {self.fragments_per_batch} is more than the dataset's capacity {self.dataset.capacity}"
-            )
-        return self

@@ -13,16 +13,14 @@ one worker, so an entry does not depend on how many workers the pool has or whic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from marl_core.empirical_game.game import PSROGame
 from marl_core.empirical_game.payoffs import ProfilePayoffs
 from marl_core.policies.population import Population
 from marl_core.rollout.worker import PolicyMixture, RolloutRequest, RolloutResult
-
-if TYPE_CHECKING:
-    from marl_core.psro.game import PSROGame
 
 
 class Pool(Protocol):

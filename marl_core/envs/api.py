@@ -102,7 +102,8 @@ class MultiAgentEnv(abc.ABC):
 
     _last: TimeStep | None = None  # the latest TimeStep, which adapters keep for the default `state()`
 
-    def close(self) -> None:
+    # Not abstract: an optional hook, which only adapters that wrap something override.
+    def close(self) -> None:  # noqa: B027
         """Release what the environment holds; a no-op unless an adapter wraps something."""
 
 

@@ -15,8 +15,6 @@ Both agents observe the state as a one-hot vector, which is also the global stat
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
@@ -35,14 +33,16 @@ class TwoStepGame(ParallelEnv):
         self.agents: list[str] = []
         self._state = STATE_1
         self.state_space = spaces.Box(0.0, 1.0, (3,), np.float32)
+        # each agent's spaces, built once: every call returns the same object, as PettingZoo's own
+        # environments do by caching theirs
+        self._observation_spaces = {agent: spaces.Box(0.0, 1.0, (3,), np.float32) for agent in AGENTS}
+        self._action_spaces = {agent: spaces.Discrete(2) for agent in AGENTS}
 
-    @functools.cache
     def observation_space(self, agent):
-        return spaces.Box(0.0, 1.0, (3,), np.float32)
+        return self._observation_spaces[agent]
 
-    @functools.cache
     def action_space(self, agent):
-        return spaces.Discrete(2)
+        return self._action_spaces[agent]
 
     def state(self) -> np.ndarray:
         one_hot = np.zeros(3, np.float32)

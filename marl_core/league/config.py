@@ -15,11 +15,11 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
 
+from marl_core.empirical_game.game import psro_game_of
 from marl_core.league.ratings import RatingSettings
 from marl_core.league.settings import LeagueSettings
 from marl_core.pbt.settings import PBTSettings
 from marl_core.psro.config import WithAlgorithmSections, build_config, with_algorithm_sections
-from marl_core.psro.game import psro_game_of
 from marl_core.psro.settings import BestResponseTraining, RolloutSettings
 from marl_core.rl import ALGORITHMS
 
@@ -82,7 +82,8 @@ class _LeagueConfigWithoutAlgorithms(WithAlgorithmSections):
         game = psro_game_of(self)  # makes the environment once: a bad name or role table fails here
         if game.num_roles != 2:
             raise ValueError(
-                f"game {self.game!r} has {game.num_roles} roles {list(game.roles)}; a league plays two-sided games (map agents to two roles with `roles`)"
+                f"game {self.game!r} has {game.num_roles} roles {list(game.roles)}; a league plays two-sided games "
+                "(map agents to two roles with `roles`)"
             )
         self.oracle_config()  # what its learners are built from must be a valid learned-oracle setup
         self._check_players()
@@ -108,7 +109,8 @@ class _LeagueConfigWithoutAlgorithms(WithAlgorithmSections):
         unknown = sorted(set(self.pbt.hyperparam_mutations) - set(self.learner_settings.model_dump()))
         if unknown:
             raise ValueError(
-                f"pbt.hyperparam_mutations: {unknown} are not settings of {self.algorithm}; it has {sorted(self.learner_settings.model_dump())}"
+                f"pbt.hyperparam_mutations: {unknown} are not settings of {self.algorithm}; it has "
+                f"{sorted(self.learner_settings.model_dump())}"
             )
         if self.pbt.metric not in (None, "mu", "elo"):
             raise ValueError(

@@ -14,7 +14,7 @@
    record against uniform play in greedy games on the workers.
 
 `run_generation` wires them once over a `Runner` (`marl_core.psro.steps.Runner`): this
-module's `iterate_league_local` runs them in this process, `flows/league_flow.py` as Prefect
+module's `iterate_league_local` runs them in this process, `flows/scenarios/league.py` as Prefect
 tasks on Ray. A generation is defined by the state it starts from, so a generation run again
 from its committed state (a resumed run) gives the same table, ratings and snapshots.
 """
@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from marl_core.empirical_game.game import PSROGame, psro_game_of
 from marl_core.league.match_table import Game
 from marl_core.league.players import KINDS, MAIN_AGENT, League, LearningPlayer
 from marl_core.league.ratings import Ratings
 from marl_core.pbt.schedule import LineageEntry, due, exploit_and_explore
 from marl_core.policies.base import Policy, UniformPolicy
 from marl_core.policies.population import Population
-from marl_core.psro.game import PSROGame, psro_game_of
 from marl_core.psro.oracle_call import BestResponse, OracleCall
 
 
@@ -137,8 +137,8 @@ def member_of(config, role_index: int, trainer, settings) -> Policy:
     table = None
     game = psro_game_of(config)
     if config.tabularize and game.has_tree:
-        from marl_core.games.tabularize import tabularize
         from marl_core.games.tree import build_tree
+        from marl_core.policies.tabularize import tabularize
 
         table = tabularize(trainer.policy, build_tree(config.game), role_index)
     return NeuralPolicy.of(config.algorithm, settings, trainer.policy, table)
@@ -269,8 +269,8 @@ def measure_players(config, members: dict[str, tuple[Policy, ...]], generation: 
 def exploitability_of(config, policies: tuple[Policy, ...]) -> float:
     """The exact exploitability of one member playing every seat (NashConv / 2)."""
     from marl_core.games.exploitability import nash_conv
-    from marl_core.games.tabularize import tabular_forms
     from marl_core.games.tree import build_tree
+    from marl_core.policies.tabularize import tabular_forms
 
     game = psro_game_of(config)
     tree = build_tree(config.game)
@@ -487,8 +487,8 @@ def write_main_agent_export(directory, config, state: LeagueState, wall_seconds:
     """The first main agent as it ends, in PSRO's export format (one member per role, played
     with certainty), which `scripts/verify_export.py` checks with OpenSpiel alone."""
     from marl_core.games.exploitability import nash_conv
-    from marl_core.games.tabularize import tabular_forms
     from marl_core.games.tree import build_tree
+    from marl_core.policies.tabularize import tabular_forms
     from marl_core.psro.export import write_export
 
     game = psro_game_of(config)

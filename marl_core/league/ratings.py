@@ -51,7 +51,8 @@ class RatingSettings(BaseModel):
     games_per_match: int = Field(
         1,
         ge=1,
-        description="consecutive games of one pairing rated as one match, won by the larger summed return (a poker session); 1: every game",
+        description="consecutive games of one pairing rated as one match, won by the larger summed return "
+        "(a poker session); 1: every game",
     )
 
 

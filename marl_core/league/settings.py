@@ -40,7 +40,8 @@ class MainAgentSettings(BaseModel):
         0.3,
         ge=0,
         le=1,
-        description="self-play only while its win rate against that main agent is above this; else PFSP over its snapshots",
+        description="self-play only while its win rate against that main agent is above this; "
+        "else PFSP over its snapshots",
     )
     self_play_fallback_weighting: Weighting = Field("variance", description="PFSP weighting of that fallback")
     exploiter_win_rate: float = Field(

@@ -3,9 +3,9 @@
 MALib separates the training paradigm from the algorithm; so does this package:
 
 - The rollout engine (`marl_core.rollout`, shared with PSRO) plays E copies of a simultaneous
-  environment with one policy per group of agents (parameter sharing) and returns
-  `batch.JointExperience`: every agent's observation, action and reward, the global state,
-  episode ends, time-major.
+  environment with one policy per group of agents (parameter sharing) and returns a
+  `JointExperience` (`marl_core.rollout.joint_experience`): every agent's observation, action
+  and reward, the global state, episode ends, time-major.
 - A learner (`learner.MARLLearner`) owns the acting networks (`policies`, one per policy id of
   the `PolicyLayout`) and whatever it trains besides them (centralized critics, mixers, target
   networks), and turns a batch into updates.

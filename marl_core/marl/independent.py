@@ -11,10 +11,10 @@ import itertools
 from collections.abc import Iterator
 
 from marl_core.marl import MARLAlgorithm
-from marl_core.marl.batch import JointExperience
 from marl_core.marl.settings import IA2CConfig, IAPPOConfig, IIMPALAConfig, IPPOConfig, IQLConfig
 from marl_core.rl import ALGORITHMS
 from marl_core.rl.gradient_steps import LossStep, OptimizedGroup
+from marl_core.rollout.joint_experience import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 
 

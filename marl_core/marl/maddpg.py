@@ -59,13 +59,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from marl_core.marl import MARLAlgorithm
-from marl_core.marl.batch import JointExperience
 from marl_core.marl.settings import MADDPGConfig
 from marl_core.marl.value_decomposition import JointReplayBuffer
-from marl_core.policies.base import sample_rows
 from marl_core.rl.dqn import owed_gradient_steps
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
+from marl_core.rl.sampling import sample_rows
+from marl_core.rollout.joint_experience import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 
 # --- the actor: a categorical policy, and its Gumbel-softmax sample for training ---------------

@@ -44,12 +44,12 @@ import torch
 from torch import nn
 
 from marl_core.marl import MARLAlgorithm
-from marl_core.marl.batch import JointExperience
 from marl_core.marl.settings import MAPPOConfig
-from marl_core.policies.base import sample_rows
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.ppo import compute_gae, step_metrics
+from marl_core.rl.sampling import sample_rows
+from marl_core.rollout.joint_experience import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 
 # --- the decentralized actor: what rollout workers act with -----------------------------------

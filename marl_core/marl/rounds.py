@@ -1,9 +1,9 @@
 """A MARL run's rounds, wired once and run here or as Prefect tasks on Ray.
 
-`STEPS` names every step a round takes (`marl_core.marl.training` for collect-then-learn rounds,
+`STEPS` names every step a round takes (`marl_core.marl.steps` for collect-then-learn rounds,
 `marl_core.marl.async_rounds` for asynchronous ones); `run_round` is the one place a round's steps
 are wired, whichever kind it is; a `Runner` runs them: in this process (`LocalRunner`,
-`iterate_marl_local`) or as Prefect tasks on Ray (`flows/marl_flow.py`), so a flow run and a
+`iterate_marl_local`) or as Prefect tasks on Ray (`flows/scenarios/marl.py`), so a flow run and a
 local run compute the same numbers.
 """
 
@@ -15,21 +15,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from marl_core.marl.async_rounds import LocalAsyncLearners, run_async_round, stream_rollouts, train_learner
-from marl_core.marl.training import (
-    LearnerHandle,
-    LocalLearner,
-    MARLConfig,
+from marl_core.marl.async_learners import LocalAsyncLearners
+from marl_core.marl.async_rounds import run_async_round, stream_rollouts, train_learner
+from marl_core.marl.config import MARLConfig, asynchronous, layout_and_spec, make_learner, pool_config, training_work
+from marl_core.marl.learner_handles import LearnerHandle, LocalLearner
+from marl_core.marl.steps import (
     RoundRecord,
-    asynchronous,
     collect_rollouts,
     evaluate_policies,
     evaluate_when_due,
-    layout_and_spec,
-    make_learner,
-    pool_config,
     summarize,
-    training_work,
     update_learner,
 )
 

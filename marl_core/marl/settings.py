@@ -7,10 +7,39 @@ its class. Independent learners reuse the single-agent settings unchanged.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from marl_core.distributed.settings import AsyncConfig
+from marl_core.distributed.settings import DatasetConfig, StrategyConfig
 from marl_core.rl.settings import A2CConfig, APPOConfig, DQNConfig, IMPALAConfig, PPOConfig, over_defaults
+
+
+class AsyncConfig(BaseModel):
+    """An asynchronous learner's settings beyond its algorithm's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    distributed: StrategyConfig = Field(default_factory=StrategyConfig)
+    fragments_per_batch: int = Field(
+        1, gt=0, description="fragments a learner takes from the dataset server per update"
+    )
+    publish_every: int = Field(1, gt=0, description="updates between the weights the workers act with")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="where learners train: auto takes a GPU when torch sees one, else the CPU "
+        "(workers always act on CPUs)",
+    )
+
+    @model_validator(mode="after")
+    def _a_batch_fits(self) -> AsyncConfig:
+        if self.fragments_per_batch > self.dataset.capacity:
+            raise ValueError(
+                f"fragments_per_batch {self.fragments_per_batch} is more than the dataset's capacity "
+                f"{self.dataset.capacity}"
+            )
+        return self
 
 
 class IPPOConfig(BaseModel):

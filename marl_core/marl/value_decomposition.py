@@ -44,11 +44,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from marl_core.marl import MARLAlgorithm
-from marl_core.marl.batch import JointExperience
 from marl_core.marl.settings import QMIXConfig, ValueDecompositionConfig, VDNConfig
 from marl_core.rl.dqn import QPolicy, linear_epsilon, take_owed_gradient_steps
 from marl_core.rl.networks import masked_argmax
 from marl_core.rl.settings import DQNConfig
+from marl_core.rollout.joint_experience import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 
 # --- mixers: [B, N] agent utilities and [B, S] global states -> [B] team values ---------------

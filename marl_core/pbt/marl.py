@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from marl_core.marl.training import MARLConfig, asynchronous
+from marl_core.marl.config import MARLConfig, asynchronous
 from marl_core.pbt.schedule import LineageEntry, due, exploit_and_explore
 from marl_core.pbt.settings import PBTSettings, dotted, merged
 from marl_core.rl.optimizers import load_keeping_hyperparameters
@@ -62,7 +62,8 @@ class PBTConfig(BaseModel):
         unknown = sorted(set(self.pbt.hyperparam_mutations) - set(settings))
         if unknown:
             raise ValueError(
-                f"pbt.hyperparam_mutations: {unknown} are not settings of {self.marl.algorithm}; it has {sorted(settings)}"
+                f"pbt.hyperparam_mutations: {unknown} are not settings of {self.marl.algorithm}; it has "
+                f"{sorted(settings)}"
             )
         if self.pbt.metric not in (None, "return"):
             raise ValueError(
@@ -219,29 +220,29 @@ def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
     """Every round of every member in this process, exploit/explore at each perturbation point."""
     import torch
 
-    from marl_core.marl import rounds, training
+    from marl_core.marl import rounds
+    from marl_core.marl.config import layout_and_spec, make_learner, pool_config
+    from marl_core.marl.learner_handles import LocalLearner
     from marl_core.rollout.pool import WorkerPool
 
     torch.set_num_threads(1)
-    layout, spec = training.layout_and_spec(config.marl)
+    layout, spec = layout_and_spec(config.marl)
     state = PBTState.initial(config)
-    learners = [
-        training.make_learner(state.member_config(config, i), layout, spec.state_size) for i in range(config.population)
-    ]
+    learners = [make_learner(state.member_config(config, i), layout, spec.state_size) for i in range(config.population)]
     with contextlib.ExitStack() as stack:
         pools = []
         for i in range(config.population):
-            pool = WorkerPool(training.pool_config(state.member_config(config, i)))
+            pool = WorkerPool(pool_config(state.member_config(config, i)))
             stack.callback(pool.close)
             pools.append(pool)
         while state.round < config.marl.rounds:
-            handles = [training.LocalLearner(learner) for learner in learners]
+            handles = [LocalLearner(learner) for learner in learners]
             records = run_pbt_round(config, state, rounds.LocalRunner(), pools, handles, layout)
             state.advance(records)
             lineage = perturb(config, state, records)
             sources = {e.source: learners[e.source].state_dict() for e in lineage}
             for entry in lineage:
-                learners[entry.member] = training.make_learner(
+                learners[entry.member] = make_learner(
                     state.member_config(config, entry.member), layout, spec.state_size
                 )
                 load_keeping_hyperparameters(learners[entry.member], sources[entry.source])

@@ -14,7 +14,7 @@ Kept free of torch, so a config is checked before anything loads.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -33,7 +33,8 @@ class Distribution(BaseModel):
         given = [name for name in ("uniform", "loguniform", "randint") if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(
-                f"a distribution is one of uniform: [low, high], loguniform: [low, high], randint: [low, high]; got {given or 'none'}"
+                "a distribution is one of uniform: [low, high], loguniform: [low, high], randint: [low, high]; got "
+                f"{given or 'none'}"
             )
         low, high = getattr(self, given[0])
         if not low < high:
@@ -47,7 +48,7 @@ class Distribution(BaseModel):
         return next(name for name in ("uniform", "loguniform", "randint") if getattr(self, name) is not None)
 
 
-Mutation = Union[list, Distribution]
+Mutation = list | Distribution
 
 
 class PBTSettings(BaseModel):
@@ -71,7 +72,8 @@ class PBTSettings(BaseModel):
     )
     metric: str | None = Field(
         None,
-        description="what members are ranked by: a MARL population by return (greedy return, its default), a league's players by mu (skill rating, its default) or elo",
+        description="what members are ranked by: a MARL population by return (greedy return, its default), a league's "
+        "players by mu (skill rating, its default) or elo",
     )
     mode: Literal["max", "min"] = Field("max", description="whether a higher or a lower metric is better")
 

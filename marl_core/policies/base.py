@@ -20,17 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-
-def sample_rows(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One action per row of [B, A] probabilities, by inverting each row's CDF.
-
-    The uniform is scaled by the row total, so rows summing to slightly less than 1 are fine;
-    zero-probability (illegal) actions occupy an empty interval and are never drawn. The clamp
-    covers a product that rounds up to the total.
-    """
-    cdf = np.cumsum(probs, axis=1)
-    u = rng.random(len(probs)) * cdf[:, -1]
-    return np.minimum((cdf <= u[:, None]).sum(axis=1), probs.shape[1] - 1)
+from marl_core.rl.sampling import sample_rows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The network is the acting side of an RL algorithm (`marl_core.rl`); the member means the
 distribution its network gives (`action_probs`: greedy for a Q-network, the masked softmax for an
 actor), never the exploration it trained with. On a game whose tree fits in memory it may also
-carry its tabular form (`marl_core.games.tabularize`), so the exact methods can use it.
+carry its tabular form (`marl_core.policies.tabularize`), so the exact methods can use it.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def load_network(directory, table=None) -> NeuralPolicy:
     algorithm = description.get("algorithm")
     if algorithm not in ALGORITHMS:
         raise ValueError(
-            f"checkpoint {str(directory)!r} names unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}"
+            f"checkpoint {str(directory)!r} names unknown algorithm {algorithm!r}; known: "
+            f"{', '.join(sorted(ALGORITHMS))}"
         )
     policy = NeuralPolicy(
         algorithm, description["config"], description["obs_size"], description["num_actions"], table=table

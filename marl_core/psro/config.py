@@ -17,9 +17,9 @@ from pydantic import (
     model_validator,
 )
 
+from marl_core.empirical_game.game import is_openspiel_name, psro_game_of
 from marl_core.empirical_game.meta_solvers import check_meta_solver
 from marl_core.games.openspiel import is_zero_sum, load_game
-from marl_core.psro.game import is_openspiel_name, psro_game_of
 from marl_core.psro.oracles import ORACLES, get_oracle
 from marl_core.psro.settings import ApproxExploitability, BestResponseTraining, PipelineSettings, RolloutSettings
 from marl_core.rl import ALGORITHMS
@@ -95,7 +95,8 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
     oracle: str = Field("exact", description="best-response oracle")
     meta_solver: str = Field(
         None,
-        description="meta-solver for the empirical game (default: nash for two-player zero-sum OpenSpiel games, else prd)",
+        description="meta-solver for the empirical game "
+        "(default: nash for two-player zero-sum OpenSpiel games, else prd)",
     )
     iterations: int = Field(30, gt=0, description="PSRO iterations (best responses added per player)")
     eval: Literal["exact", "sampled"] = Field(
@@ -180,11 +181,13 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
             )
             if not oracle.learns:
                 raise ValueError(
-                    f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle ({networks})"
+                    f"oracle {self.oracle!r} walks a game tree; {self.game!r} has none: use a learned oracle "
+                    f"({networks})"
                 )
             if ALGORITHMS.settings(self.oracle).keyed_by_observation:
                 raise ValueError(
-                    f"oracle {self.oracle!r} keeps a table row per information state; {self.game!r} has none: use a network oracle ({networks})"
+                    f"oracle {self.oracle!r} keeps a table row per information state; {self.game!r} has none: use a "
+                    f"network oracle ({networks})"
                 )
             zero_sum = False
         played = psro_game_of(self)  # makes the environment once: a bad name or role table fails here
@@ -192,7 +195,8 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
             if not played.has_tree:
                 what = "eval 'exact'" if self.eval == "exact" else f"oracle {self.oracle!r}"
                 raise ValueError(
-                    f"{what} needs an OpenSpiel game whose tree fits in memory; {self.game!r} has none: use eval 'sampled' and a learned oracle"
+                    f"{what} needs an OpenSpiel game whose tree fits in memory; {self.game!r} has none: "
+                    "use eval 'sampled' and a learned oracle"
                 )
             if self.eval == "exact" and oracle.learns and not self.tabularize:
                 raise ValueError(
@@ -202,7 +206,8 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
         if self.pipeline is not None and not oracle.learns:
             learned = ", ".join(sorted(ALGORITHMS))
             raise ValueError(
-                f"pipeline: oracle {self.oracle!r} computes each best response at once; a pipeline needs a learned oracle ({learned})"
+                f"pipeline: oracle {self.oracle!r} computes each best response at once; a pipeline needs a learned "
+                f"oracle ({learned})"
             )
         return self
 
@@ -223,7 +228,8 @@ def with_algorithm_sections(base: type[WithAlgorithmSections], name: str, doc: s
     for algorithm in ALGORITHMS:
         if algorithm in base.model_fields:
             raise ValueError(
-                f"RL algorithm {algorithm!r} has the name of a {name} setting; its config section needs a name of its own"
+                f"RL algorithm {algorithm!r} has the name of a {name} setting; "
+                "its config section needs a name of its own"
             )
         settings = ALGORITHMS.settings(algorithm)
         default = GAME_DEFAULTS[algorithm] if algorithm in GAME_DEFAULTS else settings()

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from marl_core.empirical_game.game import psro_game_of
 from marl_core.games.exploitability import NashConvReport
 from marl_core.games.openspiel import load_game
 from marl_core.games.tree import build_tree
 from marl_core.policies.tabular import policy_to_dict
-from marl_core.psro.game import psro_game_of
 
 
 def write_export(

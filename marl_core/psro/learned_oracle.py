@@ -1,8 +1,10 @@
 """Best responses learned by reinforcement learning (DQN, PPO) against the opponents' mixture,
 on any environment the rollout workers can step.
 
-MALib's split into a training manager and a rollout manager, talking through a parameter
-server and a dataset server (the pool's store, `marl_core.rollout.pool`). One round:
+MALib's split into a training manager and a rollout manager, talking through the pool's weight
+store (`marl_core.rollout.weight_store`): the learner's weights go there for the workers, and its
+asks and the collector's answers through an experience stream's mailbox there
+(`marl_core.rollout.experience_stream`). One round:
 
 1. the learner (`learn_best_response`) pushes its weights to the store and asks for the round;
 2. the collector (`collect_experience`) builds the round's requests, one per rollout worker,
@@ -19,7 +21,7 @@ for, a retried learner included, and the results are those of a loop that did bo
 
 The network joins its population as a `NeuralPolicy`. Where the game tree fits (and the config
 asks for it) it also carries its table, the action distribution its network gives at every
-information state (`marl_core.games.tabularize`), so exact payoffs and exact NashConv stay
+information state (`marl_core.policies.tabularize`), so exact payoffs and exact NashConv stay
 available and the value reported is the response's exact value against the mixture.
 """
 
@@ -34,13 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from marl_core.empirical_game.game import PSROGame, psro_game_of
 from marl_core.policies.neural import NeuralPolicy
-from marl_core.psro.game import PSROGame, psro_game_of
 from marl_core.psro.oracle_call import BestResponse, OracleCall, TrainingGames
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.optimizers import load_keeping_hyperparameters
+from marl_core.rollout.experience_stream import COLLECTOR, LEARNER, ExperienceStream, StreamError, StreamTimeouts
 from marl_core.rollout.progress import Work
-from marl_core.rollout.store import COLLECTOR, LEARNER, ExperienceStream, StreamError, StreamTimeouts
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
 
 
@@ -300,8 +302,8 @@ def role_returns(episode_returns: np.ndarray, game: PSROGame, role: str) -> np.n
 def _tabular_form(game_string: str, call: OracleCall, network):
     """The network's table, its exact value against the mixture, and its gap to the exact best response."""
     from marl_core.games.exploitability import mixed_reach
-    from marl_core.games.tabularize import tabular_forms, tabularize
     from marl_core.games.tree import best_response, build_tree, profile_values, sequence_reach
+    from marl_core.policies.tabularize import tabular_forms, tabularize
 
     tree = build_tree(game_string)
     table = tabularize(network, tree, call.role)

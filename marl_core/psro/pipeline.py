@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from marl_core.empirical_game.game import psro_game_of
 from marl_core.empirical_game.meta_solvers import get_meta_solver
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.population import Population
 from marl_core.psro.config import PSROConfig
-from marl_core.psro.game import psro_game_of
 from marl_core.psro.learned_oracle import ResponseLearner, Rounds, mixtures
 from marl_core.psro.oracle_call import BestResponse, OracleCall
 from marl_core.psro.settings import Plateau
@@ -80,8 +80,8 @@ class LevelLearner:
         """The network as it stands, as a member; with its table where `tree_game` names the tree."""
         if tree_game is None:
             return self.learner.member()
-        from marl_core.games.tabularize import tabularize
         from marl_core.games.tree import build_tree
+        from marl_core.policies.tabularize import tabularize
 
         return self.learner.member(
             tabularize(self.learner.trainer.policy, build_tree(tree_game), self.learner.call.role)

@@ -45,7 +45,8 @@ class ApproxExploitability(BaseModel):
     every: int = Field(
         0,
         ge=0,
-        description="measure every N iterations and at the last (0: never; default 5 for learned oracles where no game tree exists)",
+        description="measure every N iterations and at the last "
+        "(0: never; default 5 for learned oracles where no game tree exists)",
     )
     episodes: int = Field(20_000, gt=0, description="training episodes of each approximate best response")
     eval_episodes: int = Field(

@@ -33,16 +33,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from marl_core.empirical_game.evaluation import EVALUATORS, ProfilePayoffs
+from marl_core.empirical_game.game import psro_game_of
 from marl_core.empirical_game.meta_solvers import get_meta_solver
 from marl_core.empirical_game.payoffs import PayoffTable
 from marl_core.games.exploitability import NashConvReport, nash_conv
-from marl_core.games.tabularize import tabular_forms
 from marl_core.games.tree import build_tree
 from marl_core.policies.base import UniformPolicy
 from marl_core.policies.population import Population, stacked_tables
 from marl_core.policies.tabular import TabularPolicy
+from marl_core.policies.tabularize import tabular_forms
 from marl_core.psro.config import PSROConfig
-from marl_core.psro.game import psro_game_of
 from marl_core.psro.oracles import BestResponse, OracleCall, get_oracle
 from marl_core.rollout.progress import Work
 

@@ -27,7 +27,8 @@ from torch import nn
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
 from marl_core.rl.networks import masked_argmax, mlp
-from marl_core.rl.policy import NetworkPolicy, uniform_legal
+from marl_core.rl.policy import NetworkPolicy
+from marl_core.rl.sampling import uniform_legal
 from marl_core.rl.settings import DQNConfig
 
 

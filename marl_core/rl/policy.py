@@ -68,8 +68,3 @@ class NetworkPolicy(nn.Module, abc.ABC):
         if not mask.any(axis=1).all():
             raise ValueError("every mask row needs at least one legal action")
         return torch.from_numpy(obs), torch.from_numpy(mask)
-
-
-def uniform_legal(mask: np.ndarray, generator: np.random.Generator) -> np.ndarray:
-    """One uniformly random legal action per row: the argmax of iid uniforms over legal entries."""
-    return np.where(mask, generator.random(mask.shape), -1.0).argmax(axis=1)

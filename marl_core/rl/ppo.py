@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from marl_core.policies.base import sample_rows
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
 from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
 from marl_core.rl.networks import NatureCNN, features, masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
+from marl_core.rl.sampling import sample_rows
 from marl_core.rl.settings import PPOConfig
 
 

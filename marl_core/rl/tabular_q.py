@@ -23,7 +23,8 @@ from torch import nn
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
 from marl_core.rl.dqn import linear_epsilon
-from marl_core.rl.policy import NetworkPolicy, uniform_legal
+from marl_core.rl.policy import NetworkPolicy
+from marl_core.rl.sampling import uniform_legal
 from marl_core.rl.settings import TabularQConfig
 
 
@@ -165,7 +166,8 @@ class TabularQTrainer:
         pair, successor, count = self._successor_table().T
         probability = count / visits[pair]
         values = np.zeros(len(self.keys))
-        for self.sweeps in range(1, self.MAX_SWEEPS + 1):
+        for sweeps in range(1, self.MAX_SWEEPS + 1):
+            self.sweeps = sweeps
             q = mean_reward + self.config.gamma * np.bincount(
                 pair, probability * values[successor], minlength=visits.size
             )

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 from marl_core.envs import AgentID, MultiAgentEnv, TimeStep
-from marl_core.marl.batch import FollowingObservations, JointExperience
+from marl_core.rollout.joint_experience import FollowingObservations, JointExperience
 
 
 @dataclasses.dataclass
@@ -25,9 +25,7 @@ class Stream:
     next_index: int = 0
 
     @classmethod
-    def start(
-        cls, envs: list[MultiAgentEnv], mixtures, rng: np.random.Generator, global_state: bool = True
-    ) -> Stream:
+    def start(cls, envs: list[MultiAgentEnv], mixtures, rng: np.random.Generator, global_state: bool = True) -> Stream:
         """Every copy reset, seeded from `rng` (the fragment's own generator)."""
         steps = [_checked(env.reset(seed=int(rng.integers(2**31))), env) for env in envs]
         agents = envs[0].spec.agents

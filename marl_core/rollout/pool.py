@@ -1,14 +1,15 @@
-"""Where rollout workers live: in this process, or as Ray actors beside a parameter-store actor.
+"""Where rollout workers live: in this process, or as Ray actors beside a weight-store actor.
 
-Two calls reach the workers: `push` a learner's newest weights to the parameter store, and
+Two calls reach the workers: `push` a learner's newest weights to the weight store, and
 `collect` a list of requests, dealt round-robin to the workers, which run them in parallel (a
 learned response sends one per worker; a sampled evaluation one per profile). No worker ever
 waits on the learner per step. A request is answered the same by any worker, so results never
 depend on the pool's size.
 
-The store (`marl_core.rollout.store`) is also MALib's dataset server: a mailbox per learned
-response through which its learner and its collector talk; and it keeps the progress of the
-run's long work, counted here as each request's rollouts come back (`marl_core.rollout.progress`).
+The store (`marl_core.rollout.weight_store`) also keeps a mailbox per learned response through
+which its learner and its collector talk (`marl_core.rollout.experience_stream`), and the progress
+of the run's long work, counted here as each request's rollouts come back
+(`marl_core.rollout.progress`).
 
 On Ray the workers reserve no CPU slot (``num_cpus=0`` by default). The learner runs in a task
 that holds a slot; on a 2-core machine, workers that each reserved a core would leave no slot
@@ -26,7 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from marl_core.rollout.progress import Progress, Work
-from marl_core.rollout.store import ParameterStore, StoreClient
+from marl_core.rollout.weight_store import WeightStore, WeightStoreClient
 from marl_core.rollout.worker import EnvSource, RolloutRequest, RolloutResult, RolloutWorker, StreamSummary
 
 
@@ -39,7 +40,7 @@ class PoolConfig:
 
 
 class WorkerPool:
-    """The rollout workers of a run and their parameter store, in this process or on Ray.
+    """The rollout workers of a run and their weight store, in this process or on Ray.
 
     In this process (`on_ray=False`: tests and the local loops) the workers run one after
     another; a learner and its collector may use the pool from two threads, one `collect` at a
@@ -59,7 +60,7 @@ class WorkerPool:
     def __init__(self, config: PoolConfig, on_ray: bool = False, max_restarts: int = 3):
         self.on_ray = on_ray
         if not on_ray:
-            self.store = ParameterStore()
+            self.store = WeightStore()
             self.workers = [
                 RolloutWorker(config.env, config.envs_per_worker, self.store) for _ in range(config.workers)
             ]
@@ -70,15 +71,13 @@ class WorkerPool:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self.store_name = store_name = f"parameter-store-{uuid.uuid4().hex}"
+        self.store_name = store_name = f"weight-store-{uuid.uuid4().hex}"
         # Threads for the waits of every stream at once (two per learned response), with room
         # left for the workers' pulls; each wait holds a thread for one `StreamTimeouts.poll`.
         self.store_handle = (
-            ray.remote(num_cpus=0, max_concurrency=64)(ParameterStore)
-            .options(name=store_name)
-            .remote(preload=("torch",))
+            ray.remote(num_cpus=0, max_concurrency=64)(WeightStore).options(name=store_name).remote(preload=("torch",))
         )
-        self.store = StoreClient(self.store_handle)
+        self.store = WeightStoreClient(self.store_handle)
         actor = ray.remote(
             num_cpus=config.worker_cpus, memory=1024**2, max_restarts=max_restarts, max_task_retries=max_restarts
         )

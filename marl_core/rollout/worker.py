@@ -6,7 +6,7 @@ learners' rounds and evaluations). A worker owns `envs_per_worker` copies of one
 answers `RolloutRequest`s. A request maps every agent to a role (`roles`), and every role to a
 behaviour:
 
-- a learner (`learners`): a network whose weights come from the parameter store once per
+- a learner (`learners`): a network whose weights come from the weight store once per
   request, never by a blocking call per step (a request is the bounded interval between weight
   updates);
 - a population (`populations`): a mixture of members drawn once per episode (PSRO's
@@ -49,19 +49,20 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from marl_core.envs import AgentID, AgentMapping, MultiAgentEnv, TimeStep, make_env
-from marl_core.marl.batch import JointExperience
-from marl_core.policies.base import Observations, Policy, sample_rows
+from marl_core.policies.base import Observations, Policy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS, Experience
-from marl_core.rl.policy import NetworkPolicy, uniform_legal
+from marl_core.rl.policy import NetworkPolicy
+from marl_core.rl.sampling import sample_rows, uniform_legal
 from marl_core.rollout.joint import JointRecorder, Stream
+from marl_core.rollout.joint_experience import JointExperience
 from marl_core.rollout.layout import PolicyLayout
-from marl_core.rollout.store import StoreClient
+from marl_core.rollout.weight_store import WeightStoreClient
 
 # --- what a request is made of ----------------------------------------------------------------
 
@@ -101,7 +102,7 @@ PolicyBuilder = Callable[[int, int], NetworkPolicy]  # (input size, actions) -> 
 class LearnerSpec:
     """A learner's network as a worker acts with it: built once, weights pulled by version."""
 
-    key: str  # parameter-store key
+    key: str  # weight-store key
     build: PolicyBuilder
 
 
@@ -116,7 +117,8 @@ class PolicyMixture:
         weights = np.asarray(self.weights, dtype=np.float64)
         if weights.shape != (len(self.members),) or not self.members:
             raise ValueError(
-                f"a mixture of {len(self.members)} members needs {len(self.members)} weights (at least one), got shape {weights.shape}"
+                f"a mixture of {len(self.members)} members needs {len(self.members)} weights (at least one), got "
+                f"shape {weights.shape}"
             )
         if not np.all(np.isfinite(weights)) or np.any(weights < 0) or abs(weights.sum() - 1.0) > 1e-6:
             raise ValueError(f"mixture weights must be non-negative and sum to 1, got {weights.tolist()}")
@@ -183,7 +185,7 @@ class StreamSummary:
     episode_lengths: np.ndarray
 
 
-EnvSource = Union[str, Callable[[], MultiAgentEnv]]  # a `make_env` name, or a factory
+EnvSource = str | Callable[[], MultiAgentEnv]  # a `make_env` name, or a factory
 
 
 @dataclasses.dataclass
@@ -208,23 +210,23 @@ def _learner(slot: int) -> int:
 
 
 class RolloutWorker:
-    """`parameter_store`: a `ParameterStore` or anything with its `pull`, or the name of a store
+    """`store`: a `WeightStore` or anything with its `pull`, or the name of a store
     actor (a worker on Ray finds its store by name rather than holding a handle: Ray keeps a
     handle passed to a constructor in the object store, and a restarted worker could lose it).
     `torch_threads`: set where the worker owns its process (a Ray actor); many small forward
     passes gain nothing from threads that only contend."""
 
-    def __init__(self, env: EnvSource, envs_per_worker: int, parameter_store=None, torch_threads: int | None = None):
+    def __init__(self, env: EnvSource, envs_per_worker: int, store=None, torch_threads: int | None = None):
         if torch_threads is not None:
             import torch
 
             torch.set_num_threads(torch_threads)
-        if isinstance(parameter_store, str):
-            parameter_store = StoreClient(parameter_store)
+        if isinstance(store, str):
+            store = WeightStoreClient(store)
         self._make = (lambda: make_env(env)) if isinstance(env, str) else env
         self.envs: list[MultiAgentEnv] = [self._make() for _ in range(envs_per_worker)]
         self.spec = self.envs[0].spec
-        self.store = parameter_store
+        self.store = store
         self._networks: dict[str, tuple[NetworkPolicy, int]] = {}  # learner key -> (network, version)
         self._rows: dict[tuple[str, int], dict[str, int]] = {}  # (game, player) -> information state -> row
         self._streams: dict[str, Stream] = {}  # fragment streams: their own copies, mid-episode
@@ -267,7 +269,8 @@ class RolloutWorker:
             raise ValueError(f"episodes must be a non-negative integer, got {request.episodes!r}")
         if request.fragment is not None and (request.episodes or request.fragment.steps < 1):
             raise ValueError(
-                f"a fragment request plays fragment.steps >= 1 steps and no whole episodes, got steps={request.fragment.steps!r}, episodes={request.episodes!r}"
+                "a fragment request plays fragment.steps >= 1 steps and no whole episodes, got "
+                f"steps={request.fragment.steps!r}, episodes={request.episodes!r}"
             )
         if not 0 <= request.opponent_epsilon <= 1:
             raise ValueError(f"opponent_epsilon must be in [0, 1], got {request.opponent_epsilon!r}")
@@ -285,12 +288,14 @@ class RolloutWorker:
                 slot[agent] = index[role]
             else:
                 raise ValueError(
-                    f"{name}: agent {agent!r} of role {role!r} has neither a learner nor a population (learners: {learner_roles}, populations: {list(index)})"
+                    f"{name}: agent {agent!r} of role {role!r} has neither a learner nor a population (learners: "
+                    f"{learner_roles}, populations: {list(index)})"
                 )
         unplayed = [role for role in [*index, *learner_roles] if role not in map(request.roles, self.spec.agents)]
         if unplayed:
             raise ValueError(
-                f"{name}: role(s) {unplayed} belong to no agent; the agents' roles are {sorted(set(map(request.roles, self.spec.agents)))}"
+                f"{name}: role(s) {unplayed} belong to no agent; the agents' roles are "
+                f"{sorted(set(map(request.roles, self.spec.agents)))}"
             )
         layout = PolicyLayout.of(self.spec, request.roles, request.agent_ids)
         learner_agents = [layout.groups[role] for role in learner_roles]

@@ -83,9 +83,7 @@ class FollowingObservations(Mapping):
         )
 
     @classmethod
-    def side_by_side(
-        cls, parts: list[FollowingObservations], obs: dict[AgentID, np.ndarray]
-    ) -> FollowingObservations:
+    def side_by_side(cls, parts: list[FollowingObservations], obs: dict[AgentID, np.ndarray]) -> FollowingObservations:
         """Segments of several workers joined on the E axis, over their joined `obs`."""
         episode_end = np.concatenate([p.episode_end for p in parts], axis=1)
         offsets = np.cumsum([0] + [p.episode_end.shape[1] for p in parts[:-1]])

@@ -1,5 +1,6 @@
-"""What a PSRO run plays: an environment, the roles that own populations, and whether a game
-tree exists for exact methods.
+"""What populations play (in PSRO and in a league): an environment, the roles that own
+populations, and whether a game tree exists for exact methods. The empirical game is built on
+it: a payoff entry is a profile of one member per role, evaluated on this environment.
 
 A role is a population's name. On an OpenSpiel game each player is a role ("player_0", ...).
 On a PettingZoo environment agents map to roles through `roles` in the config, a table of
@@ -85,7 +86,8 @@ def psro_game(game: str, roles: tuple[tuple[str, str], ...] | None = None) -> PS
         sizes = {(spec.observation_size[a], spec.num_actions[a]) for a in members}
         if len(sizes) > 1:
             raise ValueError(
-                f"roles: agents {members} of role {role!r} differ in observation or action sizes {sorted(sizes)}; give them separate roles"
+                f"roles: agents {members} of role {role!r} differ in observation or action sizes {sorted(sizes)}; "
+                "give them separate roles"
             )
         obs_size[role], num_actions[role] = sizes.pop()
     return PSROGame(game, spec.agents, ordered, mapping, is_openspiel_name(game), obs_size, num_actions)

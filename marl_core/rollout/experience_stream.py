@@ -1,24 +1,20 @@
-"""The parameter store: learners' newest weights by key and version, a mailbox per experience
-stream, and the progress of the run's long work (`marl_core.rollout.progress`).
+"""Experience streams: a learner that asks for rounds of experience and a collector that answers.
 
-It is MALib's parameter server and dataset server in one small actor. Rollout workers pull a
-learner's weights once per request, never by a blocking call per step. Through a mailbox a
-learned response's learner asks for a round of experience and its collector, the loop that
-drives the workers, answers (`marl_core.psro.learned_oracle`); the two halves then run as two
-tasks, or two threads of one, and every wait of either has a deadline or ends when the other
+A learned response's learner asks for a round of experience through a mailbox, and its
+collector, the loop that drives the rollout workers, answers (`marl_core.psro.learned_oracle`).
+The mailboxes are kept by the pool's weight store (`marl_core.rollout.weight_store`), the one
+actor the learner, the collector and the workers all find by name; the two halves then run as
+two tasks, or two threads of one, and every wait of either has a deadline or ends when the other
 side reports that it stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-from marl_core.rollout.progress import Progress, ProgressBoard, Work
 
 LEARNER, COLLECTOR = "learner", "collector"  # the two sides of an experience stream
 
@@ -46,60 +42,21 @@ class _Mailbox:
     ended: dict[str, Ending] = dataclasses.field(default_factory=dict)
 
 
-class ParameterStore:
-    """The newest weights of each learner, by key, with a version number; and one mailbox per
-    experience stream, holding the learner's newest ask and the collector's answer to it.
+class StreamMailboxes:
+    """One mailbox per experience stream, holding the learner's newest ask and the collector's
+    answer to it: the weight store's share of every stream.
 
-    Every method holds one lock, and the waits (`next_ask`, `take`) sleep on a condition of it:
-    on Ray the store is one threaded actor (`max_concurrency`), so a learner or a collector
-    waiting here occupies one of its threads, never the workers' `pull`s. Each wait returns
+    Every method holds the mailboxes' lock, and the waits (`next_ask`, `take`) sleep on a
+    condition of it: on Ray the store is one threaded actor (`max_concurrency`), so a learner or
+    a collector waiting here occupies one of its threads, never the workers' `pull`s (the
+    weights have a lock of their own). Each wait returns
     after `timeout` seconds at most, and callers pass a short one and ask again: a caller that
     died holds no thread for long, and the caller's own deadline is checked between waits.
     """
 
-    def __init__(self, preload: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic):
-        # A store actor deserializes what learners push: importing torch on the first push would
-        # make that learner wait for it, so a pool on Ray has its store import it when it starts.
-        for module in preload:
-            importlib.import_module(module)
-        self._weights: dict[str, tuple[int, Any]] = {}
+    def __init__(self):
         self._mailboxes: dict[str, _Mailbox] = {}
         self._changed = threading.Condition()
-        self._progress = ProgressBoard(clock)
-
-    # --- parameter server ----------------------------------------------------------------
-
-    def push(self, key: str, version: int, weights) -> None:
-        with self._changed:
-            self._weights[key] = (version, weights)
-
-    def pull(self, key: str, have_version: int) -> tuple[int, Any] | None:
-        """The stored weights if newer than the caller's, else None (nothing is copied)."""
-        with self._changed:
-            stored = self._weights.get(key)
-        if stored is None or stored[0] <= have_version:
-            return None
-        return stored
-
-    def drop(self, key: str) -> None:
-        with self._changed:
-            self._weights.pop(key, None)
-
-    # --- progress of long work (its own lock: a reader never waits on a stream) ------------
-
-    def begin(self, work: Work) -> None:
-        self._progress.begin(work)
-
-    def advance(self, work_id: str, amount: int) -> None:
-        self._progress.advance(work_id, amount)
-
-    def end_work(self, work_id: str) -> None:
-        self._progress.end(work_id)
-
-    def progress(self) -> list[Progress]:
-        return self._progress.read()
-
-    # --- experience streams: one learner asks, one collector answers ---------------------
 
     def open(self, stream: str, side: str) -> None:
         """`side` (re)joins the stream: a retried task clears the ending its failed attempt left."""
@@ -133,7 +90,10 @@ class ParameterStore:
     def take(self, stream: str, number: int, timeout: float) -> Any | Ending | None:
         """The answer to ask `number`, handed over once; else, once the collector stopped for
         good, its ending; else (after `timeout` seconds) its retryable ending or None."""
-        answered = lambda box: box.answer is not None and box.answer[0] == number
+
+        def answered(box: _Mailbox) -> bool:
+            return box.answer is not None and box.answer[0] == number
+
         with self._changed:
             box = self._wait(stream, lambda box: answered(box) or _final(box, COLLECTOR), timeout)
             if answered(box):
@@ -199,7 +159,7 @@ class StreamTimeouts:
 
 
 class ExperienceStream:
-    """One side's end of a stream in a pool's store. As a context manager it joins the stream
+    """One side's end of a stream in a pool's weight store. As a context manager it joins the stream
     and, on leaving, tells the other side that it stopped and why, so the other never waits
     for it in vain."""
 
@@ -262,57 +222,3 @@ class ExperienceStream:
                 raise StreamError(
                     f"{self.stream}: the {self.side} waited {t.wait:g} s for {what} from the {self.other}"
                 )
-
-
-class StoreClient:
-    """The store actor seen as a `ParameterStore`: the same methods, each one call over Ray.
-
-    Workers find the store by name rather than receiving its handle: Ray keeps a handle passed
-    to a constructor in the object store, and a restarted worker could lose it.
-    """
-
-    def __init__(self, store):
-        import ray
-
-        self.handle = ray.get_actor(store) if isinstance(store, str) else store
-
-    def _call(self, method: str, *args):
-        import ray
-
-        return ray.get(getattr(self.handle, method).remote(*args))
-
-    def push(self, key: str, version: int, weights) -> None:
-        self._call("push", key, version, weights)
-
-    def pull(self, key: str, have_version: int):
-        return self._call("pull", key, have_version)
-
-    def open(self, stream: str, side: str) -> None:
-        self._call("open", stream, side)
-
-    def ask(self, stream: str, ask) -> int:
-        return self._call("ask", stream, ask)
-
-    def next_ask(self, stream: str, timeout: float):
-        return self._call("next_ask", stream, timeout)
-
-    def answer(self, stream: str, number: int, answer) -> None:
-        self._call("answer", stream, number, answer)
-
-    def take(self, stream: str, number: int, timeout: float):
-        return self._call("take", stream, number, timeout)
-
-    def end(self, stream: str, ending: Ending) -> None:
-        self._call("end", stream, ending)
-
-    def begin(self, work: Work) -> None:
-        self._call("begin", work)
-
-    def advance(self, work_id: str, amount: int) -> None:
-        self._call("advance", work_id, amount)
-
-    def end_work(self, work_id: str) -> None:
-        self._call("end_work", work_id)
-
-    def progress(self) -> list[Progress]:
-        return self._call("progress")

@@ -1,0 +1,77 @@
+"""The suite's one fault-injection seam: kill a run's process at a chosen commit.
+
+A test starts a process (a `psro ... run`, a `psro serve` and the flow runs it starts) with this
+folder on PYTHONPATH. Python imports `sitecustomize` at start-up from the path, so this module
+runs first in that process and each child it starts: it arranges that when
+`flows.tracking.scenario_tracker` is imported, `ScenarioTracker._commit` (the one place every
+scenario writes its commit tag) SIGKILLs the process just before a chosen step's tag.
+Everything that step stores has been written by then: the window whose leftovers a resume must
+clean up. Which step:
+
+- ``PSRO_TEST_KILL_AT_COMMIT=N``: step N of every run of the process;
+- ``PSRO_TEST_FAULTS=DIR``: step N of a run whose MLflow experiment has a file ``DIR/<experiment>``
+  holding N, once (the file is removed first), so that one serving process can crash one run
+  and then run its retry and others.
+
+No production module reads these variables or knows this seam exists; without them this module
+does nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import signal
+import sys
+from pathlib import Path
+
+KILL_AT = "PSRO_TEST_KILL_AT_COMMIT"
+FAULTS = "PSRO_TEST_FAULTS"
+TARGET = "flows.tracking.scenario_tracker"
+
+
+def _dies_at(tracker, index: int) -> bool:
+    if os.environ.get(KILL_AT) == str(index):
+        return True
+    faults = os.environ.get(FAULTS)
+    if not faults:
+        return False
+    planned = Path(faults) / tracker.experiment
+    if planned.is_file() and planned.read_text().strip() == str(index):
+        planned.unlink()
+        return True
+    return False
+
+
+def _arm(tracker_class) -> None:
+    commit = tracker_class._commit
+
+    def commit_or_die(self, index: int) -> None:
+        if _dies_at(self, index):
+            os.kill(os.getpid(), signal.SIGKILL)
+        commit(self, index)
+
+    tracker_class._commit = commit_or_die
+
+
+class _ArmOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: it lets the usual finder load the target, then arms its class."""
+
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_arm(module) -> None:
+            exec_module(module)
+            _arm(module.ScenarioTracker)
+
+        spec.loader.exec_module = exec_and_arm
+        return spec
+
+
+if os.environ.get(KILL_AT) or os.environ.get(FAULTS):
+    sys.meta_path.insert(0, _ArmOnImport())

@@ -1,0 +1,545 @@
+"""Every scenario lives the life the project promises: deployed, triggered, killed, retried.
+
+One Prefect server and one `psro serve` (its Ray shared by every flow run, as a `psro server`'s
+is) serve a deployment of each case: PSRO, Pipeline PSRO, MARL with a collect-then-learn and
+with an asynchronous learner, a league, PBT, and a seventh scenario defined only in the tests
+(`toy_scenario.py`). Each case's run is triggered through Prefect's API and dies by SIGKILL just
+before a chosen commit (`fault_injection/sitecustomize.py`, the suite's one fault-injection
+seam); Prefect records it Crashed. It is then retried exactly as the UI's Retry button does it
+(the same flow run set to a Scheduled state named "AwaitingRetry") and must continue the same
+MLflow run from its last commit and end as an uninterrupted run ends: identical where the run
+is deterministic (PSRO with the exact oracle, the league, the toy), else with the same number
+of steps committed; in every case with each registry version registered once.
+
+The cases run side by side (all triggered at once, all retried at once), so the file costs about
+one run's start-up per case rather than three.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+from processes import assert_all_exited, mlflow_store, prefect_home, wait_until
+
+from flows.tracking import layout
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    entrypoint: str
+    config: dict
+    killed_at: int  # the step whose commit the first attempt never writes
+    last: int  # the last step a whole run commits
+
+
+PIPELINE = {
+    "game": "kuhn_poker",
+    "oracle": "dqn",
+    "iterations": 3,
+    "seed": 5,
+    "best_response": {"episodes": 1200, "episodes_per_round": 200},
+    "rollout": {"workers": 2, "envs_per_worker": 8},
+    "dqn": {"learning_starts": 100, "epsilon_decay_steps": 800},
+    "pipeline": {
+        "active_levels": 2,
+        "window": 400,
+        "plateau": {"threshold": 0.5, "check_from": 800, "min_episodes": 800},
+    },
+}
+LEAGUE = {
+    "game": "kuhn_poker",
+    "generations": 3,
+    "episodes": 100,
+    "episodes_per_round": 50,
+    "eval_episodes": 40,
+    "rollout": {"workers": 2, "envs_per_worker": 8},
+    "league": {"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
+    # PBT between the two main agents at every generation: its settings and lineage resume too
+    "pbt": {"perturbation_interval": 1, "hyperparam_mutations": {"lr": {"loguniform": [1e-4, 1e-2]}}},
+}
+ASYNC_MARL = {
+    "env": SPREAD,
+    "algorithm": "impala",
+    "settings": {"impala": {"hidden": [16]}},
+    "rounds": 6,
+    "steps_per_round": 50,
+    "workers": 2,
+    "envs_per_worker": 2,
+    "eval_every": 2,
+    "eval_episodes": 4,
+    "checkpoint_every": 2,
+}
+SYNC_MARL = {
+    "env": SPREAD,
+    "algorithm": "ippo",
+    "rounds": 4,
+    "steps_per_round": 25,
+    "workers": 1,
+    "envs_per_worker": 2,
+    "eval_every": 2,
+    "eval_episodes": 2,
+    "checkpoint_every": 2,
+}
+PBT = {
+    "marl": {
+        "env": SPREAD,
+        "algorithm": "mappo",
+        "rounds": 4,
+        "steps_per_round": 25,
+        "envs_per_worker": 2,
+        "eval_episodes": 4,
+        "checkpoint_every": 2,
+        "settings": {"lr": 3e-4, "epochs": 2, "minibatch_size": 50},
+    },
+    "population": 2,
+    "members": [{"lr": 1e-7}],
+    "pbt": {"perturbation_interval": 2, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 3e-3]}}},
+}
+CASES = [
+    Case("psro", "flows.entrypoints.psro", {"game": "kuhn_poker", "meta_solver": "nash", "iterations": 4}, 2, 4),
+    Case("pipeline", "flows.entrypoints.psro", PIPELINE, 2, 3),
+    Case("marl-sync", "flows.entrypoints.marl", SYNC_MARL, 3, 3),
+    Case("marl-async", "flows.entrypoints.marl", ASYNC_MARL, 3, 5),
+    Case("league", "flows.entrypoints.league", LEAGUE, 2, 3),
+    Case("pbt", "flows.entrypoints.pbt", PBT, 3, 3),
+    Case("toy", "toy_scenario.toy", {"rounds": 4, "seed": 7}, 2, 3),
+]
+
+
+def _with_store(case: Case, store: str, experiment: str) -> dict:
+    common = {"tracking_uri": store, "experiment": experiment}
+    if case.name == "pbt":
+        return {**case.config, "marl": {**case.config["marl"], **common}}
+    return {**case.config, **common}
+
+
+class Prefect:
+    def __init__(self, api_url: str):
+        self.api_url = api_url
+
+    def __call__(self, method: str, *args, **kwargs):
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api_url}):
+            with get_client(sync_client=True) as client:
+                return getattr(client, method)(*args, **kwargs)
+
+    def final_state(self, flow_run_id, timeout: float):
+        def ended():
+            state = self("read_flow_run", flow_run_id).state
+            return state if state.is_final() else None
+
+        return wait_until(ended, timeout, f"flow run {flow_run_id} to end")
+
+
+@dataclasses.dataclass
+class Stack:
+    prefect: Prefect
+    store: str
+    faults: Path
+    work: Path
+    deployments: dict
+    serve_log: Path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    work = tmp_path_factory.mktemp("scenarios")
+    home = prefect_home(work / "prefect-home")
+    marker = f"PREFECT_HOME={home}"
+    store = mlflow_store(work)
+    faults = work / "faults"
+    faults.mkdir()
+    definitions = [
+        {
+            "name": case.name,
+            "entrypoint": case.entrypoint,
+            "parameters": {"config": _with_store(case, store, f"declared-{case.name}")},
+        }
+        for case in CASES
+    ]
+    prefect_yaml = work / "prefect.yaml"
+    prefect_yaml.write_text(yaml.safe_dump({"name": "scenarios", "deployments": definitions}))
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+    # the toy's tasks are imported on the server's Ray workers: its module's folder on their path
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(TESTS))
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("psro")), "server", "--port", "0", "--num-cpus", "4"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    serve_log = work / "serve.log"
+    serving = None
+    try:
+        from flows.services import find_running_server
+
+        running = wait_until(lambda: find_running_server(home), 180, "psro server to start")
+        env.update(
+            PREFECT_API_URL=running.prefect_api_url,
+            PREFECT_RUNNER_POLL_FREQUENCY="1",  # scheduled runs are picked up within a second, not ten
+            PYTHONPATH=os.pathsep.join([str(TESTS), str(TESTS / "fault_injection")]),
+            PSRO_TEST_FAULTS=str(faults),
+        )
+        with open(serve_log, "wb") as log:
+            serving = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("psro")),
+                    "serve",
+                    "--prefect-yaml",
+                    str(prefect_yaml),
+                    "--limit",
+                    "3",
+                ],
+                cwd=work,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        prefect = Prefect(running.prefect_api_url)
+
+        def registered():
+            from prefect.exceptions import ObjectNotFound
+
+            try:
+                return {
+                    case.name: prefect("read_deployment_by_name", f"{_flow_name(case)}/{case.name}") for case in CASES
+                }
+            except ObjectNotFound:
+                return None
+
+        deployments = wait_until(registered, 180, "psro serve to register every deployment")
+        yield Stack(prefect, store, faults, work, deployments, serve_log)
+    finally:
+        for process in (serving, server):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=10)
+        assert_all_exited(marker, timeout=60)
+
+
+def _flow_name(case: Case) -> str:
+    return case.entrypoint.rsplit(".", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def retried(stack):
+    """Every case killed at its commit, then retried: case name -> (flow run id, MLflow run id)."""
+    from prefect.states import Scheduled
+
+    prefect, client = stack.prefect, _client(stack.store)
+    runs = {}
+    for case in CASES:
+        experiment = f"killed-{case.name}"
+        (stack.faults / experiment).write_text(str(case.killed_at))
+        parameters = {"config": _with_store(case, stack.store, experiment)}
+        runs[case.name] = prefect(
+            "create_flow_run_from_deployment", stack.deployments[case.name].id, parameters=parameters
+        ).id
+    for case in CASES:
+        state = prefect.final_state(runs[case.name], 600)
+        assert state.is_crashed(), (case.name, state, stack.serve_log.read_text()[-3000:])
+        assert not (stack.faults / f"killed-{case.name}").exists(), f"{case.name} never reached its commit"
+        (run,) = _runs(client, f"killed-{case.name}")
+        assert int(run.data.tags[_commit_tag(case)]) < case.killed_at, case.name
+    for case in CASES:
+        prefect(
+            "set_flow_run_state",
+            runs[case.name],
+            Scheduled(name="AwaitingRetry", message="Retry from the UI"),
+            force=True,
+        )
+    finished = {}
+    for case in CASES:
+        state = prefect.final_state(runs[case.name], 600)
+        assert state.is_completed(), (case.name, state, stack.serve_log.read_text()[-3000:])
+        assert prefect("read_flow_run", runs[case.name]).run_count == 2
+        (run,) = _runs(client, f"killed-{case.name}")  # the retry continued the crashed attempt's run
+        finished[case.name] = (runs[case.name], run.info.run_id)
+    return finished
+
+
+def _client(store: str):
+    return mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
+
+
+def _runs(client, experiment: str) -> list:
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id]) if found else []
+
+
+def _commit_tag(case: Case) -> str:
+    from flows.scenarios import SCENARIOS
+
+    if case.name == "toy":
+        from toy_scenario import COMMIT_TAG
+
+        return COMMIT_TAG
+    return SCENARIOS[_flow_name(case)].commit_tag
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_killed_deployment_run_retried_through_prefects_api_ends_as_an_uninterrupted_run(
+    stack, retried, case, tmp_path
+):
+    client = _client(stack.store)
+    flow_run_id, run_id = retried[case.name]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[_commit_tag(case)] == str(case.last)
+    assert run.data.tags[layout.SCENARIO_TAG] == _flow_name(case)
+    assert run.data.tags[layout.FLOW_RUN_TAG] == str(flow_run_id)
+    _assert_each_version_once(client, run_id)
+    CHECKS.get(case.name, lambda *_: None)(Finished(client, run, f"killed-{case.name}", flow_run_id, stack, tmp_path))
+
+
+@dataclasses.dataclass
+class Finished:
+    """A retried run, for a case's own checks."""
+
+    client: object
+    run: object
+    experiment: str
+    flow_run_id: object
+    stack: Stack
+    scratch: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.run.info.run_id
+
+    def versions(self, model: str) -> list:
+        return self.client.search_model_versions(f"name='{model}'")
+
+    def download(self, path: str) -> Path:
+        return Path(self.client.download_artifacts(self.run_id, path, str(self.scratch)))
+
+    def plots(self) -> set[str]:
+        return {a.path for a in self.client.list_artifacts(self.run_id, "plots")}
+
+    def steps(self, metric: str) -> set[int]:
+        return {m.step for m in self.client.get_metric_history(self.run_id, metric)}
+
+
+def _assert_each_version_once(client, run_id: str) -> None:
+    """No registry version of the run twice: none of a step the killed attempt registered and
+    the retry redid (deleted on resume, registered again)."""
+    keys = Counter()
+    for model in client.search_registered_models():
+        for version in client.search_model_versions(layout.versions_of_run(model.name, run_id)):
+            tags = version.tags
+            step = tags.get("round", tags.get("iteration"))
+            keys[(model.name, step, tags.get("member"), tags.get("snapshot"), tags.get("policy"))] += 1
+    twice = [key for key, count in keys.items() if count > 1]
+    assert not twice, twice
+
+
+def _psro(done: Finished) -> None:
+    """Exact PSRO is deterministic: the uninterrupted run's payoff table and meta-strategy."""
+    from mlflow_reads import final_tables, registered_members, uninterrupted_tables
+
+    from marl_core.psro.config import build_config
+
+    case = _case("psro")
+    assert final_tables(done.client, done.run_id, case.last) == uninterrupted_tables(build_config(case.config))
+    for role in ("player_0", "player_1"):  # each member exactly once, the redone one included
+        assert registered_members(done.client, done.experiment, role) == [(m, m) for m in range(case.last + 1)]
+
+
+def _pipeline(done: Finished) -> None:
+    """The committed freezes are kept as they were (their payoffs are an uninterrupted run's: the
+    pipeline is deterministic); the redone iteration's levels start afresh."""
+    import io
+
+    import numpy as np
+    import pandas as pd
+    from mlflow_reads import registered_members
+
+    from marl_core.empirical_game.payoffs import PayoffTable
+    from marl_core.psro.config import build_config
+    from marl_core.psro.pipeline import iterate_pipeline_local
+
+    case = _case("pipeline")
+    for role in ("player_0", "player_1"):
+        assert registered_members(done.client, done.experiment, role) == [(m, m) for m in range(case.last + 1)]
+    final = PayoffTable.from_frame(pd.read_csv(io.StringIO(done.download(layout.FINAL_PAYOFFS).read_text())))
+    *_, (_, uninterrupted) = iterate_pipeline_local(build_config(case.config))
+    kept = (slice(None), slice(0, case.killed_at), slice(0, case.killed_at))
+    assert final.sizes == (case.last + 1, case.last + 1)
+    np.testing.assert_array_equal(final.mean[kept], uninterrupted.payoffs.mean[kept])
+
+
+def _marl_async(done: Finished) -> None:
+    """The workers stream while IMPALA learns; the round killed before its commit is redone and
+    its orphaned checkpoint replaced, once; checkpoints hold weights only."""
+    import torch
+
+    name = layout.registered_model_name(done.experiment, SPREAD, "agent")
+    assert sorted(int(v.tags["round"]) for v in done.versions(name)) == [1, 3, 5]
+    assert done.steps("env_steps") == set(range(6))
+    played = int(done.run.data.metrics["env_steps"])
+    assert played >= 6 * 50 * 4 and played % (50 * 2) == 0  # at least what the learners took, in whole fragments
+    for metric in ("samples_in_per_second", "samples_out_per_second", "staleness_mean", "learner_utilisation"):
+        assert f"learner/async/{metric}" in done.run.data.metrics, metric
+    assert done.steps("eval_return/policy/agent") == {1, 3, 5}
+    newest = done.client.get_model_version_by_alias(name, layout.NEWEST_ALIAS)
+    weights = torch.load(
+        done.download(layout.policy_checkpoint_path("agent", 5)) / layout.POLICY_WEIGHTS, weights_only=True
+    )
+    assert newest.tags["round"] == "5" and all(isinstance(t, torch.Tensor) for t in weights.values())
+    assert done.plots() == {layout.EPISODE_RETURN_PLOT, layout.STALENESS_PLOT}
+    # Prefect recorded every round as a subflow of the run with its tasks: rounds 0-3 before the
+    # kill (and round 4, begun while round 3's commit was stored: it may have ended too, or been
+    # left running by the kill), 2-5 after; the workers' stream running beside the learner
+    rounds, tasks = _subflows(done.stack.prefect, done.flow_run_id)
+    completed = [round_id for state, round_id in rounds if state == "COMPLETED"]
+    assert len(completed) in (8, 9) and len(rounds) - len(completed) <= 1, rounds
+    for round_id in completed:
+        mine = [t for t in tasks if t.flow_run_id == round_id]
+        (stream,) = [t for t in mine if _step(t) == "stream-rollouts"]
+        for learner in (t for t in mine if _step(t) == "train-learner"):
+            assert learner.start_time < stream.end_time and stream.start_time < learner.end_time
+
+
+def _step(task) -> str:
+    return task.name.rsplit("-", 1)[0]
+
+
+def _subflows(prefect: Prefect, flow_run_id) -> tuple[list, list]:
+    """(state, id) of the flow run's subflow runs, and their task runs."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    runs = prefect(
+        "read_flow_runs",
+        flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])),
+    )
+    tasks = prefect("read_task_runs", flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs])))
+    return [(r.state.type.value, r.id) for r in runs], tasks
+
+
+def _league(done: Finished) -> None:
+    """A league is defined by the state each generation starts from: the uninterrupted run's
+    match table, ratings and PBT lineage; every snapshot registered once; `psro ratings`."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from marl_core.league.config import build_league_config
+    from marl_core.league.generation import iterate_league_local
+
+    *_, (last, expected) = iterate_league_local(build_league_config(LEAGUE))
+    folder = done.download(layout.league_generation_path(3))
+    table = pd.read_csv(folder / "match_table.csv")
+    pd.testing.assert_frame_equal(table, pd.DataFrame(expected.league.table.rows()), check_exact=False, rtol=1e-12)
+    ratings = pd.read_csv(folder / "ratings.csv")
+    assert list(ratings["player"]) == [row["player"] for row in expected.ratings.table()]
+    assert list(ratings["mu"]) == pytest.approx([row["mu"] for row in expected.ratings.table()])
+    metrics = done.run.data.metrics
+    assert metrics["main_agent_0/exploitability"] == pytest.approx(last.measured["main_agent_0/exploitability"])
+    lineage = json.loads((folder / "lineage.json").read_text())
+    assert len(lineage) == 3 and lineage == [dataclasses.asdict(e) for e in expected.lineage]  # one copy a generation
+    assert metrics[f"hp/{lineage[-1]['member']}/lr"] == pytest.approx(lineage[-1]["after"]["lr"])
+    names = [layout.registered_model_name(done.experiment, "kuhn_poker", role) for role in ("player_0", "player_1")]
+    for name in names:  # every snapshot registered once per role
+        assert sorted(v.tags["snapshot"] for v in done.versions(name)) == sorted(
+            s.id for s in expected.league.snapshots
+        )
+    assert done.plots() == {layout.RATINGS_PLOT, layout.WIN_RATE_HEATMAP, layout.EXPLOITABILITY_PLOT}
+    assert done.steps("rating/main_agent_0/mu") == {1, 2, 3}
+
+    store = done.stack.store
+    shown = CliRunner().invoke(app, ["ratings", "--run", done.run_id, "--tracking-uri", store], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "ratings after generation 3" in " ".join(shown.output.split())  # the title may wrap
+    for row in expected.ratings.table():
+        assert f"{row['player']} " in shown.output and f"{row['mu']:.2f} ± {row['sigma']:.2f}" in shown.output
+    members = [f"{names[0]}/1", f"{names[0]}/2", f"{names[1]}/1"]
+    played = CliRunner().invoke(
+        app,
+        [
+            "ratings",
+            *[f"--member={m}" for m in members],
+            "--episodes",
+            "20",
+            "--games-per-match",
+            "5",
+            "--tracking-uri",
+            store,
+        ],
+        env={"COLUMNS": "200"},
+    )
+    assert played.exit_code == 0, played.output
+    flat = " ".join(played.output.split())
+    assert "40 greedy games, 20 per pairing" in flat and "rated as matches of 5" in flat
+    assert all(m in played.output for m in members)
+    assert re.search(rf"{re.escape(names[1])}/1 │ [^│]+ │ [^│]+ │ [^│]+ │ 8 │", flat), flat  # two pairings of 4 matches
+
+
+def _pbt(done: Finished) -> None:
+    """What was committed before the kill is kept (the same population's in this process up to
+    round 1; after it the resumed workers' episodes start afresh), round 3's orphans replaced."""
+    from marl_core.pbt.marl import PBTConfig, iterate_pbt_local
+
+    name = layout.registered_model_name(done.experiment, SPREAD, "agent")
+    rounds_and_members = sorted((v.tags["round"], v.tags["member"]) for v in done.versions(name))
+    assert rounds_and_members == [("1", "0"), ("1", "1"), ("3", "0"), ("3", "1")]
+    lineage = json.loads(done.download(f"{layout.PBT_LINEAGE}/lineage.json").read_text())
+    assert layout.PBT_PLOT in done.plots()
+    local = list(iterate_pbt_local(PBTConfig(**{**PBT, "marl": {**PBT["marl"], "rounds": 2}})))
+    first = local[1].lineage[0]
+    assert [e["step"] for e in lineage] == [2, 4]  # one copy at each point: the bottom member of two
+    assert (lineage[0]["member"], lineage[0]["source"]) == (first.member, first.source)
+    assert lineage[0]["after"] == pytest.approx(first.after)
+    assert lineage[0]["member_score"] == pytest.approx(first.member_score)
+    best = {m.step: m.value for m in done.client.get_metric_history(done.run_id, "best_score")}
+    assert sorted(best) == [1, 3] and best[1] == pytest.approx(max(local[1].scores()))
+    # round 1's versions: the member that copied holds its source's networks, and says so
+    at_round_1 = {v.tags["member"]: v.tags for v in done.versions(name) if v.tags["round"] == "1"}
+    copy, source = at_round_1[str(first.member)], at_round_1[str(first.source)]
+    assert copy["copied_from"] == str(first.source) and "copied_from" not in source
+    assert float(copy["score"]) == float(source["score"]) == pytest.approx(first.source_score)
+    committed = json.loads((done.download(layout.pbt_checkpoint_path(3, 2)) / layout.PBT_STATE_FILE).read_text())
+    assert committed["round"] == 4 and committed["hyperparameters"][lineage[1]["member"]] == lineage[1]["after"]
+
+
+def _toy(done: Finished) -> None:
+    """The total of an uninterrupted run; the killed round's metric was logged by both attempts."""
+    from toy_scenario import ToyConfig, expected_total
+
+    history = done.client.get_metric_history(done.run_id, "total")
+    assert {m.step for m in history} == set(range(4))
+    newest = max(history, key=lambda m: (m.step, m.timestamp))
+    assert newest.value == pytest.approx(expected_total(ToyConfig(**_case("toy").config)), abs=1e-12)
+
+
+def _case(name: str) -> Case:
+    return next(case for case in CASES if case.name == name)
+
+
+CHECKS = {"psro": _psro, "pipeline": _pipeline, "marl-async": _marl_async, "league": _league, "pbt": _pbt, "toy": _toy}
