@@ -64,6 +64,7 @@ def run_async(config, target: float) -> tuple[list[tuple[float, int, float]], fl
     from marl_core.marl.async_learners import RayAsyncLearners
     from marl_core.marl.config import layout_and_spec, pool_config
     from marl_core.rollout.pool import WorkerPool
+    from marl_core.runner import LocalRunner
 
     layout, _ = layout_and_spec(config)
     with ray_session(None, 2, {}):
@@ -73,7 +74,7 @@ def run_async(config, target: float) -> tuple[list[tuple[float, int, float]], fl
         curve, env_steps, started, record = [], 0, time.perf_counter(), None
         try:
             for round in range(config.rounds):
-                record = rounds.run_round(config, round, env_steps, rounds.LocalRunner(), pool, learners, layout)
+                record = rounds.run_round(config, round, env_steps, LocalRunner(rounds.STEPS), pool, learners, layout)
                 env_steps = record.env_steps
                 if record.eval_returns:
                     curve.append((time.perf_counter() - started, env_steps, record.eval_returns["policy/agent"]))

@@ -32,6 +32,7 @@ def train(strategy: str, seed: int, max_steps: int, eval_every: int) -> dict:
     from marl_core.marl.async_learners import RayAsyncLearners
     from marl_core.marl.config import MARLConfig, layout_and_spec, pool_config
     from marl_core.rollout.pool import WorkerPool
+    from marl_core.runner import LocalRunner
 
     config = MARLConfig(
         env="gymnasium:CartPole-v1",
@@ -53,7 +54,7 @@ def train(strategy: str, seed: int, max_steps: int, eval_every: int) -> dict:
         started, env_steps, record = time.perf_counter(), 0, None
         try:
             for round in range(config.rounds):
-                record = rounds.run_round(config, round, env_steps, rounds.LocalRunner(), pool, learners, layout)
+                record = rounds.run_round(config, round, env_steps, LocalRunner(rounds.STEPS), pool, learners, layout)
                 env_steps = record.env_steps
                 if record.eval_returns and record.eval_returns["policy/agent"] >= TARGET:
                     break

@@ -50,8 +50,8 @@ class RayTaskSteps:
     def result(self, future):
         return future.result()
 
-    def evaluation_parts(self, config) -> int:
-        return 1 if config.eval == "exact" else max(1, int(ray.cluster_resources().get("CPU", 1)))
+    def parallelism(self) -> int:
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 def _opaque_futures(args: tuple) -> tuple:

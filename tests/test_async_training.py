@@ -17,6 +17,7 @@ from marl_core.marl.async_learners import RayAsyncLearners
 from marl_core.marl.config import MARLConfig, layout_and_spec, pool_config
 from marl_core.marl.rounds import iterate_marl_local
 from marl_core.rollout.pool import WorkerPool
+from marl_core.runner import LocalRunner
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 SMALL = {"impala": {"hidden": (16,)}}
@@ -93,7 +94,7 @@ def test_a_worker_and_a_learner_killed_mid_round_are_replaced_and_the_run_goes_o
                 inserted = learners.dataset.stats().inserted
                 killer = threading.Thread(target=_kill_mid_round, args=(learners, pool, inserted, killed))
                 killer.start()
-            record = rounds.run_round(config, round, env_steps, rounds.LocalRunner(), pool, learners, layout)
+            record = rounds.run_round(config, round, env_steps, LocalRunner(rounds.STEPS), pool, learners, layout)
             if killer is not None:
                 killer.join(timeout=60)
             env_steps = record.env_steps
@@ -119,7 +120,9 @@ def test_bsp_learners_on_ray_step_together_through_their_parameter_server(local_
     try:
         records, env_steps = [], 0
         for round in range(config.rounds):
-            records.append(rounds.run_round(config, round, env_steps, rounds.LocalRunner(), pool, learners, layout))
+            records.append(
+                rounds.run_round(config, round, env_steps, LocalRunner(rounds.STEPS), pool, learners, layout)
+            )
             env_steps = records[-1].env_steps
         state, weights = learners.checkpoint()  # the parameter server's master
     finally:

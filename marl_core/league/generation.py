@@ -13,7 +13,7 @@
 3. ``measure-players``: each main agent's exact exploitability where the game tree fits, and its
    record against uniform play in greedy games on the workers.
 
-`run_generation` wires them once over a `Runner` (`marl_core.psro.steps.Runner`): this
+`run_generation` wires them once over a `Runner` (`marl_core.runner.Runner`): this
 module's `iterate_league_local` runs them in this process, `flows/scenarios/league.py` as Prefect
 tasks on Ray. A generation is defined by the state it starts from, so a generation run again
 from its committed state (a resumed run) gives the same table, ratings and snapshots.
@@ -468,8 +468,9 @@ def run_generation(
 
 def iterate_league_local(config, state: LeagueState | None = None) -> Iterator[tuple[GenerationRecord, LeagueState]]:
     """Every generation in this process, from `state` (default the seeded league)."""
-    from marl_core.psro.steps import LocalRunner, rollout_pool_config
+    from marl_core.psro.steps import rollout_pool_config
     from marl_core.rollout.pool import WorkerPool
+    from marl_core.runner import LocalRunner
 
     started = time.perf_counter()
     state = state or initial_state(config)

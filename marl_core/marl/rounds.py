@@ -2,18 +2,17 @@
 
 `STEPS` names every step a round takes (`marl_core.marl.steps` for collect-then-learn rounds,
 `marl_core.marl.async_rounds` for asynchronous ones); `run_round` is the one place a round's steps
-are wired, whichever kind it is; a `Runner` runs them: in this process (`LocalRunner`,
+are wired, whichever kind it is; a `marl_core.runner.Runner` runs them: in this process (`LocalRunner`,
 `iterate_marl_local`) or as Prefect tasks on Ray (`flows/scenarios/marl.py`), so a flow run and a
 local run compute the same numbers.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from marl_core.marl.async_learners import LocalAsyncLearners
 from marl_core.marl.async_rounds import run_async_round, stream_rollouts, train_learner
@@ -27,6 +26,7 @@ from marl_core.marl.steps import (
     summarize,
     update_learner,
 )
+from marl_core.runner import LocalRunner, Runner
 
 if TYPE_CHECKING:
     from marl_core.rollout.layout import PolicyLayout
@@ -39,33 +39,6 @@ STEPS: dict[str, Callable] = {
     "stream-rollouts": stream_rollouts,
     "train-learner": train_learner,
 }
-
-
-class Runner(Protocol):
-    """Runs the steps of `run_round`: `submit` starts a step by its name in `STEPS` and returns a
-    handle, `result` waits for it. In this process (`LocalRunner`) or as Prefect tasks on Ray."""
-
-    def submit(self, step: str, *args) -> Any: ...
-
-    def result(self, handle: Any) -> Any: ...
-
-
-class LocalRunner:
-    """Runs a step at once, here; the steps of an asynchronous round, which run side by side,
-    each on a thread of its own."""
-
-    CONCURRENT = ("stream-rollouts", "train-learner")
-
-    def submit(self, step: str, *args):
-        if step not in self.CONCURRENT:
-            return STEPS[step](*args)
-        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=step)
-        future = executor.submit(STEPS[step], *args)
-        executor.shutdown(wait=False)
-        return future
-
-    def result(self, handle):
-        return handle.result() if isinstance(handle, concurrent.futures.Future) else handle
 
 
 def run_round(
@@ -117,6 +90,6 @@ def iterate_marl_local(
             stack.callback(pool.close)
         stack.enter_context(pool.tracking(training_work(config, first_round)))
         for round in range(first_round, config.rounds):
-            record = run_round(config, round, env_steps, LocalRunner(), pool, handle, layout)
+            record = run_round(config, round, env_steps, LocalRunner(STEPS), pool, handle, layout)
             env_steps = record.env_steps
             yield record, learner

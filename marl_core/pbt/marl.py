@@ -224,6 +224,7 @@ def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
     from marl_core.marl.config import layout_and_spec, make_learner, pool_config
     from marl_core.marl.learner_handles import LocalLearner
     from marl_core.rollout.pool import WorkerPool
+    from marl_core.runner import LocalRunner
 
     torch.set_num_threads(1)
     layout, spec = layout_and_spec(config.marl)
@@ -237,7 +238,7 @@ def iterate_pbt_local(config: PBTConfig) -> Iterator[PBTRound]:
             pools.append(pool)
         while state.round < config.marl.rounds:
             handles = [LocalLearner(learner) for learner in learners]
-            records = run_pbt_round(config, state, rounds.LocalRunner(), pools, handles, layout)
+            records = run_pbt_round(config, state, LocalRunner(rounds.STEPS), pools, handles, layout)
             state.advance(records)
             lineage = perturb(config, state, records)
             sources = {e.source: learners[e.source].state_dict() for e in lineage}

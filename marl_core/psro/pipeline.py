@@ -307,11 +307,12 @@ def train_levels(pipeline: Pipeline, state) -> tuple[list[BestResponse], Pipelin
 def iterate_pipeline_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PSROState]]:
     """Pipeline PSRO with every step in this process and the levels in threads: the reference
     for what the flow computes, as `steps.iterate_psro_local` is for sequential PSRO."""
-    from marl_core.psro.steps import LocalRunner, initial_state, rollout_pool_config, run_iteration, should_stop
+    from marl_core.psro.steps import STEPS, initial_state, rollout_pool_config, run_iteration, should_stop
     from marl_core.rollout.pool import WorkerPool
+    from marl_core.runner import LocalRunner
 
     started = time.perf_counter()
-    runner, pool = LocalRunner(), WorkerPool(rollout_pool_config(config))
+    runner, pool = LocalRunner(STEPS), WorkerPool(rollout_pool_config(config))
     record, state = run_iteration(config, initial_state(config), 0, runner, pool, started)
     yield record, state
     pipeline = Pipeline(config, state, pool)

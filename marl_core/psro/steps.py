@@ -15,9 +15,9 @@ few iterations, approximate NashConv from freshly learned best responses
 (``approximate_best_response``), each under its own name.
 
 ``run_iteration`` is the only place the steps are wired together. It hands each step to a
-`Runner`: `LocalRunner` calls it in this process (``iterate_psro_local``), a step submitted
-beside another in a thread while that one runs; the Prefect flow's runner submits it as a task
-on Ray (``flows/psro_flow.py``). Both therefore compute the same thing by construction, and
+`Runner` (`marl_core.runner`): `LocalRunner` calls it in this process (``iterate_psro_local``),
+a step submitted beside another in a thread while that one runs; the Prefect flow's runner
+submits it as a task on Ray (``flows/task_steps.py``). Both therefore compute the same thing by construction, and
 ``tests/test_flow_matches_local.py`` checks it.
 """
 
@@ -27,8 +27,6 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,6 +43,7 @@ from marl_core.policies.tabularize import tabular_forms
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.oracles import BestResponse, OracleCall, get_oracle
 from marl_core.rollout.progress import Work
+from marl_core.runner import LocalRunner, Runner
 
 
 @dataclasses.dataclass
@@ -368,24 +367,6 @@ def rollout_pool_config(config: PSROConfig):
 # --- one iteration, wired once ---------------------------------------------------------------
 
 
-class Runner(Protocol):
-    """Runs the steps of `run_iteration`: `submit` starts a step (by its name in `STEPS`) and
-    returns a handle that later steps may take as an argument; `submit_beside` starts a step
-    that must run at the same time as the step `partner` (it serves it, and only orchestrates
-    actors, so it must not wait for a CPU slot of its own); `result` waits for one; `share`
-    places a value where every step can read it."""
-
-    def share(self, value: Any) -> Any: ...
-
-    def submit(self, step: str, *args) -> Any: ...
-
-    def submit_beside(self, partner: Any, step: str, *args) -> Any: ...
-
-    def result(self, handle: Any) -> Any: ...
-
-    def evaluation_parts(self, config: PSROConfig) -> int: ...
-
-
 def _learn_beside_collector(config, role, populations, meta_strategy, iteration, pool=None) -> BestResponse:
     return best_response(config, role, populations, meta_strategy, iteration, pool, collector_step=True)
 
@@ -453,7 +434,7 @@ def run_iteration(
                     )
                     for r, response in enumerate(responses)
                 ]
-        chunks = plan_evaluation(state.payoffs, sizes, runner.evaluation_parts(config))
+        chunks = plan_evaluation(state.payoffs, sizes, 1 if config.eval == "exact" else runner.parallelism())
         progress = None
         if pool is not None and (evaluating := evaluation_work(config, iteration, chunks)) is not None:
             progress = shown.enter_context(pool.tracking(evaluating)).id
@@ -518,66 +499,6 @@ def _responses_shown(config: PSROConfig, state: PSROState, iteration: int, pool)
         yield
 
 
-class LocalRunner:
-    """Each step runs in this process when its result is first asked for, so the stage clock
-    of `run_iteration` times each stage's own work. A step submitted beside another runs in a
-    thread for as long as that one runs. `steps`: the step functions by name (default PSRO's;
-    a league generation's are `marl_core.league.generation.STEPS`)."""
-
-    def __init__(self, steps: dict[str, Callable] | None = None):
-        self.steps = STEPS if steps is None else steps
-
-    def share(self, value):
-        return value
-
-    def submit(self, step: str, *args):
-        return _Deferred(self.steps[step], args)
-
-    def submit_beside(self, partner: _Deferred, step: str, *args):
-        companion = _Deferred(self.steps[step], args, partner=partner)
-        partner.companions.append(companion)
-        return companion
-
-    def result(self, handle):
-        return handle.value() if isinstance(handle, _Deferred) else handle
-
-    def evaluation_parts(self, config: PSROConfig) -> int:
-        return 1
-
-
-class _Deferred:
-    def __init__(self, function: Callable, args: tuple, partner: _Deferred | None = None):
-        self.function, self.args, self.partner = function, args, partner
-        self.companions: list[_Deferred] = []
-        self.running: Future | None = None  # a companion, once its partner started it
-        self.done, self._value = False, None
-
-    def value(self):
-        if self.partner is not None:
-            self.partner.value()
-            return self.running.result()
-        if not self.done:
-            args = [_resolved(a) for a in self.args]
-            if not self.companions:
-                self._value, self.done = self.function(*args), True
-                return self._value
-            with ThreadPoolExecutor(max_workers=len(self.companions)) as threads:
-                for companion in self.companions:
-                    companion.running = threads.submit(companion.function, *map(_resolved, companion.args))
-                self._value, self.done = self.function(*args), True
-        return self._value
-
-
-def _resolved(arg):
-    """A step's argument with its deferred steps run: one, or a list of them (the responses, the
-    evaluations). Other lists are data (profile chunks) and are passed as they are."""
-    if isinstance(arg, _Deferred):
-        return arg.value()
-    if isinstance(arg, list) and any(isinstance(a, _Deferred) for a in arg):
-        return [_resolved(a) for a in arg]
-    return arg
-
-
 # --- one process, no orchestration -----------------------------------------------------------
 
 
@@ -598,7 +519,7 @@ def iterate_psro_local(config: PSROConfig) -> Iterator[tuple[IterationRecord, PS
     state = initial_state(config)
     pool_config = rollout_pool_config(config)
     pool = WorkerPool(pool_config) if pool_config else None
-    runner = LocalRunner()
+    runner = LocalRunner(STEPS)
     for iteration in range(config.iterations + 1):
         record, state = run_iteration(config, state, iteration, runner, pool, started)
         yield record, state
