@@ -34,9 +34,9 @@ class Runner(Protocol):
 
 class LocalRunner:
     """Runs each step in this process when its result is first asked for, so a step's time is
-    its own work (a stage clock around `result` measures it). A step submitted beside another
-    starts on a thread of its own when that one starts, and is waited for by its own `result`.
-    `steps`: the step functions by name."""
+    its own work (a stage clock around `result` measures it). A step with others submitted
+    beside it starts with them, each on a thread of its own, when the first of them is asked
+    for; each is waited for by its own `result`. `steps`: the step functions by name."""
 
     def __init__(self, steps: dict[str, Callable]):
         self.steps = steps
@@ -69,26 +69,31 @@ class _Deferred:
     def value(self):
         if self.partner is not None:
             self.partner.start()
+        else:
+            self.start()
+        if self.running is not None:
             return self.running.result()
-        self.start()
         if self._error is not None:
             raise self._error
         return self._value
 
     def start(self) -> None:
-        """Run this step here (once), its companions on threads beside it, not waited for here:
-        a companion may only end once something after this step tells it to."""
+        """Run this step (once): here, or, with companions, on a thread beside theirs. Nothing
+        is waited for here: a step and its companions may only end once something after them
+        tells them to (an asynchronous round's stream ends when its learners are done)."""
         if self.started:
             return
         self.started = True
         try:
             args = [_resolved(a) for a in self.args]
-            if self.companions:
-                threads = ThreadPoolExecutor(max_workers=len(self.companions), thread_name_prefix="beside")
-                for companion in self.companions:
-                    companion.running = threads.submit(companion.function, *map(_resolved, companion.args))
-                threads.shutdown(wait=False)
-            self._value = self.function(*args)
+            if not self.companions:
+                self._value = self.function(*args)
+                return
+            threads = ThreadPoolExecutor(max_workers=len(self.companions) + 1, thread_name_prefix="beside")
+            self.running = threads.submit(self.function, *args)
+            for companion in self.companions:
+                companion.running = threads.submit(companion.function, *map(_resolved, companion.args))
+            threads.shutdown(wait=False)
         except BaseException as error:
             self._error = error
 

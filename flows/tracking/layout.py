@@ -42,6 +42,16 @@ COMMITTED_TAG = "psro.committed_iteration"
 # Tags the MLflow run with the Prefect flow run that created it: a retried flow run finds it by this.
 FLOW_RUN_TAG = "prefect.flow_run_id"
 SCENARIO_TAG = "scenario"  # which scenario's run it is: psro, marl, league, pbt
+
+
+def mlflow_run_link(ui_url: str, experiment_id: str, run_id: str) -> str:
+    """A run's page in MLflow's UI, in its model-training view. MLflow 3's UI opens every
+    experiment in its GenAI view (traces, evaluations) unless the link asks for the other; the
+    experiment's `mlflow.experimentKind` tag, which the trackers set, only counts where the UI
+    has no such switch."""
+    return f"{ui_url}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+
+
 NEWEST_ALIAS = "newest"
 META_WEIGHT_TAG = "meta_weight"  # the version tag the end of a run rewrites
 

@@ -113,14 +113,12 @@ def run_async_round(config: MARLConfig, round: int, env_steps: int, runner, pool
     before = dataset.stats().staleness
     dataset.open()
     learners.publish(pool, round)
-    # The workers stream and every learner trains at once, beside the first learner.
-    first = runner.submit("train-learner", config, pool, learners, 0)
-    streaming = runner.submit_beside(first, "stream-rollouts", config, pool, learners)
-    others = [
-        runner.submit_beside(first, "train-learner", config, pool, learners, member)
-        for member in range(1, learners.members())
+    # The workers stream and, beside them, every learner trains
+    streaming = runner.submit("stream-rollouts", config, pool, learners)
+    training = [
+        runner.submit_beside(streaming, "train-learner", config, pool, learners, member)
+        for member in range(learners.members())
     ]
-    training = [first, *others]
     try:
         reports = [runner.result(handle) for handle in training]
     finally:
