@@ -9,19 +9,24 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _curve_figure(figure, axis, xlabel: str, ylabel: str, title: str, grid: str = "major"):
+    """The finish every curve shares: labels, title, a light grid, the legend."""
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    axis.grid(alpha=0.3, which=grid)
+    axis.legend()
+    figure.tight_layout()
+    return figure
+
+
 def exploitability_curve(iterations, exploitability, nash_conv, title: str, xlabel: str = "PSRO iteration"):
     figure, axis = plt.subplots(figsize=(7, 4.2))
     axis.plot(iterations, exploitability, label="exploitability (NashConv / players)", lw=2)
     axis.plot(iterations, nash_conv, label="NashConv", lw=1, alpha=0.7)
     if min(list(exploitability) + [1]) > 0:
         axis.set_yscale("log")
-    axis.set_xlabel(xlabel)
-    axis.set_ylabel("value")
-    axis.set_title(title)
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    return figure
+    return _curve_figure(figure, axis, xlabel, "value", title)
 
 
 def exploitability_against_time(seconds, exploitability, title: str):
@@ -30,13 +35,8 @@ def exploitability_against_time(seconds, exploitability, title: str):
     axis.plot(seconds, exploitability, marker=".", lw=1.5, label="exploitability (NashConv / players)")
     if min(list(exploitability) + [1]) > 0:
         axis.set_yscale("log")
-    axis.set_xlabel("wall seconds (a resumed run: time between its processes left out)")
-    axis.set_ylabel("exploitability")
-    axis.set_title(title)
-    axis.grid(alpha=0.3, which="both")
-    axis.legend()
-    figure.tight_layout()
-    return figure
+    xlabel = "wall seconds (a resumed run: time between its processes left out)"
+    return _curve_figure(figure, axis, xlabel, "exploitability", title, grid="both")
 
 
 def approx_exploitability_curve(iterations, approx, stderr, title: str, exact=None):
@@ -56,13 +56,7 @@ def approx_exploitability_curve(iterations, approx, stderr, title: str, exact=No
     )
     if exact is not None:
         axis.plot(*exact, lw=1.5, alpha=0.8, label="exploitability (exact)")
-    axis.set_xlabel("PSRO iteration")
-    axis.set_ylabel("exploitability")
-    axis.set_title(title)
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    return figure
+    return _curve_figure(figure, axis, "PSRO iteration", "exploitability", title)
 
 
 def payoff_heatmap(payoff_mean: np.ndarray, meta_strategy, title: str):
