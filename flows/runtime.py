@@ -76,7 +76,9 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
         config = scenario.build_config(config)
         preflight(scenario.settings(config))
     settings = scenario.settings(config)
-    resume_run_id = resume_run_id or _earlier_attempt(scenario, settings, str(flow_run.id), flow_run.run_count)
+    if flow_run.run_count > 1:  # a retry: the earlier attempt's process is gone
+        _end_steps_left_running(flow_run.id)
+        resume_run_id = resume_run_id or _earlier_attempt(scenario, settings, str(flow_run.id))
     started = time.perf_counter()
     resumed = load_resumed(scenario, config, settings.tracking_uri, resume_run_id) if resume_run_id else None
     state = resumed.state if resumed else scenario.initial_state(config)
@@ -192,6 +194,31 @@ def run_step(scenario: Scenario, index: int, handoff: str):
 # --- resuming ---------------------------------------------------------------------------------
 
 
+def _end_steps_left_running(flow_run_id) -> None:
+    """Mark Crashed the step subflows an earlier attempt of this flow run left unfinished: its
+    process died under them, so nothing else will ever end them, and Prefect's UI would show them
+    running beside the retry's own."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    final = [StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED]
+    unfinished = FlowRunFilter(
+        parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]),
+        state=FlowRunFilterState(type=FlowRunFilterStateType(not_any_=final)),
+    )
+    with get_client(sync_client=True) as client:
+        for step in client.read_flow_runs(flow_run_filter=unfinished):
+            message = "the process of an earlier attempt of its flow run died while it ran"
+            client.set_flow_run_state(step.id, Crashed(message=message), force=True)
+
+
 def load_resumed(scenario: Scenario, config, tracking_uri: str, run_id: str) -> Resumed:
     from flows.tracking.resume import committed_step, open_client
 
@@ -210,7 +237,7 @@ def resume_values(scenario: Scenario, tracking_uri: str, run_id: str) -> dict:
     return logged_config(client, run_id)
 
 
-def _earlier_attempt(scenario: Scenario, settings, flow_run_id: str, run_count: int) -> str | None:
+def _earlier_attempt(scenario: Scenario, settings, flow_run_id: str) -> str | None:
     """The MLflow run that an earlier attempt of this flow run committed to, when this is a retry.
 
     Prefect's UI retries a crashed or failed run (a killed worker process, a lost node) by
@@ -221,6 +248,4 @@ def _earlier_attempt(scenario: Scenario, settings, flow_run_id: str, run_count: 
     from flows.tracking.layout import FLOW_RUN_TAG
     from flows.tracking.resume import find_tagged
 
-    if run_count <= 1:
-        return None
     return find_tagged(settings.tracking_uri, settings.experiment, FLOW_RUN_TAG, flow_run_id, scenario.commit_tag)
