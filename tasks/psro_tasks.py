@@ -43,7 +43,7 @@ _NODE_COUNT_TTL = 60.0
 _node_count: tuple[float, int] = (float("-inf"), 0)  # (when counted, alive nodes) in this worker
 
 
-def _several_nodes() -> bool:
+def several_nodes() -> bool:
     """Whether the Ray cluster has more than one live node, asked of Ray at most once a minute."""
     import time
 
@@ -63,7 +63,7 @@ def _log_ray_node() -> None:
     them). On a single machine the line would say nothing and cost the server a row per task."""
     import ray
 
-    if ray.is_initialized() and _several_nodes():
+    if ray.is_initialized() and several_nodes():
         get_run_logger().info("on Ray node %s", ray.get_runtime_context().get_node_id())
 
 
@@ -76,7 +76,6 @@ def train_best_response(config, role: int, populations, meta_strategy, iteration
 @task(name="collect-experience", **_retrying)
 def collect_experience(config, role: int, populations, meta_strategy, iteration: int, pool):
     _log_ray_node()
-    get_run_logger().info("rollout workers on Ray nodes %s", ", ".join(pool.node_ids()))
     return steps.STEPS["collect-experience"](config, role, populations, meta_strategy, iteration, pool)
 
 

@@ -85,18 +85,20 @@ def two_node_cluster():
 
 
 def _nodes_of_tasks(api_url: str) -> dict[str, set[str]]:
-    """Task name (without its run suffix) -> Ray node ids its runs logged."""
+    """Task name (without its run suffix) -> Ray node ids its runs logged; "rollout-workers" ->
+    the nodes the run's flow logged its rollout workers on."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: api_url}):
         with get_client(sync_client=True) as client:
             names = {run.id: run.name.rsplit("-", 1)[0] for run in client.read_task_runs()}
-            logs = client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(is_null_=False)))
+            logs, page = [], None
+            while page != []:  # the server answers 200 at most
+                logs += (page := client.read_logs(limit=200, offset=len(logs)))
     nodes = defaultdict(set)
     for log in logs:
-        if log.message.startswith("on Ray node "):
+        if log.message.startswith("on Ray node ") and log.task_run_id is not None:
             nodes[names[log.task_run_id]].add(log.message.removeprefix("on Ray node "))
         elif log.message.startswith("rollout workers on Ray nodes "):
             nodes["rollout-workers"].update(log.message.removeprefix("rollout workers on Ray nodes ").split(", "))

@@ -417,7 +417,9 @@ def _marl_async(done: Finished) -> None:
     # Prefect recorded every round as a subflow of the run with its tasks: rounds 2-5 after the
     # retry, and before the kill rounds 0-2, round 3 (whose commit was being stored) and round 4
     # (begun meanwhile): either may have ended, or been left running by the kill, which the
-    # retry then marks Crashed; the workers' stream running beside the learner in every round
+    # retry then marks Crashed; in every round the workers' stream runs until its learners are
+    # done (a learner may begin, even end, before the stream does: fragments the last round's
+    # stream played are its to take)
     rounds, tasks = _subflows(done.stack.prefect, done.flow_run_id)
     completed = [round_id for state, round_id in rounds if state == "COMPLETED"]
     assert 7 <= len(completed) <= 9 and {state for state, _ in rounds} <= {"COMPLETED", "CRASHED"}, rounds
@@ -425,7 +427,7 @@ def _marl_async(done: Finished) -> None:
         mine = [t for t in tasks if t.flow_run_id == round_id]
         (stream,) = [t for t in mine if _step(t) == "stream-rollouts"]
         for learner in (t for t in mine if _step(t) == "train-learner"):
-            assert learner.start_time < stream.end_time and stream.start_time < learner.end_time
+            assert learner.start_time < stream.end_time and learner.end_time <= stream.end_time
 
 
 def _step(task) -> str:

@@ -37,6 +37,18 @@ def _evaluators() -> str:
     return f"payoff evaluator: {', '.join(sorted(EVALUATORS))}"
 
 
+def _log_placement(pool) -> None:
+    """On a cluster, one line of the run's log naming the Ray nodes its rollout workers went to
+    (tests/test_cluster.py reads it). Logged here, by the flow: a line logged by a task on a Ray
+    worker can be lost when the run ends and Ray stops that worker before its logs are sent."""
+    from prefect import get_run_logger
+
+    from tasks.psro_tasks import several_nodes
+
+    if several_nodes():
+        get_run_logger().info("rollout workers on Ray nodes %s", ", ".join(pool.node_ids()))
+
+
 @dataclasses.dataclass
 class PSROSession:
     pool: Any  # the rollout workers (None where no step plays episodes)
@@ -110,6 +122,7 @@ class PSROScenario(Scenario):
         if pool_config is not None:
             pool = WorkerPool(pool_config, on_ray=True)
             stack.callback(pool.close)
+            _log_placement(pool)
         session = PSROSession(pool, time.perf_counter())
         if config.pipeline is not None:
             stack.callback(lambda: session.pipeline is not None and session.pipeline.close())
