@@ -35,15 +35,20 @@ def games() -> None:
     console.print(table)
 
 
+def _print_registry(registry) -> None:
+    """A registry's entries as a table: the name a flag takes, and what the entry is."""
+    table = Table("name", "summary")
+    for name in sorted(registry):
+        table.add_row(name, registry.summary(name))
+    console.print(table)
+
+
 @app.command()
 def solvers() -> None:
     """Meta-solvers, by the name --meta-solver takes."""
     from marl_core.empirical_game.meta_solvers import META_SOLVERS
 
-    table = Table("name", "summary")
-    for name, solver in sorted(META_SOLVERS.items()):
-        table.add_row(name, solver.summary)
-    console.print(table)
+    _print_registry(META_SOLVERS)
 
 
 @app.command()
@@ -51,10 +56,7 @@ def oracles() -> None:
     """Best-response oracles, by the name --oracle takes."""
     from marl_core.psro.oracles import ORACLES
 
-    table = Table("name", "summary")
-    for name, oracle in sorted(ORACLES.items()):
-        table.add_row(name, oracle.summary)
-    console.print(table)
+    _print_registry(ORACLES)
 
 
 @app.command()
@@ -341,10 +343,7 @@ def marl_algorithms() -> None:
     """MARL algorithms, by the name --algorithm takes."""
     from marl_core.marl import MARL_ALGORITHMS
 
-    table = Table("name", "summary")
-    for name in sorted(MARL_ALGORITHMS):
-        table.add_row(name, MARL_ALGORITHMS.summary(name))
-    console.print(table)
+    _print_registry(MARL_ALGORITHMS)
 
 
 if __name__ == "__main__":

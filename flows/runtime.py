@@ -20,10 +20,11 @@ import contextlib
 import contextvars
 import dataclasses
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from flows.scenario import Scenario
@@ -129,11 +130,11 @@ def _run_steps(scenario: Scenario, step_flow, config, session, state, steps: ran
     index = next(indices, None)
     if index is None:
         return state, None
-    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{scenario.name}-{scenario.step_noun}")
 
     def start(index: int) -> tuple[int, Handoff, Future]:
         handoff = Handoff()
-        return index, handoff, threads.submit(contextvars.copy_context().run, step_flow, index, handoff.key)
+        name = f"{scenario.name}-{scenario.step_noun}-{index}"
+        return index, handoff, _on_daemon_thread(name, _own_client_context().run, step_flow, index, handoff.key)
 
     record, upcoming = None, None
     current = start(index)
@@ -168,11 +169,42 @@ def _run_steps(scenario: Scenario, step_flow, config, session, state, steps: ran
         # that while the Prefect server still answers (see `finish_before_prefect_stops`).
         if upcoming and not upcoming[1].inbox.done():
             upcoming[1].inbox.set_result(None)
+            wait([upcoming[2]], timeout=UPCOMING_TIMEOUT)  # it records its end while its client is open
         finish_before_prefect_stops(current[2], *(upcoming[2:] if upcoming else ()))
-        threads.shutdown(wait=False, cancel_futures=True)
         raise
-    threads.shutdown()
     return state, record
+
+
+def _own_client_context() -> contextvars.Context:
+    """This thread's context for a subflow's thread, less its Prefect API client: the subflow
+    opens its own, which stays open until it has recorded its end. With the run's client, a
+    subflow still ending when the run stopped found it closed by the run's flow and failed to
+    record its end."""
+    from prefect.context import SyncClientContext
+
+    context = contextvars.copy_context()
+    context.run(SyncClientContext.__var__.set, None)
+    return context
+
+
+UPCOMING_TIMEOUT = 10.0  # seconds a stopping run gives the next step's subflow to record that it never began
+
+
+def _on_daemon_thread(name: str, function, *args) -> Future:
+    """`function(*args)` on a daemon thread: a step's subflow still blocked in Ray when the run
+    stops is waited for a while (`flows.services.finish_before_prefect_stops`), but never keeps
+    the process from exiting, as the threads of an executor, which the interpreter joins, would."""
+    future: Future = Future()
+
+    def body() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(function(*args))
+        except BaseException as error:
+            future.set_exception(error)
+
+    threading.Thread(target=body, name=name, daemon=True).start()
+    return future
 
 
 def run_step(scenario: Scenario, index: int, handoff: str):

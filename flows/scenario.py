@@ -53,6 +53,9 @@ class Flag:
         return self.help() if callable(self.help) else self.help
 
 
+SEED = Flag("seed", int, "random seed")
+
+
 @dataclasses.dataclass
 class Step:
     """What one step returns: its record (what was measured, for the tracker and the command's
@@ -97,7 +100,8 @@ class Scenario:
         )
 
     def environment(self, config) -> str:
-        raise NotImplementedError
+        """The game or environment the run plays (its `game`, unless the scenario says otherwise)."""
+        return config.game
 
     def with_common(self, values: dict, common: dict) -> dict:
         """`values` with the common settings `common` (tracking_uri, ...) put where this

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ray
 from prefect.utilities.annotations import opaque
 
+WAIT_SLICE = 1.0  # seconds a wait on a task blocks in Ray before it looks whether Ray still runs
+
 
 class RayTaskSteps:
     """The flow's runner: every step is a Prefect task on Ray, all submitted at once.
@@ -48,7 +50,14 @@ class RayTaskSteps:
             return self.tasks[step].submit(*_opaque_futures(args))
 
     def result(self, future):
-        return future.result()
+        """The task's result, waited for in short slices: a wait that began before the run
+        stopped Ray (Ctrl-C, SIGTERM) ends then, where one `ray.get` would block for ever."""
+        while True:
+            try:
+                return future.result(timeout=WAIT_SLICE)
+            except TimeoutError:
+                if not ray.is_initialized():
+                    raise RuntimeError("Ray stopped while this step waited for its task") from None
 
     def parallelism(self) -> int:
         return max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -15,7 +15,7 @@ import dataclasses
 import time
 from typing import Any
 
-from flows.scenario import Flag, Scenario, Step
+from flows.scenario import SEED, Flag, Scenario, Step
 from flows.tracking import layout
 
 
@@ -46,16 +46,13 @@ class LeagueScenario(Scenario):
         Flag("algorithm", str, _algorithms),
         Flag("generations", int, "generations"),
         Flag("episodes", int, "training episodes per learning player and role per generation"),
-        Flag("seed", int, "random seed"),
+        SEED,
     )
 
     def build_config(self, values: dict):
         from marl_core.league.config import build_league_config
 
         return build_league_config(values)
-
-    def environment(self, config) -> str:
-        return config.game
 
     def describe(self, config) -> str:
         s = config.league

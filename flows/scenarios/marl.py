@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flows.scenario import Flag, Scenario, Step
+from flows.scenario import SEED, Flag, Scenario, Step
 from flows.tracking import layout
 
 
@@ -92,7 +92,7 @@ class MARLScenario(Scenario):
         Flag("env", str, "simultaneous environment: pettingzoo:<module with parallel_env()> or atari:<game>"),
         Flag("algorithm", str, _algorithms),
         Flag("rounds", int, "training rounds"),
-        Flag("seed", int, "random seed"),
+        SEED,
     )
 
     def build_config(self, values: dict):

@@ -15,7 +15,7 @@ import dataclasses
 import time
 from typing import Any
 
-from flows.scenario import Flag, Scenario, Step
+from flows.scenario import SEED, Flag, Scenario, Step
 from flows.tracking import layout
 
 
@@ -74,7 +74,7 @@ class PSROScenario(Scenario):
         Flag("iterations", int, "PSRO iterations"),
         Flag("eval", str, _evaluators),
         Flag("episodes", int, "episodes per profile when --eval sampled"),
-        Flag("seed", int, "random seed"),
+        SEED,
         Flag("stop-exploitability", float, "stop once exploitability is at most this"),
     )
 
@@ -82,9 +82,6 @@ class PSROScenario(Scenario):
         from marl_core.psro.config import build_config
 
         return build_config(values)
-
-    def environment(self, config) -> str:
-        return config.game
 
     def describe(self, config) -> str:
         return (
@@ -147,9 +144,8 @@ class PSROScenario(Scenario):
         from marl_core.psro.pipeline import with_training_time
 
         learning = time.perf_counter()
-        responses, session.pipeline = runner.submit_driving_actors(
-            "train-levels", session.pipeline, runner.share(state)
-        ).result()
+        training = runner.submit_driving_actors("train-levels", session.pipeline, runner.share(state))
+        responses, session.pipeline = runner.result(training)
         trained = time.perf_counter() - learning
         record, state = psro.run_iteration(config, state, index, runner, session.pool, session.started, given=responses)
         return Step(with_training_time(record, trained), state)

@@ -1,4 +1,5 @@
-"""Where a PSRO run keeps things in MLflow: every artifact path, tag and registry name, in one place.
+"""Where each scenario's run keeps things in MLflow: every artifact path, tag and registry name,
+in one place.
 
 The tracker writes these, resume and the `psro evaluate/export` commands read them back, and the
 tests look for them; each spells them through this module only, so a renamed artifact cannot
@@ -8,10 +9,10 @@ One MLflow run per PSRO run:
 
 - ``config.json``: the run's settings as JSON (what resume restarts from);
 - ``payoffs/iteration_NNNN.csv``: the payoff entries iteration N added (the whole table is the
-  union of these files) and ``payoffs/final.csv``, the whole table at the end of the run;
+union of these files) and ``payoffs/final.csv``, the whole table at the end of the run;
 - ``meta_strategy/iteration_NNNN.json``: role -> the meta-strategy iteration N solved;
 - ``population/<role>/member_<k>``: member k of a role's population, as
-  `marl_core.policies.storage` writes it (weights only);
+`marl_core.policies.storage` writes it (weights only);
 - ``plots/*.png``: figures;
 - the tag ``psro.committed_iteration`` = N: iteration N is complete (see `flows.tracking.resume`).
 
@@ -19,7 +20,36 @@ Registry: one registered model per role, ``{experiment}-{game}-{role}``, one ver
 (its source is the member's folder), tagged as `VersionTags` says. MLflow reserves the alias
 ``latest`` (``models:/NAME/latest`` already means the newest version), so the newest member also
 gets the alias ``newest``.
-"""
+
+One MLflow run per MARL run: ``config.json`` (as above); per-round metrics (`RoundRecord.metrics`,
+step = round); ``checkpoint/learner.pt``, the learner's whole training state (weights-only
+loadable), overwritten at each checkpoint; ``policies/<policy>/round_NNNN/`` the acting network of
+each policy at a checkpoint (``weights.pt`` + ``policy.json``), one registry version each under
+``{experiment}-{env}-{policy}``; ``plots/episode_return.png``. The tag ``marl.committed_round`` =
+N is the commit of round N's checkpoint.
+
+One MLflow run per league run: ``config.json`` (as above); per-generation metrics
+(`GenerationRecord.metrics`, step = generation: exploitability and record against uniform play of
+each main agent, every player's ratings, its learners' training figures);
+``league/generation_NNNN/{match_table,ratings}.csv`` (and, with PBT, ``lineage.json``: every copy
+so far); ``league/members/<snapshot>/<role>/`` each snapshot's policy per role
+(`marl_core.policies.storage`), one registry version each under ``{experiment}-{game}-{role}``
+tagged as a PSRO member is (so `psro evaluate` and `psro ratings` take it) plus its snapshot,
+parent and kind; ``checkpoint/slot_K/`` (K = generation mod 2) the league, ratings, trainer states
+and learning players' members of a commit, two slots so that a commit being written never
+overwrites the committed one; the tag ``league.committed_generation`` = N is the commit of
+generation N. Plots: ``plots/ratings.png``, ``plots/win_rates.png`` and, where a tree exists,
+``plots/exploitability.png``.
+
+One MLflow run per PBT run: ``config.json`` (as above); per-round metrics (`PBTRound.metrics`,
+step = round: each member's under ``member_<i>/``, its hyperparameters under ``member_<i>/hp/``,
+``best_score``); at each checkpoint ``checkpoint/slot_K/`` (K alternates, `pbt_checkpoint_path`)
+every member's training state (``member_<i>.pt``) and the PBT state (``pbt_state.json``: settings,
+hyperparameters, the generator, the lineage), each member's policies under
+``policies/member_<i>/<policy>/round_NNNN/``, one registry version each under
+``{experiment}-{env}-{policy}`` tagged with its member, round, score and hyperparameters, then
+``pbt/lineage.json`` and ``pbt/lineage.csv`` (who copied whom, when, with what values); the tag
+``pbt.committed_round`` = N is the commit of round N. Plot: ``plots/pbt.png``."""
 
 from __future__ import annotations
 
@@ -122,41 +152,25 @@ def versions_of_run(name: str, run_id: str) -> str:
 
 
 # --- MARL training runs (`psro marl run`) ---------------------------------------------------
-#
-# One MLflow run per MARL run: ``config.json`` (as above); per-round metrics (`RoundRecord.metrics`,
-# step = round); ``checkpoint/learner.pt``, the learner's whole training state (weights-only
-# loadable), overwritten at each checkpoint; ``policies/<policy>/round_NNNN/`` the acting network
-# of each policy at a checkpoint (``weights.pt`` + ``policy.json``), one registry version each
-# under ``{experiment}-{env}-{policy}``; ``plots/episode_return.png``. The tag
-# ``marl.committed_round`` = N is the commit of round N's checkpoint.
 
 MARL_CHECKPOINT = "checkpoint/learner.pt"
 MARL_COMMITTED_TAG = "marl.committed_round"
 MARL_ENV_STEPS_TAG = "marl.committed_env_steps"
 EPISODE_RETURN_PLOT = "plots/episode_return.png"
 STALENESS_PLOT = "plots/staleness.png"  # asynchronous MARL runs: fragments taken, by staleness
+
+
+def policy_checkpoint_path(policy: str, round: int) -> str:
+    """Policy `policy`'s acting network at round `round`'s checkpoint: `POLICY_WEIGHTS` and
+    `POLICY_DESCRIPTION` in this folder."""
+    return f"policies/{policy}/round_{round:04d}"
+
+
 POLICY_WEIGHTS = "weights.pt"
 POLICY_DESCRIPTION = "policy.json"
 
 
-def policy_checkpoint_path(policy: str, round: int) -> str:
-    return f"policies/{policy}/round_{round:04d}"
-
-
 # --- league runs (`psro league run`) ----------------------------------------------------------
-#
-# One MLflow run per league run: ``config.json`` (as above); per-generation metrics
-# (`GenerationRecord.metrics`, step = generation: exploitability and record against uniform play
-# of each main agent, every player's ratings, its learners' training figures);
-# ``league/generation_NNNN/{match_table,ratings}.csv`` (and, with PBT, ``lineage.json``: every
-# copy so far); ``league/members/<snapshot>/<role>/``
-# each snapshot's policy per role (`marl_core.policies.storage`), one registry version each under
-# ``{experiment}-{game}-{role}`` tagged as a PSRO member is (so `psro evaluate` and `psro
-# ratings` take it) plus its snapshot, parent and kind; ``checkpoint/slot_K/`` (K = generation
-# mod 2) the league, ratings, trainer states and learning players' members of a commit, two
-# slots so that a commit being written never overwrites the committed one; the tag
-# ``league.committed_generation`` = N is the commit of generation N. Plots: ``plots/ratings.png``,
-# ``plots/win_rates.png`` and, where a tree exists, ``plots/exploitability.png``.
 
 LEAGUE_COMMITTED_TAG = "league.committed_generation"
 LEAGUE_CHECKPOINT_FILE = "league.pt"
@@ -177,16 +191,6 @@ def league_checkpoint_path(generation: int) -> str:
 
 
 # --- PBT runs (`psro pbt run`) ----------------------------------------------------------------
-#
-# One MLflow run per PBT run: ``config.json`` (as above); per-round metrics (`PBTRound.metrics`,
-# step = round: each member's under ``member_<i>/``, its hyperparameters under
-# ``member_<i>/hp/``, ``best_score``); at each checkpoint ``checkpoint/slot_K/`` (K alternates,
-# `pbt_checkpoint_path`) every member's training state (``member_<i>.pt``) and the PBT state
-# (``pbt_state.json``: settings, hyperparameters, the generator, the lineage), each member's
-# policies under ``policies/member_<i>/<policy>/round_NNNN/``, one registry version each under
-# ``{experiment}-{env}-{policy}`` tagged with its member, round, score and hyperparameters, then
-# ``pbt/lineage.json`` and ``pbt/lineage.csv`` (who copied whom, when, with what values); the
-# tag ``pbt.committed_round`` = N is the commit of round N. Plot: ``plots/pbt.png``.
 
 PBT_COMMITTED_TAG = "pbt.committed_round"
 PBT_STATE_FILE = "pbt_state.json"

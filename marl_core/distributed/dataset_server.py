@@ -65,6 +65,7 @@ class DatasetServer:
         self._max_priority = 1.0
         self._changed = threading.Condition()
         self._closed = False
+        self._producing = True  # a producer has had room since the last `open` (see `open`)
         self._rng = np.random.default_rng(seed)
         self._clock = clock
         self._inserted = self._taken = 0
@@ -118,6 +119,9 @@ class DatasetServer:
             return CLOSED
         if self.config.kind == "fifo" and not self._room():
             return FULL
+        if not self._producing:
+            self._producing = True
+            self._changed.notify_all()
         return None
 
     def _room(self) -> bool:
@@ -137,13 +141,13 @@ class DatasetServer:
 
     def take(self, count: int, learner_version: int, timeout: float) -> list[Fragment] | None:
         """`count` fragments for a learner whose weights are `learner_version`: the oldest (FIFO,
-        removed) or a sample (replay, kept); None if fewer were there within `timeout` seconds,
-        or are there once the server closed."""
+        removed) or a sample (replay, kept), once `_serving`; None if fewer
+        were there within `timeout` seconds, or are there once the server closed."""
         if count > self.config.capacity:
             raise ValueError(f"take({count}) can never be served: the buffer holds {self.config.capacity} at most")
         with self._changed:
             started = self._clock()
-            self._changed.wait_for(lambda: self._closed or len(self._fragments) >= count, timeout)
+            self._changed.wait_for(lambda: self._closed or (self._serving() and len(self._fragments) >= count), timeout)
             self._take_wait += self._clock() - started
             if len(self._fragments) < count:
                 return None
@@ -155,6 +159,11 @@ class DatasetServer:
             self._taken += count
             self._staleness.update(learner_version - fragment.version for fragment in taken)
             return taken
+
+    def _serving(self) -> bool:
+        """Whether learners may take: a producer has begun since `open`, or none can until a
+        learner takes (the buffer is full)."""
+        return self._producing or not self._room()
 
     def _sample(self, count: int) -> np.ndarray:
         if self.config.kind == "uniform":
@@ -183,8 +192,12 @@ class DatasetServer:
             self._changed.notify_all()
 
     def open(self) -> None:
+        """Producers are let in again, and `take` waits until one of them has had room: the
+        fragments the last round's workers left would otherwise let its learners finish before
+        any worker of this round began, and the round would play nothing."""
         with self._changed:
             self._closed = False
+            self._producing = False
 
     def stats(self) -> DatasetStats:
         with self._changed:
