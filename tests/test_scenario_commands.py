@@ -117,8 +117,10 @@ def _toy(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
 
 @pytest.mark.slow
 def test_a_scenario_defined_only_in_a_test_runs_resumes_and_checks_its_settings_once(tmp_path):
-    from processes import prefect_home
-    from toy_scenario import ToyConfig, expected_total
+    from processes import assert_all_exited, prefect_home
+    from toy_scenario import TOY, ToyConfig, expected_total
+
+    from flows.tracking.resume import find_resumable
 
     prefect_home(tmp_path / "prefect-home")
     refused = _toy(tmp_path, "run", "--num-cpus", "0")
@@ -128,9 +130,14 @@ def test_a_scenario_defined_only_in_a_test_runs_resumes_and_checks_its_settings_
         tmp_path, "run", "--rounds", "4", "--seed", "3", "--num-cpus", "2", env=lambda base: killed_at_commit(base, 2)
     )
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-2000:]
-    client = mlflow.MlflowClient(tracking_uri="sqlite:///" + str(tmp_path / "mlflow.db"))
+    store = "sqlite:///" + str(tmp_path / "mlflow.db")
+    client = mlflow.MlflowClient(tracking_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("toy").experiment_id])
     assert run.data.tags["toy.committed_round"] == "1"
+    # the run's Prefect server stops itself once its driver is gone, and the reaper stops its Ray
+    assert_all_exited(f"PREFECT_HOME={tmp_path / 'prefect-home'}", timeout=60)
+    config = TOY.build_config({"rounds": 4, "seed": 3, "tracking_uri": store})
+    assert find_resumable(TOY, config) == run.info.run_id  # what `toy run ... --resume` continues
 
     resumed = _toy(tmp_path, "resume", run.info.run_id, "--num-cpus", "2")
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
