@@ -182,8 +182,10 @@ def stack(tmp_path_factory):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
     # the toy's tasks are imported on the server's Ray workers: its module's folder on their path
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(TESTS))
+    # Ray's CPUs as the machine's two: with four, each run's tasks started four worker processes
+    # (each importing Prefect and torch) where two do the same work; the file took longer.
     server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("psro")), "server", "--port", "0", "--num-cpus", "4"],
+        [str(Path(sys.executable).with_name("psro")), "server", "--port", "0", "--num-cpus", "2"],
         cwd=work,
         env=env,
         stdout=subprocess.DEVNULL,
