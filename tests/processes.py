@@ -93,6 +93,39 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+class Prefect:
+    """Prefect's client on a test's server (settings are swapped in per call: the test process
+    must not pick up a server from its environment). `prefect("read_flow_run", id)` calls the
+    sync client's method."""
+
+    def __init__(self, api_url: str):
+        self.api_url = api_url
+
+    def __call__(self, method: str, *args, **kwargs):
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api_url}):
+            with get_client(sync_client=True) as client:
+                return getattr(client, method)(*args, **kwargs)
+
+    def deployment(self, name: str):
+        """The deployment `FLOW/NAME`, or None while it is not registered."""
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            return self("read_deployment_by_name", name)
+        except ObjectNotFound:
+            return None
+
+    def final_state(self, flow_run_id, timeout: float):
+        def ended():
+            state = self("read_flow_run", flow_run_id).state
+            return state if state.is_final() else None
+
+        return wait_until(ended, timeout, f"flow run {flow_run_id} to end")
+
+
 @functools.cache
 def _migrated_prefect_home() -> Path:
     """Made once per test process, by a real server start; removed when the process exits."""

@@ -33,7 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from processes import assert_all_exited, mlflow_store, poll, prefect_home
+from processes import Prefect, assert_all_exited, mlflow_store, poll, prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 2
@@ -87,15 +87,11 @@ def two_node_cluster():
 def _nodes_of_tasks(api_url: str) -> dict[str, set[str]]:
     """Task name (without its run suffix) -> Ray node ids its runs logged; "rollout-workers" ->
     the nodes the run's flow logged its rollout workers on."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: api_url}):
-        with get_client(sync_client=True) as client:
-            names = {run.id: run.name.rsplit("-", 1)[0] for run in client.read_task_runs()}
-            logs, page = [], None
-            while page != []:  # the server answers 200 at most
-                logs += (page := client.read_logs(limit=200, offset=len(logs)))
+    prefect = Prefect(api_url)
+    names = {run.id: run.name.rsplit("-", 1)[0] for run in prefect("read_task_runs")}
+    logs, page = [], None
+    while page != []:  # the server answers 200 at most
+        logs += (page := prefect("read_logs", limit=200, offset=len(logs)))
     nodes = defaultdict(set)
     for log in logs:
         if log.message.startswith("on Ray node ") and log.task_run_id is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from processes import assert_all_exited, mlflow_store, prefect_home, processes_with_env, wait_until
+from processes import Prefect, assert_all_exited, mlflow_store, prefect_home, processes_with_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -38,30 +38,6 @@ def _stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
-
-
-class Prefect:
-    """Prefect's client on the test's server (settings are swapped in per call: the test
-    process must not pick up a server from its environment)."""
-
-    def __init__(self, api_url: str):
-        self.api_url = api_url
-
-    def __call__(self, method: str, *args, **kwargs):
-        from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: self.api_url}):
-            with get_client(sync_client=True) as client:
-                return getattr(client, method)(*args, **kwargs)
-
-    def deployment(self, name: str):
-        from prefect.exceptions import ObjectNotFound
-
-        try:
-            return self("read_deployment_by_name", name)
-        except ObjectNotFound:
-            return None
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
-from processes import assert_all_exited, mlflow_store, prefect_home, wait_until
+from processes import Prefect, assert_all_exited, mlflow_store, prefect_home, wait_until
 
 from flows.tracking import layout
 
@@ -131,26 +131,6 @@ def _with_store(case: Case, store: str, experiment: str) -> dict:
     return {**case.config, **common}
 
 
-class Prefect:
-    def __init__(self, api_url: str):
-        self.api_url = api_url
-
-    def __call__(self, method: str, *args, **kwargs):
-        from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: self.api_url}):
-            with get_client(sync_client=True) as client:
-                return getattr(client, method)(*args, **kwargs)
-
-    def final_state(self, flow_run_id, timeout: float):
-        def ended():
-            state = self("read_flow_run", flow_run_id).state
-            return state if state.is_final() else None
-
-        return wait_until(ended, timeout, f"flow run {flow_run_id} to end")
-
-
 @dataclasses.dataclass
 class Stack:
     prefect: Prefect
@@ -223,14 +203,8 @@ def stack(tmp_path_factory):
         prefect = Prefect(running.prefect_api_url)
 
         def registered():
-            from prefect.exceptions import ObjectNotFound
-
-            try:
-                return {
-                    case.name: prefect("read_deployment_by_name", f"{_flow_name(case)}/{case.name}") for case in CASES
-                }
-            except ObjectNotFound:
-                return None
+            found = {case.name: prefect.deployment(f"{_flow_name(case)}/{case.name}") for case in CASES}
+            return found if all(found.values()) else None
 
         deployments = wait_until(registered, 180, "psro serve to register every deployment")
         yield Stack(prefect, store, faults, work, deployments, serve_log)

@@ -128,12 +128,6 @@ def committed_step(client, run_id: str, scenario) -> int:
     return int(committed_run(client, run_id, scenario.commit_tag, nothing).data.tags[scenario.commit_tag])
 
 
-def _committed_run(client, run_id: str):
-    return committed_run(
-        client, run_id, layout.COMMITTED_TAG, f"run {run_id} committed no iteration; start it again with `psro run`"
-    )
-
-
 def committed_iteration(run) -> int | None:
     value = run.data.tags.get(layout.COMMITTED_TAG)
     return int(value) if value is not None else None
@@ -141,7 +135,8 @@ def committed_iteration(run) -> int | None:
 
 def load_checkpoint(tracking_uri: str, run_id: str) -> Checkpoint:
     client = open_client(tracking_uri)
-    iteration = committed_iteration(_committed_run(client, run_id))
+    nothing = f"run {run_id} committed no iteration; start it again with `psro run`"
+    iteration = committed_iteration(committed_run(client, run_id, layout.COMMITTED_TAG, nothing))
     with tempfile.TemporaryDirectory() as scratch:
         config = _read_json(client, run_id, layout.CONFIG_ARTIFACT, scratch)
         populations, payoffs, meta_strategy = read_iteration(client, run_id, config, iteration, scratch)
