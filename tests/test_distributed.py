@@ -82,6 +82,32 @@ def test_room_reserved_before_playing_counts_against_the_bound_and_keeps_a_fragm
     assert server.reserve("b", 0, timeout=0.0) == RESERVED and server.reserve("a", 2, timeout=0.0) == RESERVED
 
 
+def test_a_new_rounds_learners_take_the_last_rounds_fragments_once_a_worker_of_theirs_has_begun():
+    """Fragments left from the last round are kept, but a reopened server serves them only once a
+    producer of the new round has room (else a round could end having played nothing), or at
+    once when the buffer is full (no producer can begin until a learner takes)."""
+    server = DatasetServer(DatasetConfig(capacity=3))
+    assert server.put("left", 0, timeout=0.0) == STORED
+    server.close()
+    server.open()
+    taken = []
+    learner = threading.Thread(target=lambda: taken.append(server.take(1, learner_version=1, timeout=30.0)))
+    learner.start()
+    learner.join(timeout=0.3)
+    assert learner.is_alive() and taken == []  # the fragment is there, but no worker of this round began
+    assert server.reserve("worker", 0, timeout=0.0) == RESERVED
+    learner.join(timeout=5.0)
+    assert [f.item for f in taken[0]] == ["left"]
+
+    full = DatasetServer(DatasetConfig(capacity=1))
+    assert full.put("left", 0, timeout=0.0) == STORED
+    full.close()
+    full.open()
+    started = time.monotonic()
+    assert [f.item for f in full.take(1, learner_version=1, timeout=30.0)] == ["left"]
+    assert time.monotonic() - started < 10.0  # served at once, not after the wait ran out
+
+
 def test_replay_keeps_the_newest_fragments_up_to_capacity_without_waiting():
     server = DatasetServer(DatasetConfig(kind="uniform", capacity=4))
     for i in range(10):
