@@ -9,7 +9,6 @@ a flow run and a local run compute the same thing by construction.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -91,15 +90,7 @@ class _Deferred:
                 self._value = self.function(*args)
                 return
             threads = ThreadPoolExecutor(max_workers=len(self.companions) + 1, thread_name_prefix="beside")
-            began = threading.Event()  # the step begins before the steps beside it (as on Ray,
-            # where it is submitted first): an asynchronous round's stream before its learners
-
-            def begin():
-                began.set()
-                return self.function(*args)
-
-            self.running = threads.submit(begin)
-            began.wait()
+            self.running = threads.submit(self.function, *args)
             for companion in self.companions:
                 companion.running = threads.submit(companion.function, *map(_resolved, companion.args))
             threads.shutdown(wait=False)

@@ -112,10 +112,9 @@ def test_sigterm_stops_a_marl_run_as_ctrl_c_does_and_leaves_its_commits(tmp_path
         # its wait once blocked in Ray for ever, and the process never exited
         from flows.services import STRAGGLER_TIMEOUT
 
-        stopped = wait_until(
+        code = wait_until(
             lambda: process.poll() is not None and [process.returncode], STRAGGLER_TIMEOUT / 2, "the run to stop"
-        )
-        code = stopped[0]
+        )[0]
         printed = output.read_text()
         assert code == 143 and "SIGTERM received" not in printed, printed[-3000:]
         assert_all_exited(f"PREFECT_HOME={home}")
