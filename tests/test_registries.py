@@ -13,7 +13,7 @@ import torch
 
 from marl_core.empirical_game.evaluation import EVALUATORS
 from marl_core.empirical_game.meta_solvers import META_SOLVERS
-from marl_core.envs import ENVIRONMENT_SOURCES
+from marl_core.envs import BATCHED_SOURCES, ENVIRONMENT_SOURCES
 from marl_core.league.pfsp import WEIGHTINGS
 from marl_core.league.players import MATCHMAKING
 from marl_core.marl import MARL_ALGORITHMS
@@ -29,6 +29,7 @@ REGISTRIES = [
     META_SOLVERS,
     EVALUATORS,
     ENVIRONMENT_SOURCES,
+    BATCHED_SOURCES,
     WEIGHTINGS,
     MATCHMAKING,
 ]

@@ -6,6 +6,9 @@ make_env("pettingzoo:classic.connect_four_v3")  # a module of PettingZoo itself
 make_env("pettingzoo:classic/tictactoe-v3")   # a PettingZoo registry id: parallel if registered so
 make_env("gymnasium:CartPole-v1")             # a Gymnasium id, as one agent "agent_0"
 make_env("atari:pong_v3")                     # a PettingZoo Atari game from pixels, preprocessed
+make_env("vmas:navigation(n_agents=2)")       # a VMAS scenario, one copy
+
+`make_batched_env` gives the sources that step many copies in one call (VMAS) as a `BatchedEnv`.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from marl_core.envs.agent_mapping import (
 )
 from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep
 from marl_core.envs.atari import AtariEnv, AtariSettings, rom_directory
+from marl_core.envs.batched import BatchedEnv, BatchedStep
 from marl_core.envs.gymnasium_env import GymnasiumEnv
 from marl_core.envs.openspiel_env import OpenSpielEnv
 from marl_core.envs.pettingzoo_env import PettingZooAECEnv, PettingZooParallelEnv
 from marl_core.envs.pettingzoo_export import to_pettingzoo
 from marl_core.envs.vector import VectorEnv
+from marl_core.envs.vmas_env import VmasBatchedEnv, VmasEnv
 from marl_core.registry import Registry
 
 __all__ = [
@@ -38,6 +43,8 @@ __all__ = [
     "AgentMapping",
     "AtariEnv",
     "AtariSettings",
+    "BatchedEnv",
+    "BatchedStep",
     "EnvSpec",
     "GymnasiumEnv",
     "MultiAgentEnv",
@@ -49,13 +56,17 @@ __all__ = [
     "by_prefix",
     "from_dict",
     "group_by_policy",
+    "make_batched_env",
     "make_env",
     "one_population_per_agent",
     "shared_population",
     "to_pettingzoo",
 ]
 
-_FORMS = "an OpenSpiel game string, 'pettingzoo:<module or registry id>', 'gymnasium:<id>' or 'atari:<game>'"
+_FORMS = (
+    "an OpenSpiel game string, 'pettingzoo:<module or registry id>', 'gymnasium:<id>', 'atari:<game>' "
+    "or 'vmas:<scenario>'"
+)
 
 
 def make_env(name: str) -> MultiAgentEnv:
@@ -66,6 +77,15 @@ def make_env(name: str) -> MultiAgentEnv:
     if prefix not in ENVIRONMENT_SOURCES:
         raise ValueError(f"unknown environment prefix in {name!r}; use {_FORMS}")
     return ENVIRONMENT_SOURCES[prefix](name, rest)
+
+
+def make_batched_env(name: str, num_envs: int) -> BatchedEnv | None:
+    """`num_envs` copies of environment `name` stepped in one call, where its source batches
+    (`BATCHED_SOURCES`); None for the others, whose copies step one by one."""
+    prefix, colon, rest = name.partition(":")
+    if not colon or prefix not in BATCHED_SOURCES:
+        return None
+    return BATCHED_SOURCES[prefix](name, rest, num_envs)
 
 
 def _pettingzoo(name: str, target: str) -> MultiAgentEnv:
@@ -107,6 +127,10 @@ def _atari(name: str, game: str) -> MultiAgentEnv:
     return AtariEnv(game)
 
 
+def _vmas(name: str, scenario: str) -> MultiAgentEnv:
+    return VmasEnv(name, scenario)
+
+
 # Where environments come from, by the prefix of their name ("pettingzoo:mpe2.simple_spread_v3");
 # a name without a prefix is an OpenSpiel game string.
 ENVIRONMENT_SOURCES: Registry = Registry("environment source")
@@ -117,3 +141,9 @@ ENVIRONMENT_SOURCES.add(
 )
 ENVIRONMENT_SOURCES.add("gymnasium", _gymnasium, "Gymnasium: a single-agent environment id (CartPole-v1)")
 ENVIRONMENT_SOURCES.add("atari", _atari, "PettingZoo's multi-player Atari from pixels, preprocessed as DQN's (pong_v3)")
+ENVIRONMENT_SOURCES.add("vmas", _vmas, "VMAS: a vectorized scenario in torch (navigation, balance, simple_spread)")
+
+# The sources whose copies step together in one call, by prefix; each entry is made from the
+# name, the part after the prefix and the number of copies.
+BATCHED_SOURCES: Registry = Registry("batched environment source")
+BATCHED_SOURCES.add("vmas", VmasBatchedEnv, "VMAS: every copy of a scenario stepped in one torch call")

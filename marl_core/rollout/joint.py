@@ -1,5 +1,9 @@
 """A worker's fragment streams: environment copies kept mid-episode between requests, and the
-recorder that fills one fragment's `JointExperience` row by row."""
+recorder that fills one fragment's `JointExperience` row by row.
+
+Two kinds of stream play a fragment the same way for the worker (`observed`, `infostates`,
+`advance`): `Stream` steps its `MultiAgentEnv` copies one by one; `BatchedStream` steps a
+`BatchedEnv`'s copies (VMAS's) in one call, with no Python loop over copies on the way."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from marl_core.envs import AgentID, MultiAgentEnv, TimeStep
+from marl_core.envs import AgentID, BatchedEnv, MultiAgentEnv, TimeStep
 from marl_core.rollout.joint_experience import FollowingObservations, JointExperience
 
 
@@ -41,10 +45,43 @@ class Stream:
         stream.states = [stream.state(env) for env in envs]
         return stream
 
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
     def state(self, env: MultiAgentEnv) -> np.ndarray:
         """The copy's global state, or nothing where no learner reads it (on pixels it would be
         the largest array of the fragment)."""
         return env.state() if self.global_state else _NO_STATE
+
+    def observed(self, one_hot: dict[AgentID, np.ndarray]) -> tuple[dict, dict, np.ndarray]:
+        """What the next actions answer: every agent's observations and masks [E, ...] (with
+        its one-hot, where it has one) and the global states [E, state_size]."""
+        agents = self.envs[0].spec.agents
+        obs = {a: np.stack([_extended(s.observations[a], one_hot.get(a)) for s in self.steps]) for a in agents}
+        mask = {a: np.stack([s.action_masks[a] for s in self.steps]) for a in agents}
+        return obs, mask, np.stack(self.states)
+
+    def infostates(self, agent: AgentID, copies: np.ndarray) -> list[str] | None:
+        """The agent's information-state strings in these copies, where the game has them."""
+        found = [self.steps[e].infos.get(agent, {}).get("infostate") for e in copies]
+        return None if None in found else found
+
+    def advance(self, actions: dict[AgentID, np.ndarray], record: JointRecorder, t: int, one_hot, rng, mixtures):
+        """Step every copy with its actions and record row `t`; returns the (returns, length,
+        draws) of the episodes that ended."""
+        agents = self.envs[0].spec.agents
+        finished = []
+        for e, env in enumerate(self.envs):
+            step = env.step({a: int(actions[a][e]) for a in agents})
+            ended = self.stepped(e, step, env, record, t, one_hot, rng, mixtures)
+            if ended is not None:
+                finished.append(ended)
+        return finished
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
 
     def stepped(
         self, e: int, step: TimeStep, env: MultiAgentEnv, record: JointRecorder, t: int, one_hot, rng, mixtures
@@ -74,6 +111,79 @@ class Stream:
 
 
 _NO_STATE = np.zeros(0, np.float32)
+
+
+def _extended(observation: np.ndarray, one_hot: np.ndarray | None) -> np.ndarray:
+    return observation if one_hot is None else np.concatenate([observation, one_hot])
+
+
+@dataclasses.dataclass
+class BatchedStream:
+    """A `BatchedEnv`'s copies playing one stream's fragments, where the last one left them.
+    Every agent acts in every copy, every action legal."""
+
+    env: BatchedEnv
+    observations: dict[AgentID, np.ndarray]  # [E, size]: what the copies' next actions answer
+    draws: list[list[int]]  # per copy, the member drawn per population for its current episode
+    returns: np.ndarray  # [E, agents]
+    lengths: np.ndarray  # [E]
+    global_state: bool = True
+    next_index: int = 0
+
+    @classmethod
+    def start(cls, env: BatchedEnv, mixtures, rng: np.random.Generator, global_state: bool = True) -> BatchedStream:
+        """Every copy reset, seeded from `rng` (the fragment's own generator)."""
+        observations = env.reset(seed=int(rng.integers(2**31)))
+        E, agents = env.num_envs, env.spec.agents
+        draws = [[mixture.draw(rng) for mixture in mixtures] for _ in range(E)]
+        return cls(env, observations, draws, np.zeros((E, len(agents))), np.zeros(E, np.int64), global_state)
+
+    @property
+    def num_envs(self) -> int:
+        return self.env.num_envs
+
+    def _state(self, observations: dict[AgentID, np.ndarray]) -> np.ndarray:
+        return self.env.state(observations) if self.global_state else np.zeros((self.num_envs, 0), np.float32)
+
+    def _with_one_hot(self, observations: dict[AgentID, np.ndarray], one_hot) -> dict[AgentID, np.ndarray]:
+        def extended(o: np.ndarray, hot: np.ndarray | None) -> np.ndarray:
+            return o if hot is None else np.concatenate([o, np.broadcast_to(hot, (len(o), len(hot)))], axis=1)
+
+        return {a: extended(o, one_hot.get(a)) for a, o in observations.items()}
+
+    def observed(self, one_hot: dict[AgentID, np.ndarray]) -> tuple[dict, dict, np.ndarray]:
+        spec = self.env.spec
+        mask = {a: np.ones((self.num_envs, spec.num_actions[a]), np.bool_) for a in spec.agents}
+        return self._with_one_hot(self.observations, one_hot), mask, self._state(self.observations)
+
+    def infostates(self, agent: AgentID, copies: np.ndarray) -> None:
+        return None
+
+    def advance(self, actions: dict[AgentID, np.ndarray], record: JointRecorder, t: int, one_hot, rng, mixtures):
+        """One call steps every copy; row `t` is recorded whole, and the copies whose episode
+        ended start their next one."""
+        step = self.env.step(actions)
+        ended = step.ended
+        following = self._with_one_hot(step.observations, one_hot)
+        all_legal = {a: True for a in self.env.spec.agents}
+        record.step_all(
+            t, step.rewards, following, all_legal, self._state(step.observations), step.terminated, step.truncated
+        )
+        self.returns += step.rewards
+        self.lengths += 1
+        finished = []
+        for e in np.flatnonzero(ended):
+            finished.append((self.returns[e].copy(), int(self.lengths[e]), self.draws[e]))
+            self.draws[e] = [mixture.draw(rng) for mixture in mixtures]
+        self.returns[ended] = 0.0
+        self.lengths[ended] = 0
+        self.observations = step.observations
+        if ended.any():
+            self.observations = self.env.reset_ended(ended)
+        return finished
+
+    def close(self) -> None:
+        self.env.close()
 
 
 def _checked(step: TimeStep, env: MultiAgentEnv) -> TimeStep:
@@ -139,6 +249,24 @@ class JointRecorder:
         self.next_state[t, e] = next_state
         self.terminated[t, e] = terminated
         self.truncated[t, e] = truncated
+
+    def step_all(self, t, rewards, following, next_mask, next_state, terminated, truncated) -> None:
+        """Row `t` of every copy at once (a `BatchedStream`'s step): `rewards` [E, agents],
+        `following` each agent's observations after the step [E, size] (an ended copy's last
+        ones), `next_mask` each agent's masks after it (True: every action legal)."""
+        last = t == len(self.terminated) - 1
+        ended = terminated | truncated
+        for i, a in enumerate(self.agents):
+            self.reward[a][t] = rewards[:, i]
+            if last:
+                self.after_last[a][:] = following[a]
+            else:
+                dtype = self.after_last[a].dtype
+                self.ended[a].extend((t, int(e), np.array(following[a][e], dtype)) for e in np.flatnonzero(ended))
+            self.next_mask[a][t] = next_mask[a]
+        self.next_state[t] = next_state
+        self.terminated[t] = terminated
+        self.truncated[t] = truncated & ~terminated  # as a copy's: an episode that terminated did not run out
 
     def acted(self, t, obs, mask, state, actions, extras) -> None:
         for a in self.agents:

@@ -53,13 +53,13 @@ from typing import Any
 
 import numpy as np
 
-from marl_core.envs import AgentID, AgentMapping, MultiAgentEnv, TimeStep, make_env
+from marl_core.envs import AgentID, AgentMapping, MultiAgentEnv, TimeStep, make_batched_env, make_env
 from marl_core.policies.base import Observations, Policy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.sampling import sample_rows, uniform_legal
-from marl_core.rollout.joint import JointRecorder, Stream
+from marl_core.rollout.joint import BatchedStream, JointRecorder, Stream
 from marl_core.rollout.joint_experience import JointExperience
 from marl_core.rollout.layout import PolicyLayout
 from marl_core.rollout.weight_store import WeightStoreClient
@@ -223,13 +223,14 @@ class RolloutWorker:
             torch.set_num_threads(torch_threads)
         if isinstance(store, str):
             store = WeightStoreClient(store)
+        self._source = env
         self._make = (lambda: make_env(env)) if isinstance(env, str) else env
         self.envs: list[MultiAgentEnv] = [self._make() for _ in range(envs_per_worker)]
         self.spec = self.envs[0].spec
         self.store = store
         self._networks: dict[str, tuple[NetworkPolicy, int]] = {}  # learner key -> (network, version)
         self._rows: dict[tuple[str, int], dict[str, int]] = {}  # (game, player) -> information state -> row
-        self._streams: dict[str, Stream] = {}  # fragment streams: their own copies, mid-episode
+        self._streams: dict[str, Stream | BatchedStream] = {}  # fragment streams: their own copies, mid-episode
 
     # --- the learners' networks, refreshed once per request ----------------------------------
 
@@ -481,13 +482,12 @@ class RolloutWorker:
         rng = np.random.default_rng(request.seed)
         stream = self._streams.get(fragment.stream)
         if stream is None or stream.next_index != fragment.index:
-            envs = stream.envs if stream is not None else [self._make() for _ in self.envs]
-            stream = self._streams[fragment.stream] = Stream.start(envs, plan.mixtures, rng, request.global_state)
+            stream = self._streams[fragment.stream] = self._start_stream(stream, plan, rng, request.global_state)
         stream.next_index = fragment.index + 1
         slot, mixtures, one_hot, agents = plan.slot, plan.mixtures, plan.one_hot, spec.agents
         learner_groups = list(enumerate(plan.learner_agents))
         population_agents = [(agent, k) for agent, k in slot.items() if k >= 0]
-        E = len(stream.envs)
+        E = stream.num_envs
         state_size = spec.state_size if stream.global_state else 0
         # pixels stay uint8 on the way to the learner, unless an agent one-hot makes them floats
         obs_dtype = {a: np.dtype(spec.observation_dtype) if a not in one_hot else np.float32 for a in agents}
@@ -503,9 +503,7 @@ class RolloutWorker:
         finished = []  # (returns, length, draws) of the episodes that ended
         env_steps = 0
         for t in range(fragment.steps):
-            obs = {a: np.stack([_extended(s.observations[a], one_hot.get(a)) for s in stream.steps]) for a in agents}
-            mask = {a: np.stack([s.action_masks[a] for s in stream.steps]) for a in agents}
-            state = np.stack(stream.states)
+            obs, mask, state = stream.observed(one_hot)
             actions, extras = {}, {}
             for j, group in learner_groups:  # one forward pass per learner
                 chosen, learner_extras = networks[j].act(
@@ -522,19 +520,14 @@ class RolloutWorker:
                 chosen = np.empty(E, dtype=np.int64)
                 for member in np.unique(drawn):
                     at = np.flatnonzero(drawn == member)
-                    infostates = [stream.steps[e].infos.get(agent, {}).get("infostate") for e in at]
-                    batch = Observations(obs[agent][at], mask[agent][at], None if None in infostates else infostates)
+                    batch = Observations(obs[agent][at], mask[agent][at], stream.infostates(agent, at))
                     chosen[at] = mixtures[k].members[member].act(batch, rng)
                 if request.opponent_epsilon > 0:
                     tremble = rng.random(E) < request.opponent_epsilon
                     chosen = np.where(tremble, uniform_legal(mask[agent], rng), chosen)
                 actions[agent] = chosen
-            for e, env in enumerate(stream.envs):
-                step = env.step({a: int(actions[a][e]) for a in agents})
-                env_steps += 1
-                ended = stream.stepped(e, step, env, record, t, one_hot, rng, mixtures)
-                if ended is not None:
-                    finished.append(ended)
+            finished.extend(stream.advance(actions, record, t, one_hot, rng, mixtures))
+            env_steps += E
             record.acted(t, obs, mask, state, actions, extras)
         return RolloutResult(
             experience={},
@@ -548,6 +541,18 @@ class RolloutWorker:
             weights_version=request.weights_version,
             seconds=0.0,
         )
+
+    def _start_stream(self, stream, plan: _Plan, rng: np.random.Generator, global_state: bool):
+        """A stream's copies reset, where it had none or must start again (its own copies
+        reused): a `BatchedStream` where the environment's source steps copies in one call."""
+        if stream is None and isinstance(self._source, str):
+            batched = make_batched_env(self._source, len(self.envs))
+            if batched is not None:
+                return BatchedStream.start(batched, plan.mixtures, rng, global_state)
+        if isinstance(stream, BatchedStream):
+            return BatchedStream.start(stream.env, plan.mixtures, rng, global_state)
+        envs = stream.envs if stream is not None else [self._make() for _ in self.envs]
+        return Stream.start(envs, plan.mixtures, rng, global_state)
 
     def stream(self, request: RolloutRequest, dataset, put_timeout: float = 1.0) -> StreamSummary:
         """Play `request`'s fragment stream, one fragment after another, each with the newest
@@ -589,12 +594,10 @@ class RolloutWorker:
         return os.getpid()
 
     def close(self) -> None:
-        for env in [*self.envs, *(env for stream in self._streams.values() for env in stream.envs)]:
+        for env in self.envs:
             env.close()
-
-
-def _extended(observation: np.ndarray, one_hot: np.ndarray | None) -> np.ndarray:
-    return observation if one_hot is None else np.concatenate([observation, one_hot])
+        for stream in self._streams.values():
+            stream.close()
 
 
 def _tremble(

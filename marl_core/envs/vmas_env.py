@@ -1,0 +1,151 @@
+"""VMAS scenarios (the vectorized multi-agent simulator, in torch): `vmas:<scenario>`.
+
+VMAS steps all copies of a scenario in one batched torch call. The rollout engine's fragments
+(MARL training) use that directly: a worker holds one `VmasBatchedEnv` of all its copies and
+steps them in one call per joint step. Whole episodes (evaluations, PSRO's responses, leagues)
+play through the per-copy interface like every other environment: `VmasEnv` is a VMAS
+environment of one copy.
+
+Names: `vmas:navigation`, or with the scenario's own arguments as OpenSpiel writes a game's
+parameters, `vmas:navigation(n_agents=2,max_steps=50)`. MPE's tasks are VMAS scenarios too
+(`vmas:simple_spread`). An episode ends by the scenario's own rule (a termination) or after
+`max_steps` steps (a truncation); `max_steps` is 100 unless the name sets it, as in
+BenchMARL's VMAS tasks. Actions are VMAS's discrete ones (`continuous_actions=False`).
+
+VMAS draws its random numbers from torch's global generator (and seeds NumPy's and Python's
+global ones too on a seeded reset): a process's VMAS runs are reproducible from the seeds it
+resets with, as long as it makes the same calls in the same order.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import numpy as np
+
+from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep, check_actions, check_rewards
+from marl_core.envs.batched import BatchedEnv, BatchedStep
+
+MAX_STEPS = 100
+
+
+def scenario_arguments(name: str, target: str) -> tuple[str, dict]:
+    """`navigation(n_agents=2)` -> ("navigation", {"n_agents": 2}); a ValueError names the
+    scenario and what VMAS has otherwise."""
+    import vmas
+
+    match = re.fullmatch(r"(?P<scenario>\w+)(?:\((?P<arguments>.*)\))?", target.strip())
+    if match is None:
+        raise ValueError(f"environment {name!r}: write vmas:<scenario> or vmas:<scenario>(key=value,...)")
+    arguments: dict = {}
+    for item in filter(None, (match["arguments"] or "").split(",")):
+        key, equals, value = item.partition("=")
+        try:
+            arguments[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"environment {name!r}: argument {item.strip()!r} is not key=<Python literal>") from None
+        if not equals or not key.strip().isidentifier():
+            raise ValueError(f"environment {name!r}: argument {item.strip()!r} is not key=<Python literal>")
+    known = sorted({*vmas.scenarios, *vmas.mpe_scenarios})
+    if match["scenario"] not in known:
+        raise ValueError(f"environment {name!r}: VMAS has no scenario {match['scenario']!r}; its scenarios: {known}")
+    return match["scenario"], arguments
+
+
+class VmasBatchedEnv(BatchedEnv):
+    def __init__(self, name: str, target: str, num_envs: int):
+        import vmas
+
+        scenario, arguments = scenario_arguments(name, target)
+        max_steps = arguments.pop("max_steps", MAX_STEPS)
+        try:
+            self.env = vmas.make_env(
+                scenario,
+                num_envs=num_envs,
+                device="cpu",
+                continuous_actions=False,
+                max_steps=max_steps,
+                terminated_truncated=True,
+                **arguments,
+            )
+        except TypeError as error:  # an argument the scenario does not take
+            raise ValueError(f"environment {name!r}: {error}") from None
+        self.num_envs = num_envs
+        agents = tuple(agent.name for agent in self.env.agents)
+        self.spec = EnvSpec(
+            name=name,
+            agents=agents,
+            observation_size={a: int(space.shape[0]) for a, space in zip(agents, self.env.observation_space)},
+            num_actions={a: int(space.n) for a, space in zip(agents, self.env.action_space)},
+            simultaneous=True,
+        )
+        self._steps = 0
+
+    def reset(self, seed: int | None = None) -> dict[AgentID, np.ndarray]:
+        self._steps = 0
+        return self._observations(self.env.reset(seed=seed))
+
+    def step(self, actions: dict[AgentID, np.ndarray]) -> BatchedStep:
+        import torch
+
+        self._steps += 1
+        observations, rewards, terminated, truncated, _ = self.env.step(
+            [torch.as_tensor(np.asarray(actions[a], dtype=np.int64)) for a in self.spec.agents]
+        )
+        rewards = torch.stack(rewards, dim=1).numpy().astype(np.float64)
+        if not np.isfinite(rewards).all():
+            e, i = np.argwhere(~np.isfinite(rewards))[0]
+            check_rewards(self.spec.name, self._steps, {self.spec.agents[i]: float(rewards[e, i])})
+        return BatchedStep(self._observations(observations), rewards, terminated.numpy(), truncated.numpy())
+
+    def reset_ended(self, ended: np.ndarray) -> dict[AgentID, np.ndarray]:
+        copies = np.flatnonzero(ended)
+        for n, e in enumerate(copies):
+            observations = self.env.reset_at(int(e), return_observations=n == len(copies) - 1)
+        if not len(copies):
+            return {}
+        return self._observations(observations)
+
+    def _observations(self, observations) -> dict[AgentID, np.ndarray]:
+        return {a: o.numpy().astype(np.float32, copy=False) for a, o in zip(self.spec.agents, observations)}
+
+
+class VmasEnv(MultiAgentEnv):
+    """One copy of a VMAS scenario as a `MultiAgentEnv`: every agent acts every step, every
+    action is legal; an episode's last observations come in `infos[agent]["final_observation"]`."""
+
+    def __init__(self, name: str, target: str):
+        self.batch = VmasBatchedEnv(name, target, num_envs=1)
+        self.spec = self.batch.spec
+        self._all_legal = {a: np.ones(n, dtype=bool) for a, n in self.spec.num_actions.items()}
+        self._masks: dict[AgentID, np.ndarray] = {}
+
+    def reset(self, seed: int | None = None) -> TimeStep:
+        observations = self.batch.reset(seed)
+        rewards = dict.fromkeys(self.spec.agents, 0.0)
+        return self._timestep(observations, rewards, False, False)
+
+    def step(self, actions: dict[AgentID, int]) -> TimeStep:
+        check_actions(self.spec.name, self._masks, actions)
+        step = self.batch.step({a: np.array([actions[a]]) for a in self.spec.agents})
+        rewards = {a: float(step.rewards[0, i]) for i, a in enumerate(self.spec.agents)}
+        return self._timestep(step.observations, rewards, bool(step.terminated[0]), bool(step.truncated[0]))
+
+    def close(self) -> None:
+        self.batch.close()
+
+    def _timestep(self, observations, rewards, terminated: bool, truncated: bool) -> TimeStep:
+        agents = self.spec.agents
+        done = terminated or truncated
+        first = {a: observations[a][0] for a in agents}
+        self._masks = {} if done else dict(self._all_legal)
+        self._last = TimeStep(
+            observations={} if done else first,
+            action_masks=dict(self._masks),
+            rewards=rewards,
+            terminations=dict.fromkeys(agents, terminated),
+            truncations=dict.fromkeys(agents, truncated and not terminated),
+            infos={a: {"final_observation": first[a]} for a in agents} if done else {a: {} for a in agents},
+        )
+        return self._last
