@@ -19,7 +19,6 @@ from marl_core.envs import (
     PettingZooAECEnv,
     PettingZooParallelEnv,
     TimeStep,
-    VectorEnv,
     by_prefix,
     from_dict,
     group_by_policy,
@@ -292,46 +291,6 @@ def test_nan_reward_raises_naming_env_and_step():
     env.step({"agent_0": 1})
     with pytest.raises(ValueError, match=r"NaNRewardEnv: non-finite reward nan for agent 'agent_0' at step 3"):
         env.step({"agent_0": 0})
-
-
-# --- VectorEnv ---------------------------------------------------------------------------------
-
-
-def run_vector(seed: int, rounds: int) -> list[tuple]:
-    """A trace of a VectorEnv run with seeded random actions."""
-    vector, rng, trace = VectorEnv(lambda: OpenSpielEnv("leduc_poker"), 4, seed=seed), np.random.default_rng(0), []
-    steps = vector.reset()
-    for _ in range(rounds):
-        steps = vector.step([random_actions(step, rng) for step in steps])
-        trace.append(tuple((step.done, tuple(step.rewards.values())) for step in steps))
-        steps = [step.reset_step or step for step in steps]
-        trace.append(tuple(tuple(info["infostate"] for info in step.infos.values()) for step in steps))
-    return trace
-
-
-def test_vector_env_auto_resets_and_is_reproducible():
-    vector = VectorEnv(lambda: OpenSpielEnv("kuhn_poker"), 3, seed=11)
-    assert vector.spec == OpenSpielEnv("kuhn_poker").spec and len(vector) == 3
-    first = vector.reset()
-    assert [s.infos for s in first] == [s.infos for s in vector.reset()]  # reset() restarts the same way
-    assert [s.infos for s in first] == [OpenSpielEnv("kuhn_poker").reset(seed=11 + i).infos for i in range(3)]
-    steps, rng, finished = first, np.random.default_rng(0), 0
-    for _ in range(10):
-        steps = vector.step([random_actions(step, rng) for step in steps])
-        for step in steps:
-            if step.done:
-                finished += 1
-                assert step.observations == {} and sum(step.rewards.values()) == 0.0 and step.rewards["player_0"]
-                assert step.reset_step is not None and not step.reset_step.done
-                assert all(r == 0.0 for r in step.reset_step.rewards.values())
-            else:
-                assert step.reset_step is None
-        steps = [step.reset_step or step for step in steps]
-    assert finished >= 3
-    assert run_vector(seed=2, rounds=12) == run_vector(seed=2, rounds=12)
-    assert run_vector(seed=2, rounds=12) != run_vector(seed=3, rounds=12)
-    with pytest.raises(ValueError, match="expected 3"):
-        vector.step([{}])
 
 
 # --- Export to PettingZoo ----------------------------------------------------------------------

@@ -81,8 +81,11 @@ def test_a_fragment_steps_all_copies_in_one_call_and_records_what_vmas_returns(m
         )
         for i, a in enumerate(agents):
             np.testing.assert_allclose(joint.reward[a][t], rewards[i].numpy(), rtol=1e-6, err_msg=f"t={t}")
-        if (terminated | truncated).any():
-            for e in torch.nonzero(terminated | truncated).flatten().tolist():
+        ended = terminated | truncated
+        if ended.all():  # every copy ran out at once: one batched reset
+            observations = raw.reset()
+        elif ended.any():
+            for e in torch.nonzero(ended).flatten().tolist():
                 observations = raw.reset_at(e)
     np.testing.assert_allclose(result.episode_returns.sum(), sum(joint.reward[a][:7].sum() for a in agents), rtol=1e-6)
 
@@ -112,3 +115,17 @@ def test_marl_learners_train_on_a_vmas_scenario_and_evaluate_on_its_single_copie
     for record in records:  # four copies of 20-step episodes: each fragment ends four episodes
         assert np.isfinite(record.metrics["train_return/policy/agent"])
         assert np.isfinite(record.metrics["eval_return/policy/agent"])
+
+
+def test_whole_episodes_step_every_copy_in_one_call_each_copy_playing_its_share(monkeypatch):
+    calls = []
+    step = VmasBatchedEnv.step
+    monkeypatch.setattr(VmasBatchedEnv, "step", lambda self, actions: calls.append(1) or step(self, actions))
+    worker = RolloutWorker(NAVIGATION, envs_per_worker=4)
+    uniform = {"agents": PolicyMixture([UniformPolicy()], np.ones(1))}
+    result = worker.collect(RolloutRequest(shared_population("agents"), uniform, episodes=5, seed=(4,)))
+    # copy 0 plays two episodes, the others one each: 14 joint steps, in 14 calls
+    assert len(calls) == 14 and result.env_steps == 5 * 7
+    assert result.episode_lengths.tolist() == [7] * 5 and np.isfinite(result.episode_returns).all()
+    again = worker.collect(RolloutRequest(shared_population("agents"), uniform, episodes=5, seed=(4,)))
+    np.testing.assert_array_equal(again.episode_returns, result.episode_returns)  # seeded: the same episodes

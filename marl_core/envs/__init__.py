@@ -34,7 +34,7 @@ from marl_core.envs.gymnasium_env import GymnasiumEnv
 from marl_core.envs.openspiel_env import OpenSpielEnv
 from marl_core.envs.pettingzoo_env import PettingZooAECEnv, PettingZooParallelEnv
 from marl_core.envs.pettingzoo_export import to_pettingzoo
-from marl_core.envs.vector import VectorEnv
+from marl_core.envs.vector import BatchedCopies, EnvCopies
 from marl_core.envs.vmas_env import VmasBatchedEnv, VmasEnv
 from marl_core.registry import Registry
 
@@ -43,8 +43,10 @@ __all__ = [
     "AgentMapping",
     "AtariEnv",
     "AtariSettings",
+    "BatchedCopies",
     "BatchedEnv",
     "BatchedStep",
+    "EnvCopies",
     "EnvSpec",
     "GymnasiumEnv",
     "MultiAgentEnv",
@@ -52,7 +54,6 @@ __all__ = [
     "PettingZooAECEnv",
     "PettingZooParallelEnv",
     "TimeStep",
-    "VectorEnv",
     "by_prefix",
     "from_dict",
     "group_by_policy",

@@ -53,7 +53,6 @@ class TimeStep:
     terminations / truncations: every agent of the episode.
     infos: extra information; every acting agent has an entry (OpenSpiel puts the acting
         player's information-state string under "infostate"), other agents may be absent.
-    reset_step: set by `VectorEnv` when it reset this environment after the episode ended.
     """
 
     observations: dict[AgentID, np.ndarray]
@@ -62,7 +61,6 @@ class TimeStep:
     terminations: dict[AgentID, bool]
     truncations: dict[AgentID, bool]
     infos: dict[AgentID, dict]
-    reset_step: TimeStep | None = None
 
     @property
     def acting(self) -> tuple[AgentID, ...]:

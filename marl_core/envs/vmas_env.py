@@ -26,6 +26,7 @@ import numpy as np
 
 from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep, check_actions, check_rewards
 from marl_core.envs.batched import BatchedEnv, BatchedStep
+from marl_core.envs.vector import BatchedCopies
 
 MAX_STEPS = 100
 
@@ -100,12 +101,14 @@ class VmasBatchedEnv(BatchedEnv):
         return BatchedStep(self._observations(observations), rewards, terminated.numpy(), truncated.numpy())
 
     def reset_ended(self, ended: np.ndarray) -> dict[AgentID, np.ndarray]:
+        """Copies whose episodes ran out together (every copy at `max_steps`) restart in one
+        batched reset, which continues the seeded generator; the others one by one."""
         copies = np.flatnonzero(ended)
+        if len(copies) == self.num_envs:
+            return self._observations(self.env.reset())
         for n, e in enumerate(copies):
             observations = self.env.reset_at(int(e), return_observations=n == len(copies) - 1)
-        if not len(copies):
-            return {}
-        return self._observations(observations)
+        return self._observations(observations) if len(copies) else {}
 
     def _observations(self, observations) -> dict[AgentID, np.ndarray]:
         return {a: o.numpy().astype(np.float32, copy=False) for a, o in zip(self.spec.agents, observations)}
@@ -116,36 +119,17 @@ class VmasEnv(MultiAgentEnv):
     action is legal; an episode's last observations come in `infos[agent]["final_observation"]`."""
 
     def __init__(self, name: str, target: str):
-        self.batch = VmasBatchedEnv(name, target, num_envs=1)
-        self.spec = self.batch.spec
-        self._all_legal = {a: np.ones(n, dtype=bool) for a, n in self.spec.num_actions.items()}
-        self._masks: dict[AgentID, np.ndarray] = {}
+        self.copy = BatchedCopies(VmasBatchedEnv(name, target, num_envs=1))
+        self.spec = self.copy.spec
 
     def reset(self, seed: int | None = None) -> TimeStep:
-        observations = self.batch.reset(seed)
-        rewards = dict.fromkeys(self.spec.agents, 0.0)
-        return self._timestep(observations, rewards, False, False)
+        self._last = self.copy.reset({0: seed})[0]
+        return self._last
 
     def step(self, actions: dict[AgentID, int]) -> TimeStep:
-        check_actions(self.spec.name, self._masks, actions)
-        step = self.batch.step({a: np.array([actions[a]]) for a in self.spec.agents})
-        rewards = {a: float(step.rewards[0, i]) for i, a in enumerate(self.spec.agents)}
-        return self._timestep(step.observations, rewards, bool(step.terminated[0]), bool(step.truncated[0]))
+        check_actions(self.spec.name, self._last.action_masks if self._last else {}, actions)
+        self._last = self.copy.step({0: actions})[0]
+        return self._last
 
     def close(self) -> None:
-        self.batch.close()
-
-    def _timestep(self, observations, rewards, terminated: bool, truncated: bool) -> TimeStep:
-        agents = self.spec.agents
-        done = terminated or truncated
-        first = {a: observations[a][0] for a in agents}
-        self._masks = {} if done else dict(self._all_legal)
-        self._last = TimeStep(
-            observations={} if done else first,
-            action_masks=dict(self._masks),
-            rewards=rewards,
-            terminations=dict.fromkeys(agents, terminated),
-            truncations=dict.fromkeys(agents, truncated and not terminated),
-            infos={a: {"final_observation": first[a]} for a in agents} if done else {a: {} for a in agents},
-        )
-        return self._last
+        self.copy.close()

@@ -37,9 +37,9 @@ Acting is batched by who plays: one forward pass per learner for all its agents 
 one `action_probs` call per (role, member) in use, and for a population whose members all have a
 tabular form, one lookup in the members' tables stacked once per request (no policy call at all).
 
-The worker steps its copies itself rather than through `VectorEnv`: a request gives each copy
-an exact number of whole episodes, so a copy that has played its share stops instead of
-being reset.
+A request gives each copy an exact number of whole episodes, so a copy that has played its
+share stops instead of being reset (`marl_core.envs.vector`). Where the environment's source
+batches its copies (VMAS), every copy steps in one call, for whole episodes and fragments alike.
 """
 
 from __future__ import annotations
@@ -53,7 +53,16 @@ from typing import Any
 
 import numpy as np
 
-from marl_core.envs import AgentID, AgentMapping, MultiAgentEnv, TimeStep, make_batched_env, make_env
+from marl_core.envs import (
+    AgentID,
+    AgentMapping,
+    BatchedCopies,
+    EnvCopies,
+    MultiAgentEnv,
+    TimeStep,
+    make_batched_env,
+    make_env,
+)
 from marl_core.policies.base import Observations, Policy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.rl import ALGORITHMS, Experience
@@ -225,8 +234,8 @@ class RolloutWorker:
             store = WeightStoreClient(store)
         self._source = env
         self._make = (lambda: make_env(env)) if isinstance(env, str) else env
-        self.envs: list[MultiAgentEnv] = [self._make() for _ in range(envs_per_worker)]
-        self.spec = self.envs[0].spec
+        self.copies = self._copies(envs_per_worker)  # whole episodes' copies; streams have their own
+        self.spec = self.copies.spec
         self.store = store
         self._networks: dict[str, tuple[NetworkPolicy, int]] = {}  # learner key -> (network, version)
         self._rows: dict[tuple[str, int], dict[str, int]] = {}  # (game, player) -> information state -> row
@@ -351,19 +360,24 @@ class RolloutWorker:
         decisions = [_Decisions() for _ in networks]
         reward_of = {agent: decisions[j].reward for j, group in enumerate(plan.learner_agents) for agent in group}
 
-        quota = [request.episodes // len(self.envs)] * len(self.envs)
-        for i in range(request.episodes % len(self.envs)):
+        copies = self.copies
+        quota = [request.episodes // len(copies)] * len(copies)
+        for i in range(request.episodes % len(copies)):
             quota[i] += 1
         finished: list[_Episode] = []
         live: dict[int, _Episode] = {}  # in stepping order: a copy that starts an episode goes last
 
-        def begin(i: int, step: TimeStep) -> None:
-            live[i] = _Episode([mixture.draw(rng) for mixture in mixtures], len(agents), step)
+        def draw() -> list[int]:
+            return [mixture.draw(rng) for mixture in mixtures]
 
         # Each copy's chance stream is seeded once per request; later episodes continue it.
-        for i, env in enumerate(self.envs):
+        seeds, first_draws = {}, {}
+        for i in range(len(copies)):
             if quota[i] > 0:
-                begin(i, env.reset(seed=int(rng.integers(2**31))))
+                seeds[i] = int(rng.integers(2**31))
+                first_draws[i] = draw()
+        for i, step in copies.reset(seeds).items():
+            live[i] = _Episode(first_draws[i], len(agents), step)
 
         env_steps = 0
         while live:
@@ -440,8 +454,10 @@ class RolloutWorker:
             if request.opponent_epsilon > 0:
                 for (_, episode), chosen_here in zip(stepping, actions):
                     _tremble(chosen_here, episode.step.action_masks, slot, request.opponent_epsilon, rng)
-            for (i, episode), chosen_here in zip(stepping, actions):
-                step = self.envs[i].step(chosen_here)
+            steps = copies.step({i: chosen_here for (i, _), chosen_here in zip(stepping, actions)})
+            restart = {}
+            for i, episode in stepping:
+                step = steps[i]
                 env_steps += 1
                 episode.length += 1
                 episode.rewarded(step.rewards, agent_index, reward_of)
@@ -451,9 +467,11 @@ class RolloutWorker:
                     quota[i] -= 1
                     del live[i]
                     if quota[i] > 0:
-                        begin(i, self.envs[i].reset())
+                        restart[i] = None
                 else:
                     episode.step = step
+            for i, step in copies.reset(restart).items():  # in the order they ended
+                live[i] = _Episode(draw(), len(agents), step)
 
         experience = {}
         if request.experience:
@@ -545,14 +563,19 @@ class RolloutWorker:
     def _start_stream(self, stream, plan: _Plan, rng: np.random.Generator, global_state: bool):
         """A stream's copies reset, where it had none or must start again (its own copies
         reused): a `BatchedStream` where the environment's source steps copies in one call."""
-        if stream is None and isinstance(self._source, str):
-            batched = make_batched_env(self._source, len(self.envs))
-            if batched is not None:
-                return BatchedStream.start(batched, plan.mixtures, rng, global_state)
+        if stream is None:
+            copies = self._copies(len(self.copies))
+            if isinstance(copies, BatchedCopies):
+                return BatchedStream.start(copies.env, plan.mixtures, rng, global_state)
+            return Stream.start(copies.envs, plan.mixtures, rng, global_state)
         if isinstance(stream, BatchedStream):
             return BatchedStream.start(stream.env, plan.mixtures, rng, global_state)
-        envs = stream.envs if stream is not None else [self._make() for _ in self.envs]
-        return Stream.start(envs, plan.mixtures, rng, global_state)
+        return Stream.start(stream.envs, plan.mixtures, rng, global_state)
+
+    def _copies(self, count: int) -> EnvCopies | BatchedCopies:
+        """`count` new copies of the environment: in one batch where its source steps them so."""
+        batched = make_batched_env(self._source, count) if isinstance(self._source, str) else None
+        return BatchedCopies(batched) if batched is not None else EnvCopies([self._make() for _ in range(count)])
 
     def stream(self, request: RolloutRequest, dataset, put_timeout: float = 1.0) -> StreamSummary:
         """Play `request`'s fragment stream, one fragment after another, each with the newest
@@ -594,8 +617,7 @@ class RolloutWorker:
         return os.getpid()
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
+        self.copies.close()
         for stream in self._streams.values():
             stream.close()
 
