@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows import stack
 from flows.cli_errors import OneLineErrors, fail
 from flows.scenario_cli import add_scenario_commands, scenario_app
 from flows.scenarios import SCENARIOS
@@ -336,6 +337,7 @@ def scenario_commands(app: typer.Typer, scenarios=SCENARIOS) -> dict[str, typer.
 
 
 groups = scenario_commands(app)
+app.add_typer(stack.app, name="stack")  # psro stack up|status|down: the team's services
 
 
 @groups["marl"].command("algorithms")

@@ -2,7 +2,7 @@
 
 None of it is public API, so pyproject.toml pins those packages and `tests/test_patch_canaries.py`
 fails, naming the patch, when an upgrade moves what a patch relies on (a patch that stops
-applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Seven
+applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Eight
 calls apply them, each in the processes that need its part, so that none pays for another's
 imports (the server's database layer alone is some 270 modules a Ray worker never uses):
 
@@ -16,6 +16,8 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
   (`flows.services.start_ray`).
 - `ray_without_cluster_services()`: around the `ray.init` that starts a run's own local Ray
   (`flows.services.start_ray`).
+- `ray_start_keeps_loopback()`: in the process that runs `ray start` for a node of the team's
+  stack (`python -m flows.stack ray start ...`, `flows/stack.py`).
 - `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.services.start_ray`).
 - `driver_keeps_sigterm()`: in a run's driver started from the command line
   (`flows.cli_errors.with_services`), before its flow runs.
@@ -48,6 +50,9 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   joining a Ray on 127.0.0.1: with it on (Linux's default) Ray resolves 127.0.0.1 to the
   machine's network address, so a local instance's servers listen on every interface and a
   driver joining 127.0.0.1 calls the network address; off, both stay on loopback.
+- `ray._private.services.resolve_ip_for_localhost` (`ray_start_keeps_loopback`), in `ray start`
+  for the stack's nodes: it turns 127.0.0.1 into the network address where clusters are on, and
+  with clusters off `ray start` adds no worker node; kept as given, every node stays on loopback.
 - `ray._private.node.Node.__init__`, `Node.start_api_server` (`ray_without_cluster_services`),
   around starting a run's own Ray: a head node always starts three Python processes a run of
   its own never uses: the autoscaler's monitor, the log monitor (it forwards worker output to a
@@ -164,6 +169,26 @@ def ray_on_loopback() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = previous
+
+
+def ray_start_keeps_loopback() -> None:
+    """In a process that runs Ray's `ray start` command (`flows.stack`): a node given
+    ``--node-ip-address 127.0.0.1`` (and a worker given ``--address 127.0.0.1:PORT``) stays on
+    loopback. Ray replaces a loopback address with the machine's network address so that other
+    machines could join; with clusters off instead (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`,
+    `ray_on_loopback`) `ray start` refuses every node but the head. Only the replacement is
+    turned off, so a head and its worker nodes all start, and all listen on 127.0.0.1."""
+    from ray._private import services
+
+    resolve = services.resolve_ip_for_localhost
+    if getattr(resolve, "_keeps_loopback", False):
+        return
+
+    def keep_loopback(host: str) -> str:
+        return host if host == "127.0.0.1" else resolve(host)
+
+    keep_loopback._keeps_loopback = True
+    services.resolve_ip_for_localhost = keep_loopback
 
 
 @contextlib.contextmanager

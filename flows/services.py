@@ -121,9 +121,20 @@ class LocalPrefectServer:
     """A `prefect server start` process on 127.0.0.1; `wait()` blocks until it answers.
 
     `one_run`: the server records a single run and stops with it (`ONE_RUN_SERVICES_OFF`).
+    `database_url`: its database (the team's stack: PostgreSQL), else Prefect's SQLite in `home`.
+    `detached`: it outlives the process that started it (the stack's, stopped by `psro stack
+    down`); otherwise it stops itself once that process is gone. `extra_env`: more of its environment.
     """
 
-    def __init__(self, home: Path, port: int | None = None, one_run: bool = False):
+    def __init__(
+        self,
+        home: Path,
+        port: int | None = None,
+        one_run: bool = False,
+        database_url: str | None = None,
+        detached: bool = False,
+        extra_env: dict[str, str] | None = None,
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/api"
         self.home = home
@@ -134,9 +145,12 @@ class LocalPrefectServer:
             PREFECT_HOME=str(home),
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PREFECT_UI_API_URL=self.url,
-            PSRO_SERVER_EXIT_WITH_PARENT="1",  # a killed driver cannot stop it: it stops itself
+            PSRO_SERVER_EXIT_WITH_PARENT="0" if detached else "1",  # a killed driver cannot stop it: it stops itself
             **TASK_RUN_RECORDER_BATCHING,
+            **(extra_env or {}),
         )
+        if database_url:
+            env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
         if one_run:
             env.update({f"PREFECT_SERVER_SERVICES_{service}_ENABLED": "false" for service in ONE_RUN_SERVICES_OFF})
         self._log = open(home / "server.log", "ab")

@@ -734,3 +734,25 @@ def test_typers_bundled_click_errors_are_what_a_bad_flag_raises():
         "typer's usage error no longer reaches flows/cli_errors.py's handler "
         f"(typer._click.exceptions.UsageError):\n{unknown.output}"
     )
+
+
+def test_ray_start_keeps_a_loopback_node_address_and_wraps_once():
+    """`flows.patches.ray_start_keeps_loopback`, what the stack's `ray start` runs under: Ray
+    still turns 127.0.0.1 into the network address through this function, which it calls from
+    `ray start` for the node's address and the address it joins."""
+    from ray._private import services
+    from ray.scripts import scripts
+
+    from flows.patches import ray_start_keeps_loopback
+
+    assert "services.resolve_ip_for_localhost(node_ip_address)" in inspect.getsource(scripts.start.callback)
+    assert "resolve_ip_for_localhost" in inspect.getsource(services.canonicalize_bootstrap_address)
+    original = services.resolve_ip_for_localhost
+    try:
+        ray_start_keeps_loopback()
+        patched = services.resolve_ip_for_localhost
+        ray_start_keeps_loopback()
+        assert services.resolve_ip_for_localhost is patched
+        assert patched("127.0.0.1") == "127.0.0.1"
+    finally:
+        services.resolve_ip_for_localhost = original

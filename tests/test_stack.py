@@ -1,0 +1,180 @@
+"""`psro stack up|status|down`: the team's services (PostgreSQL, Prefect, MLflow, Ray, a Prefect
+worker) brought up by the real command, used by a real `psro run`, and stopped leaving nothing.
+
+One stack serves every test of the module (starting it is the slow part); the tests run in file
+order. Every process of the stack carries `PSRO_STACK=DIR` in its environment: that marker, not
+process names, is how leftovers are found (tests/processes.py). DIR is made under /tmp, open to
+other users: as root, PostgreSQL runs as the `postgres` user, which must reach its data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from processes import Prefect, assert_all_exited, processes_with_env
+
+pytestmark = pytest.mark.slow
+
+PSRO = str(Path(sys.executable).with_name("psro"))
+RUNS: list[str] = []  # the run tracked to the stack, which the stack brought up again must still hold
+
+
+def _env() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+
+
+def _stack(directory: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PSRO, "stack", *args, "--dir", str(directory)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def stack():
+    parent = Path(tempfile.mkdtemp(prefix="psro-stack-test-", dir="/tmp"))
+    parent.chmod(0o755)
+    directory = parent / "stack"
+    try:
+        started = _stack(directory, "up", "--workers", "1")
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield directory, json.loads((directory / "stack.json").read_text()), started.stdout
+    finally:
+        _stack(directory, "down")
+        with contextlib.suppress(OSError, ValueError):  # Ray's session files, outside DIR
+            shutil.rmtree(json.loads((directory / "stack.json").read_text())["ray_temp_dir"])
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _addresses(state: dict) -> dict[str, str]:
+    ports = state["ports"]
+    return {
+        "prefect": f"http://127.0.0.1:{ports['prefect']}/api",
+        "mlflow": f"http://127.0.0.1:{ports['mlflow']}",
+        "ray": f"127.0.0.1:{ports['ray']}",
+    }
+
+
+def test_status_reports_every_service_up_and_each_answers(stack):
+    from flows.preflight import check_ray_address
+    from flows.services import healthy
+
+    directory, state, printed = stack
+    address = _addresses(state)
+    for line in (f"--tracking-uri {address['mlflow']}", f"--ray-address {address['ray']}", address["prefect"]):
+        assert line in printed, printed
+    assert "password" not in (directory / "stack.json").read_text().lower()
+
+    status = _stack(directory, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    rows = dict(line.split() for line in status.stdout.splitlines())
+    assert rows == {
+        name: "up" for name in ("postgres", "prefect-server", "mlflow", "ray-head", "ray-worker-1", "prefect-worker")
+    }
+
+    import psycopg2
+
+    with psycopg2.connect(f"postgresql://psro@127.0.0.1:{state['ports']['postgres']}/postgres") as connection:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT datname FROM pg_database")
+            assert {"prefect", "mlflow"} <= {row[0] for row in cursor.fetchall()}
+    assert healthy(address["prefect"])
+    assert healthy(address["mlflow"])
+    check_ray_address(address["ray"])  # answers as Ray's GCS (gRPC)
+    assert Prefect(address["prefect"])("read_work_pool", "psro-process").type == "process"
+
+
+def test_a_run_tracks_to_the_stack_and_writes_nothing_where_it_runs(stack, tmp_path):
+    import mlflow
+
+    directory, state, _ = stack
+    address = _addresses(state)
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    env = dict(_env(), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token", PREFECT_HOME=str(tmp_path / "home"))
+    run = subprocess.run(
+        [PSRO, "run", "--game", "kuhn_poker", "--iterations", "2", "--num-cpus", "1"]
+        + ["--tracking-uri", address["mlflow"], "--ray-address", address["ray"], "--experiment", "stack"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "done: 2 iterations" in run.stdout
+    assert list(cwd.iterdir()) == []  # no mlflow.db, no mlruns: everything went to the servers
+
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    (found,) = client.search_runs([client.get_experiment_by_name("stack").experiment_id])
+    assert found.info.status == "FINISHED"
+    assert found.info.artifact_uri.startswith("mlflow-artifacts:")
+    stored = directory / "artifacts" / found.info.experiment_id / found.info.run_id / "artifacts"
+    assert (stored / "payoffs" / "final.csv").exists(), sorted(stored.rglob("*"))
+    versions = client.search_model_versions(f"run_id = '{found.info.run_id}'")
+    assert {v.name for v in versions} == {
+        "stack-kuhn_poker-player_0",
+        "stack-kuhn_poker-player_1",
+    }  # named after the experiment
+    assert len(versions) == 6  # three members per player
+
+    prefect = Prefect(address["prefect"])
+    flow_run = prefect("read_flow_run", found.data.tags["prefect.flow_run_id"])
+    assert flow_run.state.is_completed(), flow_run.state
+    RUNS.append(found.info.run_id)
+
+
+def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
+    import mlflow
+
+    directory, state, _ = stack
+    marker = f"PSRO_STACK={directory}"
+    assert processes_with_env(marker)  # the marker finds the stack's processes
+    stopped = _stack(directory, "down")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert_all_exited(marker, timeout=10)
+    assert not (directory / "postgres" / "postmaster.pid").exists()  # PostgreSQL's processes rename themselves
+    for service in ("prefect-worker", "mlflow", "prefect-server", "ray-worker-1", "ray-head", "postgres"):
+        assert f"stopped {service}" in stopped.stdout, stopped.stdout
+    status = _stack(directory, "status")
+    assert status.returncode == 1 and "up" not in status.stdout.split()
+
+    again = _stack(directory, "down")
+    assert again.returncode == 0 and again.stdout.strip() == "nothing was running", again.stdout + again.stderr
+
+    started = _stack(directory, "up")
+    assert started.returncode == 0, started.stdout + started.stderr
+    address = _addresses(json.loads((directory / "stack.json").read_text()))
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    for run_id in RUNS:
+        assert client.get_run(run_id).info.status == "FINISHED"
+        assert client.list_artifacts(run_id, "payoffs")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workers", "0"], "error: workers=0: needs 1 or more"),
+        (
+            ["--workers", "two"],
+            "error: workers='two': Input should be a valid integer, unable to parse string as an integer",
+        ),
+    ],
+)
+def test_bad_input_fails_in_one_line_before_anything_starts(tmp_path, args, message):
+    directory = tmp_path / "stack"
+    result = _stack(directory, "up", *args, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [message]
+    assert not directory.exists()
