@@ -129,6 +129,7 @@ class BatchedStream:
     lengths: np.ndarray  # [E]
     global_state: bool = True
     next_index: int = 0
+    _all_legal: dict[AgentID, np.ndarray] | None = None  # every copy's masks, made once
 
     @classmethod
     def start(cls, env: BatchedEnv, mixtures, rng: np.random.Generator, global_state: bool = True) -> BatchedStream:
@@ -152,9 +153,10 @@ class BatchedStream:
         return {a: extended(o, one_hot.get(a)) for a, o in observations.items()}
 
     def observed(self, one_hot: dict[AgentID, np.ndarray]) -> tuple[dict, dict, np.ndarray]:
-        spec = self.env.spec
-        mask = {a: np.ones((self.num_envs, spec.num_actions[a]), np.bool_) for a in spec.agents}
-        return self._with_one_hot(self.observations, one_hot), mask, self._state(self.observations)
+        if self._all_legal is None:  # read, never written, by the actors and the recorder
+            spec = self.env.spec
+            self._all_legal = {a: np.ones((self.num_envs, spec.num_actions[a]), np.bool_) for a in spec.agents}
+        return self._with_one_hot(self.observations, one_hot), self._all_legal, self._state(self.observations)
 
     def infostates(self, agent: AgentID, copies: np.ndarray) -> None:
         return None
@@ -164,7 +166,11 @@ class BatchedStream:
         ended start their next one."""
         step = self.env.step(actions)
         ended = step.ended
-        following = self._with_one_hot(step.observations, one_hot)
+        # what follows the step is kept only for the fragment's last row and the episodes that
+        # ended (the next row holds the rest)
+        following = {}
+        if t == record.rows - 1 or ended.any():
+            following = self._with_one_hot(step.observations, one_hot)
         all_legal = {a: True for a in self.env.spec.agents}
         record.step_all(
             t, step.rewards, following, all_legal, self._state(step.observations), step.terminated, step.truncated
@@ -250,11 +256,16 @@ class JointRecorder:
         self.terminated[t, e] = terminated
         self.truncated[t, e] = truncated
 
+    @property
+    def rows(self) -> int:
+        return len(self.terminated)
+
     def step_all(self, t, rewards, following, next_mask, next_state, terminated, truncated) -> None:
         """Row `t` of every copy at once (a `BatchedStream`'s step): `rewards` [E, agents],
         `following` each agent's observations after the step [E, size] (an ended copy's last
-        ones), `next_mask` each agent's masks after it (True: every action legal)."""
-        last = t == len(self.terminated) - 1
+        ones; needed only where `t` is the last row or a copy ended), `next_mask` each agent's
+        masks after it (True: every action legal)."""
+        last = t == self.rows - 1
         ended = terminated | truncated
         for i, a in enumerate(self.agents):
             self.reward[a][t] = rewards[:, i]
