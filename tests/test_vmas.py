@@ -129,3 +129,31 @@ def test_whole_episodes_step_every_copy_in_one_call_each_copy_playing_its_share(
     assert result.episode_lengths.tolist() == [7] * 5 and np.isfinite(result.episode_returns).all()
     again = worker.collect(RolloutRequest(shared_population("agents"), uniform, episodes=5, seed=(4,)))
     np.testing.assert_array_equal(again.episode_returns, result.episode_returns)  # seeded: the same episodes
+
+
+def test_psro_plays_a_competitive_vmas_scenario_with_sampled_payoffs():
+    """VMAS's tag (one chaser, one runner): PSRO with learned responses, every payoff sampled
+    with its standard error. The chaser is only ever rewarded for a tag, the runner only ever
+    punished (for being tagged, or for leaving the arena): their payoffs have opposite signs."""
+    from marl_core.psro.config import build_config
+    from marl_core.psro.steps import iterate_psro_local
+
+    config = build_config(
+        dict(
+            game="vmas:simple_tag(max_steps=10,num_good_agents=1,num_adversaries=1,num_landmarks=0)",
+            roles={"adversary_": "adversary", "agent_": "agent"},
+            oracle="ppo",
+            iterations=1,
+            episodes=8,
+            best_response={"episodes": 16, "episodes_per_round": 16},
+            approx_exploitability={"every": 1, "episodes": 16, "eval_episodes": 8},
+            seed=2,
+        )
+    )
+    (_, first), (record, last) = list(iterate_psro_local(config))
+    assert [p.role for p in last.populations] == ["adversary", "agent"]
+    assert [len(p) for p in first.populations] == [1, 1] and [len(p) for p in last.populations] == [2, 2]
+    payoffs = last.payoffs
+    assert payoffs.mean.shape == payoffs.stderr.shape == (2, 2, 2) and (payoffs.episodes == 8).all()
+    assert (payoffs.mean[0] >= 0).all() and (payoffs.mean[1] <= 0).all()
+    assert record.report is None and record.approx is not None  # no game tree: approximate only
