@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from processes import Prefect, assert_all_exited, processes_with_env
+from processes import Prefect, assert_all_exited, processes_with_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -132,6 +133,57 @@ def test_a_run_tracks_to_the_stack_and_writes_nothing_where_it_runs(stack, tmp_p
     prefect = Prefect(address["prefect"])
     flow_run = prefect("read_flow_run", found.data.tags["prefect.flow_run_id"])
     assert flow_run.state.is_completed(), flow_run.state
+    RUNS.append(found.info.run_id)
+
+
+def test_a_deployment_on_the_stacks_work_pool_runs_through_its_worker(stack):
+    """prefect.yaml's `kuhn-smoke`, deployed to the stack's `psro-process` pool with `prefect
+    deploy` and triggered with `prefect deployment run`, as docs/operations.md tells a team:
+    the stack's worker runs it, and its MLflow run is on the stack's server."""
+    import mlflow
+
+    _, state, _ = stack
+    address = _addresses(state)
+    env = dict(_env(), PREFECT_API_URL=address["prefect"])
+    prefect_cli = str(Path(sys.executable).with_name("prefect"))
+    root = Path(__file__).resolve().parents[1]
+    deployed = subprocess.run(
+        [prefect_cli, "--no-prompt", "deploy", "--name", "kuhn-smoke"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    config = {
+        "game": "kuhn_poker",
+        "meta_solver": "nash",
+        "iterations": 2,
+        "num_cpus": 1,
+        "tracking_uri": address["mlflow"],
+        "ray_address": address["ray"],
+        "experiment": "stack-deployed",
+    }
+    triggered = subprocess.run(
+        [prefect_cli, "deployment", "run", "psro/kuhn-smoke", "--params", json.dumps({"config": config})],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert triggered.returncode == 0, triggered.stdout + triggered.stderr
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", triggered.stdout).group(1)
+    prefect = Prefect(address["prefect"])
+    flow_run = wait_until(
+        lambda: (r := prefect("read_flow_run", flow_run_id)).state.is_final() and r, 300, "the deployed run to end"
+    )
+    assert flow_run.state.is_completed(), flow_run.state
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    (found,) = client.search_runs([client.get_experiment_by_name("stack-deployed").experiment_id])
+    assert found.info.status == "FINISHED" and found.data.tags["prefect.flow_run_id"] == flow_run_id
+    assert found.info.artifact_uri.startswith("mlflow-artifacts:")
     RUNS.append(found.info.run_id)
 
 
