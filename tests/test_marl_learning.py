@@ -45,21 +45,27 @@ def test_the_learning_check_covers_every_registered_algorithm():
     assert set(SETTINGS) == set(MARL_ALGORITHMS), "a new MARL algorithm needs its line in SETTINGS"
 
 
-@pytest.mark.parametrize("algorithm", sorted(SETTINGS))
-def test_every_algorithm_beats_uniform_play_on_the_two_step_game(algorithm):
+def final_sampled_return(env: str, algorithm: str, settings: dict, rounds: int, steps: int, copies: int, **eval):
+    """The team's return, sampling from its policies (`eval_greedy: false`), after `rounds`."""
     config = MARLConfig(
-        env=TWO_STEP,
+        env=env,
         algorithm=algorithm,
-        settings=SETTINGS[algorithm],
-        rounds=20,
-        steps_per_round=16,
-        envs_per_worker=4,
-        eval_every=20,
-        eval_episodes=64,
+        settings=settings,
+        rounds=rounds,
+        steps_per_round=steps,
+        envs_per_worker=copies,
+        eval_every=rounds,
         eval_greedy=False,
         seed=0,
+        **eval,
     )
     (final,) = [record.eval_returns["policy/agent"] for record, _ in iterate_marl_local(config) if record.eval_returns]
+    return final
+
+
+@pytest.mark.parametrize("algorithm", sorted(SETTINGS))
+def test_every_algorithm_beats_uniform_play_on_the_two_step_game(algorithm):
+    final = final_sampled_return(TWO_STEP, algorithm, SETTINGS[algorithm], 20, 16, 4, eval_episodes=64)
     assert final >= THRESHOLD > UNIFORM_RETURN, f"{algorithm}: {final:.2f} after 1,280 joint steps"
 
 
@@ -75,18 +81,6 @@ NAVIGATION_SETTINGS = {
 
 @pytest.mark.parametrize("algorithm", sorted(NAVIGATION_SETTINGS))
 def test_mappo_and_ippo_learn_vmas_navigation(algorithm):
-    config = MARLConfig(
-        env=NAVIGATION,
-        algorithm=algorithm,
-        settings=NAVIGATION_SETTINGS[algorithm],
-        rounds=30,
-        steps_per_round=50,
-        envs_per_worker=16,
-        eval_every=30,
-        eval_episodes=32,
-        eval_greedy=False,
-        eval_versus_uniform=False,
-        seed=0,
-    )
-    (final,) = [record.eval_returns["policy/agent"] for record, _ in iterate_marl_local(config) if record.eval_returns]
+    settings, evaluation = NAVIGATION_SETTINGS[algorithm], dict(eval_episodes=32, eval_versus_uniform=False)
+    final = final_sampled_return(NAVIGATION, algorithm, settings, 30, 50, 16, **evaluation)
     assert final >= 0.4, f"{algorithm}: {final:.2f} after 24,000 joint steps on {NAVIGATION}"

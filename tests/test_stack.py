@@ -145,17 +145,15 @@ def test_a_deployment_on_the_stacks_work_pool_runs_through_its_worker(stack):
     _, state, _ = stack
     address = _addresses(state)
     env = dict(_env(), PREFECT_API_URL=address["prefect"])
-    prefect_cli = str(Path(sys.executable).with_name("prefect"))
     root = Path(__file__).resolve().parents[1]
-    deployed = subprocess.run(
-        [prefect_cli, "--no-prompt", "deploy", "--name", "kuhn-smoke"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+
+    def prefect_cli(*args: str) -> subprocess.CompletedProcess:
+        command = [str(Path(sys.executable).with_name("prefect")), *args]
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done
+
+    prefect_cli("--no-prompt", "deploy", "--name", "kuhn-smoke")
     config = {
         "game": "kuhn_poker",
         "meta_solver": "nash",
@@ -165,15 +163,7 @@ def test_a_deployment_on_the_stacks_work_pool_runs_through_its_worker(stack):
         "ray_address": address["ray"],
         "experiment": "stack-deployed",
     }
-    triggered = subprocess.run(
-        [prefect_cli, "deployment", "run", "psro/kuhn-smoke", "--params", json.dumps({"config": config})],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert triggered.returncode == 0, triggered.stdout + triggered.stderr
+    triggered = prefect_cli("deployment", "run", "psro/kuhn-smoke", "--params", json.dumps({"config": config}))
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", triggered.stdout).group(1)
     prefect = Prefect(address["prefect"])
     flow_run = wait_until(
