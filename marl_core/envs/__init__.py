@@ -70,11 +70,18 @@ _FORMS = (
 )
 
 
+def _prefixed(name: str) -> tuple[str, str] | None:
+    """("vmas", "navigation") for "vmas:navigation"; None for an OpenSpiel game string, whose
+    parameters may hold a colon (one inside brackets is not a prefix)."""
+    prefix, colon, rest = name.partition(":")
+    return None if not colon or "(" in prefix else (prefix, rest)
+
+
 def make_env(name: str) -> MultiAgentEnv:
     """The environment `name` refers to; a ValueError names it and the accepted forms otherwise."""
-    prefix, colon, rest = name.partition(":")
-    if not colon or "(" in prefix:  # a colon inside game parameters is not a prefix
+    if (prefixed := _prefixed(name)) is None:
         return OpenSpielEnv(name)
+    prefix, rest = prefixed
     if prefix not in ENVIRONMENT_SOURCES:
         raise ValueError(f"unknown environment prefix in {name!r}; use {_FORMS}")
     return ENVIRONMENT_SOURCES[prefix](name, rest)
@@ -83,10 +90,10 @@ def make_env(name: str) -> MultiAgentEnv:
 def make_batched_env(name: str, num_envs: int) -> BatchedEnv | None:
     """`num_envs` copies of environment `name` stepped in one call, where its source batches
     (`BATCHED_SOURCES`); None for the others, whose copies step one by one."""
-    prefix, colon, rest = name.partition(":")
-    if not colon or prefix not in BATCHED_SOURCES:
+    prefixed = _prefixed(name)
+    if prefixed is None or prefixed[0] not in BATCHED_SOURCES:
         return None
-    return BATCHED_SOURCES[prefix](name, rest, num_envs)
+    return BATCHED_SOURCES[prefixed[0]](name, prefixed[1], num_envs)
 
 
 def _pettingzoo(name: str, target: str) -> MultiAgentEnv:

@@ -81,10 +81,10 @@ class VmasBatchedEnv(BatchedEnv):
             num_actions={a: int(space.n) for a, space in zip(agents, self.env.action_space)},
             simultaneous=True,
         )
-        self._steps = 0
+        self._steps = np.zeros(num_envs, np.int64)  # each copy's steps in its episode, for error messages
 
     def reset(self, seed: int | None = None) -> dict[AgentID, np.ndarray]:
-        self._steps = 0
+        self._steps[:] = 0
         return self._observations(self.env.reset(seed=seed))
 
     def step(self, actions: dict[AgentID, np.ndarray]) -> BatchedStep:
@@ -97,13 +97,14 @@ class VmasBatchedEnv(BatchedEnv):
         rewards = torch.stack(rewards, dim=1).numpy().astype(np.float64)
         if not np.isfinite(rewards).all():
             e, i = np.argwhere(~np.isfinite(rewards))[0]
-            check_rewards(self.spec.name, self._steps, {self.spec.agents[i]: float(rewards[e, i])})
+            check_rewards(self.spec.name, int(self._steps[e]), {self.spec.agents[i]: float(rewards[e, i])})
         return BatchedStep(self._observations(observations), rewards, terminated.numpy(), truncated.numpy())
 
     def reset_ended(self, ended: np.ndarray) -> dict[AgentID, np.ndarray]:
         """Copies whose episodes ran out together (every copy at `max_steps`) restart in one
         batched reset, which continues the seeded generator; the others one by one."""
         copies = np.flatnonzero(ended)
+        self._steps[copies] = 0
         if len(copies) == self.num_envs:
             return self._observations(self.env.reset())
         for n, e in enumerate(copies):

@@ -117,6 +117,15 @@ def _extended(observation: np.ndarray, one_hot: np.ndarray | None) -> np.ndarray
     return observation if one_hot is None else np.concatenate([observation, one_hot])
 
 
+def _extended_rows(observations: dict[AgentID, np.ndarray], one_hot) -> dict[AgentID, np.ndarray]:
+    """`_extended` for every copy's row at once: each agent's [E, size] observations with its
+    one-hot appended, where it has one."""
+    return {
+        a: o if (hot := one_hot.get(a)) is None else np.concatenate([o, np.broadcast_to(hot, (len(o), len(hot)))], 1)
+        for a, o in observations.items()
+    }
+
+
 @dataclasses.dataclass
 class BatchedStream:
     """A `BatchedEnv`'s copies playing one stream's fragments, where the last one left them.
@@ -127,17 +136,19 @@ class BatchedStream:
     draws: list[list[int]]  # per copy, the member drawn per population for its current episode
     returns: np.ndarray  # [E, agents]
     lengths: np.ndarray  # [E]
+    all_legal: dict[AgentID, np.ndarray]  # every copy's masks [E, actions]: all True, read and never written
     global_state: bool = True
     next_index: int = 0
-    _all_legal: dict[AgentID, np.ndarray] | None = None  # every copy's masks, made once
 
     @classmethod
     def start(cls, env: BatchedEnv, mixtures, rng: np.random.Generator, global_state: bool = True) -> BatchedStream:
         """Every copy reset, seeded from `rng` (the fragment's own generator)."""
         observations = env.reset(seed=int(rng.integers(2**31)))
-        E, agents = env.num_envs, env.spec.agents
+        E, spec = env.num_envs, env.spec
         draws = [[mixture.draw(rng) for mixture in mixtures] for _ in range(E)]
-        return cls(env, observations, draws, np.zeros((E, len(agents))), np.zeros(E, np.int64), global_state)
+        all_legal = {a: np.ones((E, spec.num_actions[a]), np.bool_) for a in spec.agents}
+        returns, lengths = np.zeros((E, len(spec.agents))), np.zeros(E, np.int64)
+        return cls(env, observations, draws, returns, lengths, all_legal, global_state)
 
     @property
     def num_envs(self) -> int:
@@ -146,17 +157,8 @@ class BatchedStream:
     def _state(self, observations: dict[AgentID, np.ndarray]) -> np.ndarray:
         return self.env.state(observations) if self.global_state else np.zeros((self.num_envs, 0), np.float32)
 
-    def _with_one_hot(self, observations: dict[AgentID, np.ndarray], one_hot) -> dict[AgentID, np.ndarray]:
-        def extended(o: np.ndarray, hot: np.ndarray | None) -> np.ndarray:
-            return o if hot is None else np.concatenate([o, np.broadcast_to(hot, (len(o), len(hot)))], axis=1)
-
-        return {a: extended(o, one_hot.get(a)) for a, o in observations.items()}
-
     def observed(self, one_hot: dict[AgentID, np.ndarray]) -> tuple[dict, dict, np.ndarray]:
-        if self._all_legal is None:  # read, never written, by the actors and the recorder
-            spec = self.env.spec
-            self._all_legal = {a: np.ones((self.num_envs, spec.num_actions[a]), np.bool_) for a in spec.agents}
-        return self._with_one_hot(self.observations, one_hot), self._all_legal, self._state(self.observations)
+        return _extended_rows(self.observations, one_hot), self.all_legal, self._state(self.observations)
 
     def infostates(self, agent: AgentID, copies: np.ndarray) -> None:
         return None
@@ -170,10 +172,9 @@ class BatchedStream:
         # ended (the next row holds the rest)
         following = {}
         if t == record.rows - 1 or ended.any():
-            following = self._with_one_hot(step.observations, one_hot)
-        all_legal = {a: True for a in self.env.spec.agents}
+            following = _extended_rows(step.observations, one_hot)
         record.step_all(
-            t, step.rewards, following, all_legal, self._state(step.observations), step.terminated, step.truncated
+            t, step.rewards, following, self.all_legal, self._state(step.observations), step.terminated, step.truncated
         )
         self.returns += step.rewards
         self.lengths += 1
@@ -264,7 +265,7 @@ class JointRecorder:
         """Row `t` of every copy at once (a `BatchedStream`'s step): `rewards` [E, agents],
         `following` each agent's observations after the step [E, size] (an ended copy's last
         ones; needed only where `t` is the last row or a copy ended), `next_mask` each agent's
-        masks after it (True: every action legal)."""
+        masks after it [E, actions]."""
         last = t == self.rows - 1
         ended = terminated | truncated
         for i, a in enumerate(self.agents):
