@@ -23,7 +23,13 @@ MARKER = "PSRO_RUN_TOKEN"
 
 
 def marked_processes(token: str) -> list[int]:
-    entry = f"{MARKER}={token}".encode()
+    return processes_with(f"{MARKER}={token}")
+
+
+def processes_with(entry: str) -> list[int]:
+    """The processes (this one aside) whose environment holds `entry`, "NAME=value". A zombie's
+    environment cannot be read, so only live processes are found."""
+    entry = entry.encode()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():

@@ -47,6 +47,7 @@ from pathlib import Path
 import typer
 
 from flows.cli_errors import OneLineErrors, fail
+from flows.reaper import processes_with
 from flows.services import LocalPrefectServer, free_port, healthy
 
 MARKER = "PSRO_STACK"
@@ -220,16 +221,9 @@ def _free(port: int) -> bool:
 def _processes(marker: str) -> dict[int, int]:
     """Live processes carrying the stack's marker: pid -> process group."""
     found = {}
-    entry = marker.encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] != "Z" and entry in (proc / "environ").read_bytes().split(b"\0"):
-                found[int(proc.name)] = int(fields[2])
-        except (OSError, IndexError, ValueError):
-            continue
+    for pid in processes_with(marker):
+        with contextlib.suppress(ProcessLookupError):
+            found[pid] = os.getpgid(pid)
     return found
 
 
