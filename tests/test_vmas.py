@@ -17,6 +17,15 @@ from marl_core.rollout.worker import Fragment, PolicyMixture, RolloutRequest, Ro
 NAVIGATION = "vmas:navigation(n_agents=3,shared_rew=False,max_steps=7)"  # a reward of its own per agent
 
 
+@pytest.fixture
+def calls(monkeypatch) -> list:
+    """One entry per call of a VMAS batch's `step`."""
+    made = []
+    step = VmasBatchedEnv.step
+    monkeypatch.setattr(VmasBatchedEnv, "step", lambda self, actions: made.append(1) or step(self, actions))
+    return made
+
+
 def test_a_vmas_name_takes_the_scenarios_arguments_and_bad_names_fail_in_one_line():
     env = make_env("vmas:navigation(n_agents=2,max_steps=5)")
     assert env.spec.agents == ("agent_0", "agent_1") and env.spec.simultaneous
@@ -38,10 +47,7 @@ def test_a_vmas_name_takes_the_scenarios_arguments_and_bad_names_fail_in_one_lin
     assert make_batched_env("pettingzoo:mpe2.simple_spread_v3", 4) is None  # its copies step one by one
 
 
-def test_a_fragment_steps_all_copies_in_one_call_and_records_what_vmas_returns(monkeypatch):
-    calls = []
-    step = VmasBatchedEnv.step
-    monkeypatch.setattr(VmasBatchedEnv, "step", lambda self, actions: calls.append(1) or step(self, actions))
+def test_a_fragment_steps_all_copies_in_one_call_and_records_what_vmas_returns(calls):
     copies, steps = 4, 10
     worker = RolloutWorker(NAVIGATION, envs_per_worker=copies)
     request = RolloutRequest(
@@ -117,10 +123,7 @@ def test_marl_learners_train_on_a_vmas_scenario_and_evaluate_on_its_single_copie
         assert np.isfinite(record.metrics["eval_return/policy/agent"])
 
 
-def test_whole_episodes_step_every_copy_in_one_call_each_copy_playing_its_share(monkeypatch):
-    calls = []
-    step = VmasBatchedEnv.step
-    monkeypatch.setattr(VmasBatchedEnv, "step", lambda self, actions: calls.append(1) or step(self, actions))
+def test_whole_episodes_step_every_copy_in_one_call_each_copy_playing_its_share(calls):
     worker = RolloutWorker(NAVIGATION, envs_per_worker=4)
     uniform = {"agents": PolicyMixture([UniformPolicy()], np.ones(1))}
     result = worker.collect(RolloutRequest(shared_population("agents"), uniform, episodes=5, seed=(4,)))
