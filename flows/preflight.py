@@ -20,14 +20,18 @@ Decisions:
   already exist and be writable. MLflow would create missing directories; a store in a directory
   that does not exist is nearly always a typo, and a typo should not silently start a new
   history. A new experiment's artifacts go to ``./mlruns``, so that must be creatable too. A
-  server (``http(s)://``) must answer HTTP; a database URL's host and port must accept a TCP
-  connection.
+  server (``http(s)://``) must answer HTTP and take the credentials in the environment
+  (``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` or ``MLFLOW_TRACKING_TOKEN``, which MLflow's client
+  sends) where it asks for them; a database URL's host and port must accept a TCP connection.
+- Prefect: a server named by ``PREFECT_API_URL`` must answer and take ``PREFECT_API_AUTH_STRING``
+  where it asks for credentials; unset, the run starts its own server and there is nothing to check.
 - Export: a directory that does not exist yet (it is created, with its parents) or one that is
   empty. An existing non-empty directory is refused, never overwritten or merged into.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import socket
@@ -63,6 +67,22 @@ def preflight(settings) -> None:
     check_ray_address(settings.ray_address)
     check_tracking_store(settings.tracking_uri, settings.experiment)
     check_export_dir(settings.export)
+    check_prefect_api(os.environ.get("PREFECT_API_URL"))
+
+
+def _authorized(url: str, headers: dict[str, str]) -> int | None:
+    """The HTTP status of a GET that needs credentials where a server asks for them (None when it
+    went through); raises OSError when nothing answers."""
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT):
+            return None
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def _basic(credentials: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
 
 
 # --- Ray --------------------------------------------------------------------------------------
@@ -110,6 +130,9 @@ def check_tracking_store(uri: str, experiment: str) -> None:
         problem = _sqlite_problem(uri, experiment)
     elif scheme in ("http", "https"):
         problem = _http_problem(uri)
+        refused = None if problem else _mlflow_credentials_problem(uri)
+        if refused:
+            raise ConfigError(f"tracking_uri={uri!r}: {refused}")
     elif scheme.split("+")[0] in DATABASE_PORTS:
         parts = urlsplit(uri)
         problem = _connect_problem(parts.hostname or "localhost", parts.port or DATABASE_PORTS[scheme.split("+")[0]])
@@ -190,10 +213,11 @@ def _file_store_problem(uri: str) -> str | None:
 
 
 def _http_problem(uri: str) -> str | None:
-    """Any HTTP answer (even 404 or 401) shows a server is there; MLflow's own errors say the rest."""
+    """Any HTTP answer to /health (even 404) shows a server is there; MLflow's own errors say the
+    rest."""
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=TIMEOUT):
-            return None
+            pass
     except urllib.error.HTTPError:
         return None
     except (urllib.error.URLError, OSError) as error:
@@ -202,6 +226,47 @@ def _http_problem(uri: str) -> str | None:
         if isinstance(reason, socket.gaierror):
             return f"host {parts.hostname!r} does not resolve"
         return f"no MLflow server answers at {parts.netloc} ({_describe(reason)})"
+    return None
+
+
+def _mlflow_credentials_problem(uri: str) -> str | None:
+    """A server that refuses this environment's credentials (or their absence) would otherwise
+    fail the run at its first call, after the services started."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    headers = _basic(f"{user}:{password}") if user and password else {}
+    if not headers and token:
+        headers = {"Authorization": f"Bearer {token}"}
+    try:
+        code = _authorized(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1", headers)
+    except OSError:
+        return None  # it answered /health a moment ago; MLflow's client will say what broke
+    if code not in (401, 403):
+        return None
+    if not headers:
+        return f"the server asks for credentials ({code}): set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+    used = "MLFLOW_TRACKING_USERNAME/PASSWORD" if user and password else "MLFLOW_TRACKING_TOKEN"
+    return f"the server refused the credentials in {used} ({code})"
+
+
+# --- Prefect ----------------------------------------------------------------------------------
+
+
+def check_prefect_api(api_url: str | None) -> None:
+    """Raise ConfigError unless the Prefect server at `api_url` answers and takes this
+    environment's PREFECT_API_AUTH_STRING (a server started with an auth string refuses every
+    request without it, and the run would fail at its first state change)."""
+    if not api_url:
+        return
+    auth = os.environ.get("PREFECT_API_AUTH_STRING")
+    try:
+        code = _authorized(api_url.rstrip("/") + "/admin/version", _basic(auth) if auth else {})
+    except (urllib.error.URLError, OSError) as error:
+        reason = _describe(getattr(error, "reason", error))
+        raise ConfigError(f"PREFECT_API_URL={api_url!r}: no Prefect server answers ({reason})") from None
+    if code in (401, 403):
+        what = "refused PREFECT_API_AUTH_STRING" if auth else "asks for credentials: set PREFECT_API_AUTH_STRING"
+        raise ConfigError(f"PREFECT_API_URL={api_url!r}: the server {what} ({code})")
 
 
 # --- export -----------------------------------------------------------------------------------

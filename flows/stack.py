@@ -23,6 +23,13 @@ When run as root, PostgreSQL runs as the `postgres` system user (`initdb` refuse
 directory is owned by that user, so DIR must be reachable by it (`/root` is not; root's default
 DIR is therefore under /var/lib).
 
+With `--auth` the two servers a team's people talk to ask for credentials, taken from the
+environment of `up` (the same variables their clients read, so a run in that shell needs nothing
+more): the Prefect server compares every API request with `PREFECT_API_AUTH_STRING` ("user:password",
+Prefect's own server auth), and the MLflow server runs MLflow's basic-auth app with
+`MLFLOW_TRACKING_USERNAME`/`MLFLOW_TRACKING_PASSWORD` as its admin, its users kept in a third
+database. No secret is written anywhere in DIR: MLflow's auth config names only its database.
+
 PostgreSQL trusts connections from 127.0.0.1 (loopback only, one machine). Several machines use
 a managed PostgreSQL with credentials from the environment instead (docs/operations.md).
 """
@@ -34,6 +41,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -54,7 +62,7 @@ MARKER = "PSRO_STACK"
 STATE_FILE = "stack.json"
 POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")  # Debian's PostgreSQL 15; else found on PATH
 DB_USER = "psro"  # the cluster's superuser, whoever runs it
-DATABASES = ("prefect", "mlflow")
+DATABASES = ("prefect", "mlflow", "mlflow_auth")  # mlflow_auth: the basic-auth app's users
 POOL = "psro-process"
 START_TIMEOUT = 180.0  # a first `up` creates the cluster and runs both servers' migrations
 STOP_TIMEOUT = 30.0
@@ -68,6 +76,37 @@ RAY_AUTH = {"RAY_AUTH_MODE": "token"}
 
 class StackError(Exception):
     """One line naming what failed (and its log), printed as `error: ...`."""
+
+
+# The variables `--auth` reads, each the one its client reads too.
+PREFECT_AUTH = "PREFECT_API_AUTH_STRING"
+MLFLOW_USER, MLFLOW_PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+MLFLOW_MIN_PASSWORD = 12  # the basic-auth app refuses a shorter admin password, and would exit
+
+
+@dataclasses.dataclass(frozen=True)
+class Credentials:
+    """The servers' credentials, read from the environment and never stored."""
+
+    prefect_auth_string: str
+    mlflow_username: str
+    mlflow_password: str
+
+    @classmethod
+    def from_environment(cls) -> Credentials:
+        missing = [name for name in (PREFECT_AUTH, MLFLOW_USER, MLFLOW_PASSWORD) if not os.environ.get(name)]
+        if missing:
+            raise StackError(f"auth: {', '.join(missing)} unset; --auth takes the servers' credentials from them")
+        if ":" not in os.environ[PREFECT_AUTH]:
+            raise StackError(f"auth: {PREFECT_AUTH} must be USER:PASSWORD (it is sent as HTTP basic auth)")
+        if len(os.environ[MLFLOW_PASSWORD]) < MLFLOW_MIN_PASSWORD:
+            raise StackError(f"auth: {MLFLOW_PASSWORD} needs {MLFLOW_MIN_PASSWORD} characters or more (MLflow's rule)")
+        return cls(os.environ[PREFECT_AUTH], os.environ[MLFLOW_USER], os.environ[MLFLOW_PASSWORD])
+
+    def prefect_header(self) -> dict[str, str]:
+        import base64
+
+        return {"Authorization": "Basic " + base64.b64encode(self.prefect_auth_string.encode()).decode()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +137,7 @@ class Stack:
     workers: int
     ray_temp_dir: str
     groups: dict[str, int]  # service name -> process group id; empty once down
+    auth: bool = False  # whether the servers ask for credentials (`up --auth`)
 
     @property
     def marker(self) -> str:
@@ -175,10 +215,11 @@ def _as_postgres() -> list[str]:
     return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
 
 
-def check_settings(directory: Path, workers: int) -> None:
-    """Raise StackError for bad input, before anything starts."""
+def check_settings(directory: Path, workers: int, auth: bool) -> Credentials | None:
+    """Raise StackError for bad input, before anything starts; the credentials with `auth`."""
     if workers < 1:
         raise StackError(f"workers={workers}: needs 1 or more")
+    credentials = Credentials.from_environment() if auth else None
     for tool in ("initdb", "pg_ctl", "pg_isready"):
         postgres_tool(tool)
     for command in ("mlflow", "ray", "prefect"):
@@ -197,6 +238,7 @@ def check_settings(directory: Path, workers: int) -> None:
                     f"dir={directory}: {folder} is closed to the postgres user, which runs PostgreSQL here; "
                     "choose a --dir it can reach (the default as root: /var/lib/psro/stack)"
                 )
+    return credentials
 
 
 def _venv_tool(name: str) -> Path:
@@ -356,12 +398,12 @@ def _ray_temp_dir(directory: Path) -> str:
 # --- the Prefect worker ---------------------------------------------------------------------
 
 
-def _worker_online(stack: Stack) -> bool:
+def _worker_online(stack: Stack, credentials: Credentials | None) -> bool:
     """Whether a worker of the stack's pool has reported to the server."""
     request = urllib.request.Request(
         f"{stack.prefect_api_url}/work_pools/{POOL}/workers/filter",
         data=b"{}",
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **(credentials.prefect_header() if credentials else {})},
         method="POST",
     )
     try:
@@ -371,21 +413,52 @@ def _worker_online(stack: Stack) -> bool:
         return False
 
 
+# --- MLflow -------------------------------------------------------------------------------------
+
+
+def _mlflow_command(stack: Stack, credentials: Credentials | None) -> tuple[list[str], dict[str, str]]:
+    """`mlflow server` on the `mlflow` database, serving the artifacts; with credentials, MLflow's
+    basic-auth app, configured by a file that names only its database (the admin's name and
+    password reach it through MLflow's MLFLOW_AUTH_ADMIN_* variables). The app's CSRF key is the
+    environment's MLFLOW_FLASK_SERVER_SECRET_KEY, else a new one per start: one server, so
+    nothing else must share it, and a restart only asks the UI's open forms to load again."""
+    command = [str(_venv_tool("mlflow")), "server", "--host", "127.0.0.1", "--port", str(stack.ports.mlflow)]
+    command += ["--backend-store-uri", stack.database_url("mlflow", "postgresql+psycopg2"), "--workers", "1"]
+    command += ["--artifacts-destination", str(stack.path("artifacts"))]
+    if credentials is None:
+        return command, {}
+    config = stack.path("mlflow-auth.ini")
+    config.write_text(
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = {stack.database_url('mlflow_auth', 'postgresql+psycopg2')}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    env = {
+        "MLFLOW_AUTH_CONFIG_PATH": str(config),
+        "MLFLOW_AUTH_ADMIN_USERNAME": credentials.mlflow_username,
+        "MLFLOW_AUTH_ADMIN_PASSWORD": credentials.mlflow_password,
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": os.environ.get("MLFLOW_FLASK_SERVER_SECRET_KEY") or secrets.token_hex(32),
+    }
+    return [*command, "--app-name", "basic-auth"], env
+
+
 # --- up, status, down -----------------------------------------------------------------------
 
 
-def up(directory: Path, workers: int) -> Stack:
+def up(directory: Path, workers: int, auth: bool = False) -> Stack:
     """Start every service and return once each answers; on a failure stop what was started and
-    raise StackError naming what failed and its log."""
+    raise StackError naming what failed and its log. With `auth`, the Prefect and MLflow servers
+    ask for the credentials in this process's environment (`Credentials`)."""
     directory = directory.expanduser().resolve()
-    check_settings(directory, workers)
+    credentials = check_settings(directory, workers, auth)
     previous = Stack.load(directory)
     if previous and any(up for _, up in status(previous)):
         raise StackError(f"a stack already runs from {directory}; `psro stack status` shows it, `down` stops it")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "logs").mkdir(exist_ok=True)
     (directory / "artifacts").mkdir(exist_ok=True)
-    stack = Stack(str(directory), Ports.pick(previous and previous.ports), workers, _ray_temp_dir(directory), groups={})
+    ports = Ports.pick(previous and previous.ports)
+    stack = Stack(str(directory), ports, workers, _ray_temp_dir(directory), groups={}, auth=auth)
     stack.save()  # from here on, `down` finds whatever was started
     groups: dict[str, int] = {}
 
@@ -402,17 +475,11 @@ def up(directory: Path, workers: int) -> Stack:
             port=stack.ports.prefect,
             database_url=stack.database_url("prefect", "postgresql+asyncpg"),
             detached=True,
-            extra_env={MARKER: stack.directory},
+            extra_env={MARKER: stack.directory}
+            | ({"PREFECT_SERVER_API_AUTH_STRING": credentials.prefect_auth_string} if credentials else {}),
         )
         started("prefect-server", prefect.process)
-        mlflow = _start(
-            stack,
-            "mlflow",
-            [str(_venv_tool("mlflow")), "server", "--host", "127.0.0.1", "--port", str(stack.ports.mlflow)]
-            + ["--backend-store-uri", stack.database_url("mlflow", "postgresql+psycopg2"), "--workers", "1"]
-            + ["--artifacts-destination", str(stack.path("artifacts"))],
-            {},
-        )
+        mlflow = _start(stack, "mlflow", *_mlflow_command(stack, credentials))
         started("mlflow", mlflow)
         _wait("the Ray head (ray start)", stack.path("logs", "ray-head.log"), lambda: head.poll() == 0, head)
         nodes = {
@@ -435,7 +502,8 @@ def up(directory: Path, workers: int) -> Stack:
         _wait("the MLflow server", stack.path("logs", "mlflow.log"), lambda: healthy(stack.tracking_uri), mlflow)
         for name, node in nodes.items():
             _wait(f"Ray node {name} (ray start)", stack.path("logs", f"{name}.log"), lambda n=node: n.poll() == 0, node)
-        _wait("the Prefect worker", stack.path("logs", "prefect-worker.log"), lambda: _worker_online(stack), worker)
+        online = lambda: _worker_online(stack, credentials)  # noqa: E731
+        _wait("the Prefect worker", stack.path("logs", "prefect-worker.log"), online, worker)
     except BaseException:
         down(directory, say=lambda line: None)
         raise
@@ -520,11 +588,16 @@ def _say(line: str) -> None:
 def up_command(
     directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP),
     workers: int = typer.Option(1, help="Ray worker nodes beside the head, one CPU each"),
+    auth: bool = typer.Option(
+        False,
+        help=f"the Prefect and MLflow servers ask for credentials: {PREFECT_AUTH}, {MLFLOW_USER} and "
+        f"{MLFLOW_PASSWORD} from the environment",
+    ),
 ) -> None:
     """Start PostgreSQL, a Prefect server, an MLflow server, Ray (a head and worker nodes) and a
     Prefect worker; print every address and what a run needs to use them."""
     try:
-        stack = up(_directory(directory), workers)
+        stack = up(_directory(directory), workers, auth)
     except StackError as error:
         fail(str(error))
     lines = [
@@ -538,6 +611,8 @@ def up_command(
         "  export " + " ".join(f"{key}={value}" for key, value in stack.run_env.items()),
         "  psro run " + " ".join(stack.run_flags) + " ...",
     ]
+    if auth:
+        lines.insert(-1, f"  (and {PREFECT_AUTH}, {MLFLOW_USER}, {MLFLOW_PASSWORD} as for `up`)")
     for line in lines:
         typer.echo(line)
 

@@ -26,16 +26,27 @@ pytestmark = pytest.mark.slow
 
 PSRO = str(Path(sys.executable).with_name("psro"))
 RUNS: list[str] = []  # the run tracked to the stack, which the stack brought up again must still hold
+# The module's stack runs with `--auth`: its servers ask for these, which every client here sends
+# from the environment (the test process's own too, set by the `stack` fixture).
+SECRETS = ("prefect-secret-0517", "mlflow-secret-0517")
+CREDENTIALS = {
+    "PREFECT_API_AUTH_STRING": f"team:{SECRETS[0]}",
+    "MLFLOW_TRACKING_USERNAME": "team",
+    "MLFLOW_TRACKING_PASSWORD": SECRETS[1],
+}
 
 
-def _env() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+def _env(credentials: bool = True) -> dict[str, str]:
+    own = ("PREFECT_", "RAY_", "PSRO_", "MLFLOW_")
+    return {key: value for key, value in os.environ.items() if not key.startswith(own)} | (
+        CREDENTIALS if credentials else {}
+    )
 
 
-def _stack(directory: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _stack(directory: Path, *args: str, timeout: float = 300, credentials: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(
         [PSRO, "stack", *args, "--dir", str(directory)],
-        env=_env(),
+        env=_env(credentials),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -48,9 +59,12 @@ def stack():
     parent.chmod(0o755)
     directory = parent / "stack"
     try:
-        started = _stack(directory, "up", "--workers", "1")
+        started = _stack(directory, "up", "--workers", "1", "--auth")
         assert started.returncode == 0, started.stdout + started.stderr
-        yield directory, json.loads((directory / "stack.json").read_text()), started.stdout
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in CREDENTIALS.items():
+                patch.setenv(key, value)
+            yield directory, json.loads((directory / "stack.json").read_text()), started.stdout
     finally:
         _stack(directory, "down")
         with contextlib.suppress(OSError, ValueError):  # Ray's session files, outside DIR
@@ -177,6 +191,57 @@ def test_a_deployment_on_the_stacks_work_pool_runs_through_its_worker(stack):
     RUNS.append(found.info.run_id)
 
 
+def _status_without_credentials(url: str, body: bytes | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_servers_refuse_requests_without_credentials_and_no_secret_is_stored(stack, tmp_path):
+    """`up --auth`: both servers answer 401 to a request without credentials, a run without them
+    stops in one line before it starts anything, and neither secret is in the stack's files,
+    Ray's session files or what the runs logged (their credentials came from the environment)."""
+    import mlflow
+
+    directory, state, _ = stack
+    address = _addresses(state)
+    assert _status_without_credentials(f"{address['prefect']}/flows/filter", b"{}") == 401
+    assert _status_without_credentials(f"{address['mlflow']}/api/2.0/mlflow/experiments/search?max_results=1") == 401
+
+    flags = ["--game", "kuhn_poker", "--iterations", "1", "--num-cpus", "1"]
+    flags += ["--tracking-uri", address["mlflow"], "--ray-address", address["ray"]]
+    env = dict(_env(credentials=False), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token")
+    for given, line in [
+        (
+            {},
+            f"error: tracking_uri='{address['mlflow']}': the server asks for credentials (401): "
+            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD",
+        ),
+        (
+            {**CREDENTIALS, "PREFECT_API_AUTH_STRING": "team:wrong"},
+            f"error: PREFECT_API_URL='{address['prefect']}': the server refused PREFECT_API_AUTH_STRING (401)",
+        ),
+    ]:
+        run = subprocess.run([PSRO, "run", *flags], env=env | given, cwd=tmp_path, capture_output=True, text=True)
+        assert run.returncode == 2 and run.stderr.strip().splitlines() == [line], run.stdout + run.stderr
+    assert list(tmp_path.iterdir()) == []
+
+    stored = [directory, Path(state["ray_temp_dir"])]
+    files = [path for folder in stored for path in folder.rglob("*") if path.is_file() and not path.is_socket()]
+    holding = [str(path) for path in files for secret in SECRETS if secret.encode() in path.read_bytes()]
+    assert files and holding == []
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    for run_id in RUNS:
+        logged = client.get_run(run_id).data
+        assert not any(secret in json.dumps([logged.params, logged.tags]) for secret in SECRETS)
+
+
 def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
     import mlflow
 
@@ -195,9 +260,10 @@ def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
     again = _stack(directory, "down")
     assert again.returncode == 0 and again.stdout.strip() == "nothing was running", again.stdout + again.stderr
 
-    started = _stack(directory, "up")
+    started = _stack(directory, "up")  # without --auth: the servers take requests from anyone
     assert started.returncode == 0, started.stdout + started.stderr
     address = _addresses(json.loads((directory / "stack.json").read_text()))
+    assert _status_without_credentials(f"{address['prefect']}/flows/filter", b"{}") == 200
     client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
     for run_id in RUNS:
         assert client.get_run(run_id).info.status == "FINISHED"
@@ -209,6 +275,11 @@ def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
     [
         (["--workers", "0"], "error: workers=0: needs 1 or more"),
         (
+            ["--auth"],
+            "error: auth: PREFECT_API_AUTH_STRING, MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD unset; "
+            "--auth takes the servers' credentials from them",
+        ),
+        (
             ["--workers", "two"],
             "error: workers='two': Input should be a valid integer, unable to parse string as an integer",
         ),
@@ -216,7 +287,7 @@ def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
 )
 def test_bad_input_fails_in_one_line_before_anything_starts(tmp_path, args, message):
     directory = tmp_path / "stack"
-    result = _stack(directory, "up", *args, timeout=120)
+    result = _stack(directory, "up", *args, timeout=120, credentials=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message]
     assert not directory.exists()
