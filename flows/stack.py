@@ -445,6 +445,90 @@ def _mlflow_command(stack: Stack, credentials: Credentials | None) -> tuple[list
 # --- up, status, down -----------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Starting:
+    """A service whose start was asked for: its first process (none for PostgreSQL, which
+    `pg_ctl` starts and waits for) and how to tell it is ready."""
+
+    what: str
+    log: Path
+    ready: Callable[[], bool]
+    process: subprocess.Popen | None = None
+    waited: bool = False
+
+    def wait(self) -> None:
+        if not self.waited:
+            _wait(self.what, self.log, self.ready, self.process)
+            self.waited = True
+
+
+def _services(workers: int) -> list[str]:
+    """Every service of a stack, in the order they start: each after what it needs."""
+    return ["ray-head", "postgres", "prefect-server", "mlflow", *_ray_workers(workers), "prefect-worker"]
+
+
+def _ray_workers(workers: int) -> list[str]:
+    return [f"ray-worker-{k}" for k in range(1, workers + 1)]
+
+
+def _needs(name: str) -> tuple[str, ...]:
+    """What must answer before `name` starts (PostgreSQL answers once it has started)."""
+    if name.startswith("ray-worker-"):
+        return ("ray-head",)
+    return {"prefect-worker": ("prefect-server",)}.get(name, ())
+
+
+def _start_service(stack: Stack, name: str, credentials: Credentials | None) -> Starting:
+    log = stack.path("logs", f"{name}.log")
+    if name == "postgres":
+        _start_postgres(stack)
+        return Starting("PostgreSQL", log, lambda: True, waited=True)
+    if name == "ray-head":
+        head = _ray_start(stack, name, "--head", "--port", str(stack.ports.ray), "--include-dashboard", "false")
+        return Starting("the Ray head (ray start)", log, lambda: head.poll() == 0, head)
+    if name.startswith("ray-worker-"):
+        node = _ray_start(stack, name, "--address", stack.ray_address)
+        return Starting(f"Ray node {name} (ray start)", log, lambda: node.poll() == 0, node)
+    if name == "prefect-server":
+        server = LocalPrefectServer(
+            stack.path("prefect"),
+            port=stack.ports.prefect,
+            database_url=stack.database_url("prefect", "postgresql+asyncpg"),
+            detached=True,
+            extra_env={MARKER: stack.directory}
+            | ({"PREFECT_SERVER_API_AUTH_STRING": credentials.prefect_auth_string} if credentials else {}),
+        )
+        log = stack.path("prefect", "server.log")
+        return Starting("the Prefect server", log, lambda: healthy(stack.prefect_api_url), server.process)
+    if name == "mlflow":
+        mlflow = _start(stack, name, *_mlflow_command(stack, credentials))
+        return Starting("the MLflow server", log, lambda: healthy(stack.tracking_uri), mlflow)
+    worker = _start(
+        stack,
+        name,
+        [str(_venv_tool("prefect")), "worker", "start", "--pool", POOL, "--type", "process"],
+        {"PREFECT_API_URL": stack.prefect_api_url, "PREFECT_HOME": str(stack.path("prefect")), **RAY_AUTH},
+    )
+    return Starting("the Prefect worker", log, lambda: _worker_online(stack, credentials), worker)
+
+
+def _bring_up(stack: Stack, names: list[str], credentials: Credentials | None) -> Stack:
+    """Start `names` in order (each once what it needs answers), recording each process group in
+    DIR/stack.json as it starts, and return once all answer."""
+    starting: dict[str, Starting] = {}
+    for name in names:
+        for needed in _needs(name):
+            if needed in starting:
+                starting[needed].wait()
+        starting[name] = _start_service(stack, name, credentials)
+        if starting[name].process is not None:  # its own session: the process group has its id
+            stack = dataclasses.replace(stack, groups={**stack.groups, name: starting[name].process.pid})
+            stack.save()
+    for service in starting.values():
+        service.wait()
+    return stack
+
+
 def up(directory: Path, workers: int, auth: bool = False) -> Stack:
     """Start every service and return once each answers; on a failure stop what was started and
     raise StackError naming what failed and its log. With `auth`, the Prefect and MLflow servers
@@ -460,56 +544,49 @@ def up(directory: Path, workers: int, auth: bool = False) -> Stack:
     ports = Ports.pick(previous and previous.ports)
     stack = Stack(str(directory), ports, workers, _ray_temp_dir(directory), groups={}, auth=auth)
     stack.save()  # from here on, `down` finds whatever was started
-    groups: dict[str, int] = {}
-
-    def started(name: str, process) -> None:
-        groups[name] = process.pid  # its own session: the process group has its id
-        dataclasses.replace(stack, groups=dict(groups)).save()
-
     try:
-        head = _ray_start(stack, "ray-head", "--head", "--port", str(stack.ports.ray), "--include-dashboard", "false")
-        started("ray-head", head)
-        _start_postgres(stack)
-        prefect = LocalPrefectServer(
-            stack.path("prefect"),
-            port=stack.ports.prefect,
-            database_url=stack.database_url("prefect", "postgresql+asyncpg"),
-            detached=True,
-            extra_env={MARKER: stack.directory}
-            | ({"PREFECT_SERVER_API_AUTH_STRING": credentials.prefect_auth_string} if credentials else {}),
-        )
-        started("prefect-server", prefect.process)
-        mlflow = _start(stack, "mlflow", *_mlflow_command(stack, credentials))
-        started("mlflow", mlflow)
-        _wait("the Ray head (ray start)", stack.path("logs", "ray-head.log"), lambda: head.poll() == 0, head)
-        nodes = {
-            f"ray-worker-{k}": _ray_start(stack, f"ray-worker-{k}", "--address", stack.ray_address)
-            for k in range(1, workers + 1)
-        }
-        for name, node in nodes.items():
-            started(name, node)
-        try:
-            prefect.wait()
-        except RuntimeError as error:  # its line names its log
-            raise StackError(str(error)) from None
-        worker = _start(
-            stack,
-            "prefect-worker",
-            [str(_venv_tool("prefect")), "worker", "start", "--pool", POOL, "--type", "process"],
-            {"PREFECT_API_URL": stack.prefect_api_url, "PREFECT_HOME": str(stack.path("prefect")), **RAY_AUTH},
-        )
-        started("prefect-worker", worker)
-        _wait("the MLflow server", stack.path("logs", "mlflow.log"), lambda: healthy(stack.tracking_uri), mlflow)
-        for name, node in nodes.items():
-            _wait(f"Ray node {name} (ray start)", stack.path("logs", f"{name}.log"), lambda n=node: n.poll() == 0, node)
-        online = lambda: _worker_online(stack, credentials)  # noqa: E731
-        _wait("the Prefect worker", stack.path("logs", "prefect-worker.log"), online, worker)
+        return _bring_up(stack, _services(workers), credentials)
     except BaseException:
         down(directory, say=lambda line: None)
         raise
-    stack = dataclasses.replace(stack, groups=groups)
-    stack.save()
+
+
+def _running_stack(directory: Path, names: list[str]) -> Stack:
+    stack = Stack.load(directory.expanduser().resolve())
+    if stack is None:
+        raise StackError(f"no stack in {directory}; `psro stack up` starts one")
+    known = _services(stack.workers)
+    for name in names:
+        if name not in known:
+            raise StackError(f"service={name!r}: expected one of {', '.join(known)}")
     return stack
+
+
+def start(directory: Path, names: list[str]) -> list[str]:
+    """Start the named services of a stack that is up but for them (after a crash, or a `stop`
+    for maintenance), on the ports they had; returns those started (the others already ran)."""
+    stack = _running_stack(directory, names)
+    credentials = Credentials.from_environment() if stack.auth else None
+    running = dict(status(stack))
+    down_now = [name for name in _services(stack.workers) if name in names and not running[name]]
+    _bring_up(stack, down_now, credentials)
+    return down_now
+
+
+def stop(directory: Path, names: list[str]) -> list[str]:
+    """Stop the named services, leaving the others up; returns those stopped."""
+    stack = _running_stack(directory, names)
+    stopped = []
+    for name in names:
+        if name == "postgres":
+            if _stop_postgres(stack.path()):
+                stopped.append(name)
+            continue
+        group = stack.groups.get(name)
+        if group is not None and _group_alive(stack.marker, group):
+            _stop_group(stack.marker, group, RAY_STOP_GRACE if name.startswith("ray-") else STOP_TIMEOUT)
+            stopped.append(name)
+    return stopped
 
 
 def status(stack: Stack) -> list[tuple[str, bool]]:
@@ -635,6 +712,41 @@ def down_command(directory: Path | None = typer.Option(None, "--dir", help=DIR_H
     """Stop every service of the stack; its data stays in the directory. Safe to repeat."""
     if not down(_directory(directory), _say):
         typer.echo("nothing was running")
+
+
+SERVICE_HELP = "services by name, as `status` lists them: postgres, prefect-server, mlflow, ray-head, ray-worker-N, ..."
+
+
+@app.command("start", cls=OneLineErrors)
+def start_command(
+    services: list[str] = typer.Argument(..., help=SERVICE_HELP),
+    directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP),
+) -> None:
+    """Start services of a running stack that are down (after a crash or a `stop`), on their ports."""
+    try:
+        started = start(_directory(directory), services)
+    except StackError as error:
+        fail(str(error))
+    for name in started:
+        typer.echo(f"started {name}")
+    if not started:
+        typer.echo("all of them were running")
+
+
+@app.command("stop", cls=OneLineErrors)
+def stop_command(
+    services: list[str] = typer.Argument(..., help=SERVICE_HELP),
+    directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP),
+) -> None:
+    """Stop services of the stack, leaving the others up (`start` brings them back)."""
+    try:
+        stopped = stop(_directory(directory), services)
+    except StackError as error:
+        fail(str(error))
+    for name in stopped:
+        typer.echo(f"stopped {name}")
+    if not stopped:
+        typer.echo("none of them was running")
 
 
 def _ray_cli(argv: list[str]) -> None:

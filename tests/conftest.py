@@ -17,6 +17,7 @@ os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
 
 
 LONGEST_FILES = (
+    "test_stack.py",  # mostly waits (its faults keep services down for 100 s): beside CPU-bound files
     "test_scenarios.py",
     "test_flow_matches_local.py",
     "test_approx_exploitability.py",

@@ -14,13 +14,15 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
-from processes import Prefect, assert_all_exited, processes_with_env, wait_until
+from processes import FAULT_INJECTION, Prefect, assert_all_exited, processes_with_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -240,6 +242,162 @@ def test_the_servers_refuse_requests_without_credentials_and_no_secret_is_stored
     for run_id in RUNS:
         logged = client.get_run(run_id).data
         assert not any(secret in json.dumps([logged.params, logged.tags]) for secret in SECRETS)
+
+
+# --- faults: one exact PSRO run on the stack, each fault at a commit it is held at -------------
+#
+# The run (Kuhn poker, exact best responses, Nash meta-solver) is held just before committing
+# iteration K (tests/fault_injection: `PSRO_TEST_HOLD_AT_COMMIT`): the test fails a service, lets
+# the run go on into the outage, brings the service back with `psro stack start`, and measures
+# how long after that the held iteration's commit reaches MLflow. The last test checks what a
+# fault could have lost: every iteration's metrics once, every member's registry version once,
+# the flow run and its subflows completed in Prefect, and the exploitability of an uninterrupted
+# run of the same config.
+FAULTED_ITERATIONS = 5  # its exploitability then is still well above zero
+PREFECT_OUTAGE, MLFLOW_OUTAGE, POSTGRES_OUTAGE = 30.0, 60.0, 10.0  # seconds each service stays down
+RECOVERED: dict[str, tuple[float, float]] = {}  # fault -> (outage, seconds from back to the commit)
+
+
+class FaultedRun:
+    """The run the faults hit, started by `psro run` in the background, held at commits 1-4."""
+
+    def __init__(self, stack_state: dict, folder: Path):
+        address = _addresses(stack_state)
+        self.holds = folder / "holds"
+        self.holds.mkdir()
+        (folder / "cwd").mkdir()
+        env = _env() | {
+            "PREFECT_API_URL": address["prefect"],
+            "RAY_AUTH_MODE": "token",
+            "PYTHONPATH": str(FAULT_INJECTION),
+            "PSRO_TEST_HOLD_AT_COMMIT": "1,2,3,4",
+            "PSRO_TEST_HOLD_DIR": str(self.holds),
+        }
+        flags = ["--game", "kuhn_poker", "--iterations", str(FAULTED_ITERATIONS), "--num-cpus", "1"]
+        flags += ["--tracking-uri", address["mlflow"], "--ray-address", address["ray"], "--experiment", "faults"]
+        self.log = folder / "run.log"
+        with open(self.log, "w") as out:
+            self.process = subprocess.Popen(
+                [PSRO, "run", *flags], env=env, cwd=folder / "cwd", stdout=out, stderr=subprocess.STDOUT
+            )
+        self.tracking_uri = address["mlflow"]
+
+    def output(self) -> str:
+        return self.log.read_text()[-3000:]
+
+    def held(self, index: int) -> None:
+        wait_until(
+            lambda: (self.holds / f"held-{index}").exists() or self.process.poll() is not None,
+            300,
+            f"the run to reach commit {index}",
+        )
+        assert self.process.poll() is None, self.output()
+
+    def release(self, index: int) -> None:
+        (self.holds / f"release-{index}").touch()
+
+    def run(self):
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+        (found,) = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
+        return client, found
+
+    def committed(self, index: int, since: float) -> float:
+        """Seconds from `since` until the run's commit tag names `index` (read from MLflow)."""
+
+        def reached() -> bool:
+            try:
+                return int(self.run()[1].data.tags.get("psro.committed_iteration", -1)) >= index
+            except Exception:  # the server itself may still be coming back
+                return False
+
+        wait_until(reached, 400, f"commit {index} to reach MLflow")
+        return time.monotonic() - since
+
+
+@pytest.fixture(scope="module")
+def faulted_run(stack, tmp_path_factory):
+    _, state, _ = stack
+    run = FaultedRun(state, tmp_path_factory.mktemp("faulted"))
+    yield run
+    if run.process.poll() is None:
+        run.process.kill()
+        run.process.wait()
+
+
+def test_fault_a_ray_worker_node_killed_mid_run_leaves_the_run_on_the_head(stack, faulted_run):
+    _, state, _ = stack
+    faulted_run.held(1)
+    os.killpg(state["groups"]["ray-worker-1"], signal.SIGKILL)
+    killed = time.monotonic()
+    faulted_run.release(1)
+    RECOVERED["Ray worker node killed (SIGKILL)"] = (0.0, faulted_run.committed(1, killed))
+
+
+def _outage(directory: Path, faulted_run: FaultedRun, index: int, service: str, seconds: float) -> float:
+    """Hold the run at commit `index`, stop `service`, let the run go on, start it again after
+    `seconds`; the seconds from its return to the held commit in MLflow."""
+    faulted_run.held(index)
+    stopped = _stack(directory, "stop", service)
+    assert stopped.stdout.strip() == f"stopped {service}", stopped.stdout + stopped.stderr
+    faulted_run.release(index)
+    time.sleep(seconds)  # the outage itself: nothing to poll for
+    started = _stack(directory, "start", service)
+    assert started.stdout.strip() == f"started {service}", started.stdout + started.stderr
+    return faulted_run.committed(index, time.monotonic())
+
+
+def test_fault_the_prefect_server_down_for_30_s(stack, faulted_run):
+    directory, _, _ = stack
+    RECOVERED["Prefect server stopped 30 s"] = (
+        PREFECT_OUTAGE,
+        _outage(directory, faulted_run, 2, "prefect-server", PREFECT_OUTAGE),
+    )
+
+
+def test_fault_the_mlflow_server_down_for_60_s(stack, faulted_run):
+    directory, _, _ = stack
+    RECOVERED["MLflow server stopped 60 s"] = (
+        MLFLOW_OUTAGE,
+        _outage(directory, faulted_run, 3, "mlflow", MLFLOW_OUTAGE),
+    )
+
+
+def test_fault_postgresql_restarted(stack, faulted_run):
+    directory, _, _ = stack
+    RECOVERED["PostgreSQL stopped 10 s"] = (
+        POSTGRES_OUTAGE,
+        _outage(directory, faulted_run, 4, "postgres", POSTGRES_OUTAGE),
+    )
+
+
+def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, faulted_run):
+    from marl_core.psro.config import PSROConfig
+    from marl_core.psro.steps import iterate_psro_local
+
+    directory, _, _ = stack
+    assert faulted_run.process.wait(timeout=600) == 0, faulted_run.output()
+    client, found = faulted_run.run()
+    assert found.info.status == "FINISHED"
+    assert found.data.tags["psro.committed_iteration"] == str(FAULTED_ITERATIONS)
+    history = client.get_metric_history(found.info.run_id, "exploitability")
+    assert sorted(metric.step for metric in history) == list(range(FAULTED_ITERATIONS + 1))  # each once
+    versions = client.search_model_versions(f"run_id = '{found.info.run_id}'")
+    for player in ("player_0", "player_1"):
+        numbers = sorted(int(v.version) for v in versions if v.name == f"faults-kuhn_poker-{player}")
+        assert numbers == list(range(1, FAULTED_ITERATIONS + 2)), numbers  # one per member, none twice
+
+    *_, (reference, _) = iterate_psro_local(PSROConfig(game="kuhn_poker", iterations=FAULTED_ITERATIONS))
+    assert found.data.metrics["exploitability"] == pytest.approx(reference.exploitability, abs=1e-9)
+
+    prefect = Prefect(_addresses(json.loads((directory / "stack.json").read_text()))["prefect"])
+    flow_run = prefect("read_flow_run", found.data.tags["prefect.flow_run_id"])
+    assert flow_run.state.is_completed(), flow_run.state
+    started = _stack(directory, "start", "ray-worker-1")  # the node the first fault killed
+    assert started.stdout.strip() == "started ray-worker-1", started.stdout + started.stderr
+    for fault, (outage, recovered) in RECOVERED.items():
+        print(f"{fault}: down {outage:.0f} s, its commit arrived {recovered:.1f} s after it was back")
 
 
 def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):

@@ -1,4 +1,4 @@
-"""The suite's one fault-injection seam: kill a run's process at a chosen commit.
+"""The suite's one fault-injection seam: kill a run's process at a chosen commit, or hold it there.
 
 A test starts a process (a `psro ... run`, a `psro serve` and the flow runs it starts) with this
 folder on PYTHONPATH. Python imports `sitecustomize` at start-up from the path, so this module
@@ -13,6 +13,11 @@ clean up. Which step:
   holding N, once (the file is removed first), so that one serving process can crash one run
   and then run its retry and others.
 
+``PSRO_TEST_HOLD_AT_COMMIT=N,M,...`` with ``PSRO_TEST_HOLD_DIR=DIR`` holds instead of killing:
+just before step N's tag it writes ``DIR/held-N`` and waits until the test writes
+``DIR/release-N``, so that a test can fail a service under a run at a known point
+(tests/test_stack.py's faults).
+
 No production module reads these variables or knows this seam exists; without them this module
 does nothing.
 """
@@ -24,10 +29,13 @@ import importlib.machinery
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 KILL_AT = "PSRO_TEST_KILL_AT_COMMIT"
 FAULTS = "PSRO_TEST_FAULTS"
+HOLD_AT, HOLD_DIR = "PSRO_TEST_HOLD_AT_COMMIT", "PSRO_TEST_HOLD_DIR"
+HOLD_LIMIT = 600.0  # seconds a held run waits for its release before it goes on by itself
 TARGET = "flows.tracking.scenario_tracker"
 
 
@@ -44,12 +52,23 @@ def _dies_at(tracker, index: int) -> bool:
     return False
 
 
+def _hold(index: int) -> None:
+    if str(index) not in os.environ.get(HOLD_AT, "").split(","):
+        return
+    folder = Path(os.environ[HOLD_DIR])
+    (folder / f"held-{index}").touch()
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not (folder / f"release-{index}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _arm(tracker_class) -> None:
     commit = tracker_class._commit
 
     def commit_or_die(self, index: int) -> None:
         if _dies_at(self, index):
             os.kill(os.getpid(), signal.SIGKILL)
+        _hold(index)
         commit(self, index)
 
     tracker_class._commit = commit_or_die
@@ -73,5 +92,5 @@ class _ArmOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get(KILL_AT) or os.environ.get(FAULTS):
+if os.environ.get(KILL_AT) or os.environ.get(FAULTS) or os.environ.get(HOLD_AT):
     sys.meta_path.insert(0, _ArmOnImport())
