@@ -137,7 +137,7 @@ class MultiAgentEnv(abc.ABC):
 def check_actions(
     env_name: str,
     masks: dict[AgentID, np.ndarray],
-    actions: dict[AgentID, int],
+    actions: dict[AgentID, int | np.ndarray],
     boxes: dict[AgentID, Box] | None = None,
 ) -> None:
     """Reject actions that do not match the acting agents' masks (the last TimeStep's); an agent

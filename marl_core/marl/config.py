@@ -91,9 +91,8 @@ class MARLConfig(BaseModel):
 def check(config: MARLConfig) -> None:
     """Make one copy of the environment and lay out its policies: a ValueError naming what is
     wrong (an unknown or turn-based environment, continuous actions the algorithm cannot take,
-    agents that cannot share a policy, a frozen
-    policy id that is not in the layout, learners asked to train on a GPU there is not) before
-    any server, actor or run starts."""
+    agents that cannot share a policy, a frozen policy id that is not in the layout, learners
+    asked to train on a GPU there is not) before any server, actor or run starts."""
     layout, spec = layout_and_spec(config)
     _check_actions(config, spec)
     unknown = sorted(set(getattr(config.algorithm_settings, "frozen", ())) - set(layout.groups))

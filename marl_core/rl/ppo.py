@@ -19,12 +19,12 @@ PPO is on-policy: pass each batch once, collected by the current (or a very rece
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from marl_core.envs.api import Box
 from marl_core.rl import Algorithm, gaussian
 from marl_core.rl.batch import Experience
 from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
@@ -32,6 +32,9 @@ from marl_core.rl.networks import NatureCNN, features, masked_argmax, masked_log
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.sampling import sample_rows
 from marl_core.rl.settings import PPOConfig
+
+if TYPE_CHECKING:  # an annotation only: importing marl_core.envs would import every environment source
+    from marl_core.envs.api import Box
 
 
 class ActorCriticPolicy(NetworkPolicy):
