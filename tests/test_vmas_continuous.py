@@ -114,6 +114,20 @@ def test_a_fragment_records_the_raw_samples_and_what_vmas_returns_for_them_clipp
     assert joint.truncated[6].all() and result.episode_lengths.tolist() == [7] * copies
 
 
+def test_copies_stepped_one_by_one_record_the_same_fragment_as_one_batch():
+    """A factory's copies (`VmasEnv`, one VMAS call each) take the one-by-one path; with one copy
+    both paths seed and reset alike, so they must record the same fragment."""
+    network = gaussian_network(seed=2)
+    request = learner_request(network, fragment=Fragment("train", 0, 9), seed=(6,))
+    batched = RolloutWorker(NAVIGATION, envs_per_worker=1).collect(request).joint
+    one_by_one = RolloutWorker(lambda: make_env(NAVIGATION), envs_per_worker=1).collect(request).joint
+    for a in batched.agents:
+        np.testing.assert_array_equal(one_by_one.action[a], batched.action[a])
+        np.testing.assert_allclose(one_by_one.reward[a], batched.reward[a], rtol=1e-6)
+        np.testing.assert_allclose(one_by_one.next_obs[a], batched.next_obs[a], rtol=1e-6)
+    np.testing.assert_array_equal(one_by_one.truncated, batched.truncated)
+
+
 def test_greedy_whole_episodes_play_the_means_as_vmas_does():
     copies = 3
     network = gaussian_network(seed=1)
