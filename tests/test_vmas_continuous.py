@@ -5,17 +5,19 @@ IPPO and MAPPO learn with them, and every other algorithm is refused in one line
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
 import pytest
 import torch
 import vmas
+from joint_rollouts import JointRollouts
 from test_marl_learning import final_sampled_return
 
 from marl_core.envs import Box, make_env, shared_population
 from marl_core.marl import MARL_ALGORITHMS
-from marl_core.marl.config import MARLConfig, check
+from marl_core.marl.config import MARLConfig, check, make_learner
 from marl_core.policies.base import UniformPolicy
 from marl_core.rl import gaussian
 from marl_core.rl.ppo import GaussianActorCriticPolicy
@@ -181,6 +183,24 @@ SETTINGS = {
 def test_ippo_and_mappo_learn_continuous_navigation(algorithm):
     final = final_sampled_return(CONTINUOUS_NAVIGATION, algorithm, SETTINGS[algorithm], 30, 50, 16, eval_episodes=32)
     assert final >= 0.4, f"{algorithm}: {final:.2f} after 24,000 joint steps on {CONTINUOUS_NAVIGATION}"
+
+
+@pytest.mark.parametrize("algorithm", sorted(SETTINGS))
+def test_a_continuous_learner_restored_from_its_checkpoint_makes_exactly_the_same_next_update(algorithm):
+    config = MARLConfig(env=CONTINUOUS_NAVIGATION, algorithm=algorithm, envs_per_worker=2, settings=SETTINGS[algorithm])
+    workers = JointRollouts.of(config)
+    original = make_learner(config, workers.layout, workers.spec.state_size)
+    original.learn(workers.collect(original.policies, 40)[0])
+    assert (original.policies["agent"].log_std != 0).all()  # the spread moved before the learner was saved
+    saved = io.BytesIO()
+    torch.save(original.state_dict(), saved)
+    saved.seek(0)
+    restored = make_learner(config, workers.layout, workers.spec.state_size)
+    restored.load_state_dict(torch.load(saved, weights_only=True))
+    second = workers.collect(original.policies, 40)[0]
+    assert original.learn(second) == restored.learn(second)
+    for name, weights in original.policies["agent"].state_dict().items():
+        assert torch.equal(weights, restored.policies["agent"].state_dict()[name]), name
 
 
 def test_asynchronous_ippo_streams_and_learns_continuous_actions():
