@@ -513,6 +513,13 @@ OTHER_COMMANDS = [
     ),
     (
         "marl run",
+        ("--env", "vmas:navigation(continuous_actions=True)", "--algorithm", "qmix"),
+        None,
+        "algorithm='qmix': environment 'vmas:navigation(continuous_actions=True)' has continuous actions, which "
+        "qmix cannot take; algorithms that can: ippo, mappo",
+    ),
+    (
+        "marl run",
         ("--env", "atari:pong_v9", "--algorithm", "ippo"),
         None,
         "unknown Atari game 'pong_v9' (No module named 'pettingzoo.atari.pong_v9'); "

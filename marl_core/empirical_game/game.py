@@ -72,6 +72,11 @@ def psro_game(game: str, roles: tuple[tuple[str, str], ...] | None = None) -> PS
         spec = env.spec
     finally:
         env.close()
+    if spec.action_boxes:
+        raise ValueError(
+            f"game {game!r} has continuous actions; populations (PSRO, leagues) act on discrete actions only "
+            "(train it with psro marl: ippo or mappo)"
+        )
     mapping = by_prefix(dict(roles)) if roles else one_population_per_agent
     role_of = {}
     for agent in spec.agents:

@@ -7,6 +7,7 @@ make_env("pettingzoo:classic/tictactoe-v3")   # a PettingZoo registry id: parall
 make_env("gymnasium:CartPole-v1")             # a Gymnasium id, as one agent "agent_0"
 make_env("atari:pong_v3")                     # a PettingZoo Atari game from pixels, preprocessed
 make_env("vmas:navigation(n_agents=2)")       # a VMAS scenario, one copy
+make_env("vmas:navigation(continuous_actions=True)")  # the same, with VMAS's continuous actions
 
 `make_batched_env` gives the sources that step many copies in one call (VMAS) as a `BatchedEnv`.
 """
@@ -27,7 +28,7 @@ from marl_core.envs.agent_mapping import (
     one_population_per_agent,
     shared_population,
 )
-from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep
+from marl_core.envs.api import AgentID, Box, EnvSpec, MultiAgentEnv, TimeStep
 from marl_core.envs.atari import AtariEnv, AtariSettings, rom_directory
 from marl_core.envs.batched import BatchedEnv, BatchedStep
 from marl_core.envs.gymnasium_env import GymnasiumEnv
@@ -46,6 +47,7 @@ __all__ = [
     "BatchedCopies",
     "BatchedEnv",
     "BatchedStep",
+    "Box",
     "EnvCopies",
     "EnvSpec",
     "GymnasiumEnv",

@@ -37,7 +37,7 @@ class BatchedStep:
 
 class BatchedEnv(abc.ABC):
     """`num_envs` copies of one simultaneous environment, stepped together. Every action of the
-    action space is legal in every state (no masks)."""
+    action space is legal in every state (no masks; continuous ones are clipped into their box)."""
 
     spec: EnvSpec
     num_envs: int
@@ -48,7 +48,8 @@ class BatchedEnv(abc.ABC):
 
     @abc.abstractmethod
     def step(self, actions: dict[AgentID, np.ndarray]) -> BatchedStep:
-        """One action per agent and copy ([num_envs] integers each), applied to every copy."""
+        """One action per agent and copy ([num_envs] integers each, or [num_envs, size] floats for
+        an agent of `spec.action_boxes`), applied to every copy."""
 
     @abc.abstractmethod
     def reset_ended(self, ended: np.ndarray) -> dict[AgentID, np.ndarray]:

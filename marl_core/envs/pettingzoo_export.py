@@ -28,6 +28,8 @@ class _ExportedAECEnv(AECEnv):
         super().__init__()
         self.env = env
         spec = env.spec
+        if spec.action_boxes:
+            raise ValueError(f"{spec.name} has continuous actions; to_pettingzoo exports discrete actions only")
         self.metadata = {"name": spec.name, "render_modes": [], "is_parallelizable": False}
         self.possible_agents = list(spec.agents)
         self.observation_spaces = {

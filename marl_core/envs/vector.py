@@ -45,8 +45,8 @@ class BatchedCopies:
     def __init__(self, env: BatchedEnv):
         self.env = env
         self.spec = env.spec
-        agents = self.spec.agents
-        self._no_actions = {a: np.zeros(env.num_envs, np.int64) for a in agents}
+        spec, agents = self.spec, self.spec.agents
+        self._no_actions = {a: np.zeros((env.num_envs, *spec.action_shape(a)), spec.action_dtype(a)) for a in agents}
         self._all_legal = {a: np.ones(self.spec.num_actions[a], bool) for a in agents}
 
     def __len__(self) -> int:

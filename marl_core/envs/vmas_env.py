@@ -10,7 +10,10 @@ Names: `vmas:navigation`, or with the scenario's own arguments as OpenSpiel writ
 parameters, `vmas:navigation(n_agents=2,max_steps=50)`. MPE's tasks are VMAS scenarios too
 (`vmas:simple_spread`). An episode ends by the scenario's own rule (a termination) or after
 `max_steps` steps (a truncation); `max_steps` is 100 unless the name sets it, as in
-BenchMARL's VMAS tasks. Actions are VMAS's discrete ones (`continuous_actions=False`).
+BenchMARL's VMAS tasks. Actions are VMAS's discrete ones unless the name says
+`continuous_actions=True` (VMAS's own argument): then each agent's action is a vector within the
+`Box` of VMAS's action space (`EnvSpec.action_boxes`), clipped into it here, since VMAS refuses
+one outside its range and a Gaussian policy's sample may fall there.
 
 VMAS draws its random numbers from torch's global generator (and seeds NumPy's and Python's
 global ones too on a seeded reset): a process's VMAS runs are reproducible from the seeds it
@@ -24,7 +27,7 @@ import re
 
 import numpy as np
 
-from marl_core.envs.api import AgentID, EnvSpec, MultiAgentEnv, TimeStep, check_actions, check_rewards
+from marl_core.envs.api import AgentID, Box, EnvSpec, MultiAgentEnv, TimeStep, check_actions, check_rewards
 from marl_core.envs.batched import BatchedEnv, BatchedStep
 from marl_core.envs.vector import BatchedCopies
 
@@ -60,12 +63,15 @@ class VmasBatchedEnv(BatchedEnv):
 
         scenario, arguments = scenario_arguments(name, target)
         max_steps = arguments.pop("max_steps", MAX_STEPS)
+        continuous = arguments.pop("continuous_actions", False)
+        if not isinstance(continuous, bool):
+            raise ValueError(f"environment {name!r}: continuous_actions={continuous!r} is not True or False")
         try:
             self.env = vmas.make_env(
                 scenario,
                 num_envs=num_envs,
                 device="cpu",
-                continuous_actions=False,
+                continuous_actions=continuous,
                 max_steps=max_steps,
                 terminated_truncated=True,
                 **arguments,
@@ -74,13 +80,17 @@ class VmasBatchedEnv(BatchedEnv):
             raise ValueError(f"environment {name!r}: {error}") from None
         self.num_envs = num_envs
         agents = tuple(agent.name for agent in self.env.agents)
+        spaces = dict(zip(agents, self.env.action_space))
+        boxes = {a: Box(tuple(s.low.tolist()), tuple(s.high.tolist())) for a, s in spaces.items()} if continuous else {}
         self.spec = EnvSpec(
             name=name,
             agents=agents,
             observation_size={a: int(space.shape[0]) for a, space in zip(agents, self.env.observation_space)},
-            num_actions={a: int(space.n) for a, space in zip(agents, self.env.action_space)},
+            num_actions={a: 0 if continuous else int(space.n) for a, space in spaces.items()},
             simultaneous=True,
+            action_boxes=boxes,
         )
+        self._bounds = [(np.array(boxes[a].low, np.float32), np.array(boxes[a].high, np.float32)) for a in boxes]
         self._steps = np.zeros(num_envs, np.int64)  # each copy's steps in its episode, for error messages
 
     def reset(self, seed: int | None = None) -> dict[AgentID, np.ndarray]:
@@ -91,9 +101,14 @@ class VmasBatchedEnv(BatchedEnv):
         import torch
 
         self._steps += 1
-        observations, rewards, terminated, truncated, _ = self.env.step(
-            [torch.as_tensor(np.asarray(actions[a], dtype=np.int64)) for a in self.spec.agents]
-        )
+        if self._bounds:
+            given = [
+                np.clip(actions[a], low, high, dtype=np.float32)
+                for a, (low, high) in zip(self.spec.agents, self._bounds)
+            ]
+        else:
+            given = [np.asarray(actions[a], dtype=np.int64) for a in self.spec.agents]
+        observations, rewards, terminated, truncated, _ = self.env.step([torch.as_tensor(a) for a in given])
         rewards = torch.stack(rewards, dim=1).numpy().astype(np.float64)
         if not np.isfinite(rewards).all():
             e, i = np.argwhere(~np.isfinite(rewards))[0]
@@ -117,7 +132,8 @@ class VmasBatchedEnv(BatchedEnv):
 
 class VmasEnv(MultiAgentEnv):
     """One copy of a VMAS scenario as a `MultiAgentEnv`: every agent acts every step, every
-    action is legal; an episode's last observations come in `infos[agent]["final_observation"]`."""
+    action is legal (or, continuous, clipped into its box); an episode's last observations come
+    in `infos[agent]["final_observation"]`."""
 
     def __init__(self, name: str, target: str):
         self.copy = BatchedCopies(VmasBatchedEnv(name, target, num_envs=1))
@@ -128,7 +144,7 @@ class VmasEnv(MultiAgentEnv):
         return self._last
 
     def step(self, actions: dict[AgentID, int]) -> TimeStep:
-        check_actions(self.spec.name, self._last.action_masks if self._last else {}, actions)
+        check_actions(self.spec.name, self._last.action_masks if self._last else {}, actions, self.spec.action_boxes)
         self._last = self.copy.step({0: actions})[0]
         return self._last
 

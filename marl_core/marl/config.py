@@ -90,10 +90,11 @@ class MARLConfig(BaseModel):
 
 def check(config: MARLConfig) -> None:
     """Make one copy of the environment and lay out its policies: a ValueError naming what is
-    wrong (an unknown or turn-based environment, agents that cannot share a policy, a frozen
-    policy id that is not in the layout, learners asked to train on a GPU there is not) before
-    any server, actor or run starts."""
-    layout, _ = layout_and_spec(config)
+    wrong (an unknown or turn-based environment, continuous actions the algorithm cannot take,
+    agents that cannot share a policy, a frozen policy id that is not in the layout, learners
+    asked to train on a GPU there is not) before any server, actor or run starts."""
+    layout, spec = layout_and_spec(config)
+    _check_actions(config, spec)
     unknown = sorted(set(getattr(config.algorithm_settings, "frozen", ())) - set(layout.groups))
     if unknown:
         raise ValueError(f"settings.frozen={unknown}: no such policy; the policies are {sorted(layout.groups)}")
@@ -109,6 +110,25 @@ def check(config: MARLConfig) -> None:
         from marl_core.marl.learner import resolve_device
 
         resolve_device(settings.device)
+
+
+def _check_actions(config: MARLConfig, spec) -> None:
+    """Continuous actions need a learner that takes them, and no uniform play (a population)."""
+    if not spec.action_boxes:
+        return
+    takes = sorted(
+        name for name in MARL_ALGORITHMS if getattr(MARL_ALGORITHMS.settings(name), "continuous_actions", False)
+    )
+    if config.algorithm not in takes:
+        raise ValueError(
+            f"algorithm={config.algorithm!r}: environment {config.env!r} has continuous actions, which "
+            f"{config.algorithm} cannot take; algorithms that can: {', '.join(takes)}"
+        )
+    if config.eval_versus_uniform:
+        raise ValueError(
+            f"eval_versus_uniform=True: environment {config.env!r} has continuous actions, and uniform play "
+            "(a population) acts on discrete ones only; set eval_versus_uniform: false"
+        )
 
 
 def _check_frames(config: MARLConfig, layout) -> None:

@@ -2,7 +2,8 @@
 
 Each agent treats the others as part of its environment (de Witt et al. 2020 show how far this
 goes with PPO). Agents mapped to one policy id pool their transitions into that id's trainer, so
-parameter sharing needs nothing more. The acting networks are the trainers' own policies.
+parameter sharing needs nothing more. The acting networks are the trainers' own policies. Of
+these trainers only PPO's takes continuous actions (its Gaussian actor, given the policy's box).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ class IndependentLearner:
     def __init__(self, layout: PolicyLayout, state_size: int, config):
         self.layout = layout
         self.config = config
-        trainer = ALGORITHMS[self.algorithm].trainer
-        self.trainers = {
-            policy: trainer(layout.obs_size[policy], layout.num_actions[policy], self._settings())
-            for policy in layout.groups
-        }
+        self.trainers = {policy: self._trainer(policy) for policy in layout.groups}
         self.policies = {policy: trainer.policy for policy, trainer in self.trainers.items()}
+
+    def _trainer(self, policy: str):
+        trainer = ALGORITHMS[self.algorithm].trainer
+        return trainer(self.layout.obs_size[policy], self.layout.num_actions[policy], self._settings())
 
     def _settings(self):
         raise NotImplementedError
@@ -73,6 +74,13 @@ class IndependentLearner:
 
 class IndependentPPO(IndependentLearner):
     algorithm = "ppo"
+
+    def _trainer(self, policy: str):
+        trainer = ALGORITHMS[self.algorithm].trainer
+        layout = self.layout
+        return trainer(
+            layout.obs_size[policy], layout.num_actions[policy], self._settings(), layout.action_boxes.get(policy)
+        )
 
     def _settings(self):
         return self.config.ppo

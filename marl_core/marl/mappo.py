@@ -32,6 +32,9 @@ few implementation details, matches or beats off-policy MARL methods on MPE, SMA
   loss, with the critic's loss on the global state), an entropy bonus, and gradient-norm clips of
   actor and critic separately, as the paper's code does.
 
+Continuous actions (a policy id whose agents act in a `Box`): the actor is a Gaussian
+(`GaussianMAPPOActor`, `rl.gaussian`), the rest as above.
+
 Policy ids do not share parameters, losses or data, so each trains on its own agents' rows
 exactly as if the others were alone: with one id (simple_spread) this is the paper's shared-
 parameter setting; with several (simple_adversary) each role has its own actor and critic.
@@ -43,8 +46,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from marl_core.envs.api import Box
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.settings import MAPPOConfig
+from marl_core.rl import gaussian
 from marl_core.rl.networks import masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.ppo import compute_gae, step_metrics
@@ -89,6 +94,40 @@ class MAPPOActor(NetworkPolicy):
         obs_t, mask_t = self._tensors(obs, mask)
         with torch.inference_mode():
             return torch.softmax(self.logits(obs_t, mask_t).double(), dim=-1).numpy()
+
+    def log_prob_and_entropy(self, obs, mask, action) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actions' log-probabilities [B] and the mean entropy: what the surrogate needs."""
+        log_probs = torch.log_softmax(self.logits(obs, mask), dim=-1)
+        logp = log_probs.gather(1, action[:, None]).squeeze(1)
+        # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
+        return logp, -(log_probs.exp() * log_probs).sum(dim=-1).mean()
+
+
+class GaussianMAPPOActor(MAPPOActor):
+    """The actor for continuous actions in `box`: its outputs are a Gaussian's means, its log
+    standard deviations learned apart from the state (`rl.gaussian`). Masks have width 0."""
+
+    def __init__(self, obs_size: int, box: Box, hidden: tuple[int, ...]):
+        super().__init__(obs_size, box.size, hidden)  # one output per action entry: the means
+        self.num_actions = 0  # the width of its masks
+        self.log_std = gaussian.learned_log_std(box.size)
+
+    def act(self, obs, mask, explore, generator):
+        obs_t, _ = self._tensors(obs, mask)
+        with torch.inference_mode():
+            action, logp = gaussian.sample(self.actor(obs_t), self.log_std, explore, generator)
+        return action, {"logp": logp}
+
+    def action_probs(self, obs, mask):
+        raise gaussian.no_action_probs()
+
+    def log_prob_and_entropy(self, obs, mask, action):
+        return gaussian.log_prob(self.actor(obs), self.log_std, action), gaussian.entropy(self.log_std)
+
+
+def make_actor(obs_size: int, num_actions: int, box: Box | None, hidden: tuple[int, ...]) -> MAPPOActor:
+    """A policy id's actor: a masked softmax over `num_actions`, or a Gaussian in `box`."""
+    return MAPPOActor(obs_size, num_actions, hidden) if box is None else GaussianMAPPOActor(obs_size, box, hidden)
 
 
 # --- the centralized critic: global state (+ agent one-hot) -> value ---------------------------
@@ -172,7 +211,8 @@ class RunningMeanStd:
 def _streams(array: np.ndarray) -> np.ndarray:
     """[n, T, E, ...] -> [n*E*T, ...]: rows grouped by agent, then copy, in time order within each
     (agent, copy): the time-ordered streams that GAE runs along."""
-    return np.swapaxes(array, 1, 2).reshape(-1, *array.shape[3:])
+    n, t, e = array.shape[:3]
+    return np.swapaxes(array, 1, 2).reshape(n * e * t, *array.shape[3:])  # -1 is ambiguous for empty masks
 
 
 class MAPPOLearner:
@@ -186,7 +226,10 @@ class MAPPOLearner:
             self.policies: dict[str, MAPPOActor] = {}
             self.critics: dict[str, CentralCritic] = {}
             for policy, agents in layout.groups.items():
-                self.policies[policy] = MAPPOActor(layout.obs_size[policy], layout.num_actions[policy], config.hidden)
+                box = layout.action_boxes.get(policy)
+                self.policies[policy] = make_actor(
+                    layout.obs_size[policy], layout.num_actions[policy], box, config.hidden
+                )
                 self.critics[policy] = CentralCritic(state_size, len(agents), config.critic_hidden)
         critic_lr = config.critic_lr or config.lr
         self.optimizers = {
@@ -285,13 +328,10 @@ class MAPPOLearner:
     ) -> dict[str, float]:
         c = self.config
         actor, critic = self.policies[policy], self.critics[policy]
-        log_probs = torch.log_softmax(actor.logits(obs, mask), dim=-1)
-        logp = log_probs.gather(1, action[:, None]).squeeze(1)
+        logp, entropy = actor.log_prob_and_entropy(obs, mask, action)
         log_ratio = logp - old_logp
         ratio = log_ratio.exp()
         policy_loss = -torch.min(ratio * advantages, ratio.clamp(1 - c.clip, 1 + c.clip) * advantages).mean()
-        # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
-        entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()
         value_loss = 0.5 * (critic.net(critic_inputs).squeeze(-1) - targets).pow(2).mean()
         loss = policy_loss - c.entropy_coef * entropy + c.value_coef * value_loss
 

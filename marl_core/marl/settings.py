@@ -2,12 +2,14 @@
 
 Like `marl_core.rl.settings`, they live apart from the algorithms so that checking a run's
 settings never imports torch; each algorithm's line in `marl_core.marl.MARL_ALGORITHMS` names
-its class. Independent learners reuse the single-agent settings unchanged.
+its class. Independent learners reuse the single-agent settings unchanged. A class whose
+learner takes continuous actions says so (`continuous_actions`), so that a config is refused on
+an environment of continuous actions before anything starts, not in its learner.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -48,6 +50,7 @@ class IPPOConfig(BaseModel):
     train (several learners of a policy combine gradients by `asynchronous.distributed`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    continuous_actions: ClassVar[bool] = True  # PPO's Gaussian actor
 
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     asynchronous: AsyncConfig | None = Field(None, description="learn while the workers play (see AsyncConfig)")
@@ -130,6 +133,7 @@ class MAPPOConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    continuous_actions: ClassVar[bool] = True  # its Gaussian actor
 
     hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="actor hidden layer widths")
     critic_hidden: tuple[int, ...] = Field((64, 64), min_length=1, description="centralized critic hidden layer widths")

@@ -11,6 +11,9 @@ things:
   on-policy methods bootstrap from the value of `next_obs`.
 
 DQN only needs `done` (each transition stands alone); PPO's GAE needs both.
+
+Actions are discrete indices, legal by their masks, or continuous (`envs.api.Box`): float32
+vectors [N, size] with masks of width 0, which only PPO's Gaussian policies learn from.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ class Experience:
     """
 
     obs: np.ndarray  # [N, O] float32
-    mask: np.ndarray  # [N, A] bool, True = legal
-    action: np.ndarray  # [N] int64
+    mask: np.ndarray  # [N, A] bool, True = legal (A = 0: continuous actions)
+    action: np.ndarray  # [N] int64, or [N, size] float32 continuous actions
     reward: np.ndarray  # [N] float32
     next_obs: np.ndarray  # [N, O] float32
     next_mask: np.ndarray  # [N, A] bool
@@ -52,6 +55,10 @@ class Experience:
 
     def __len__(self) -> int:
         return len(self.action)
+
+    @property
+    def continuous(self) -> bool:
+        return self.action.ndim == 2
 
     @classmethod
     def concat(cls, batches: list[Experience]) -> Experience:
@@ -74,6 +81,8 @@ class Experience:
         n = len(self)
         for name, (dtype, ndim) in _SCHEMA.items():
             array = getattr(self, name)
+            if name == "action" and self.continuous:
+                dtype, ndim = np.float32, 2
             if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != ndim:
                 raise ValueError(f"Experience.{name} must be a {ndim}-d {np.dtype(dtype).name} array")
             if len(array) != n:
@@ -87,12 +96,16 @@ class Experience:
             raise ValueError("Experience.reward holds non-finite values")
         if not np.isfinite(self.obs).all() or not np.isfinite(self.next_obs).all():
             raise ValueError("Experience observations hold non-finite values")
-        if n and not (0 <= self.action.min() and self.action.max() < self.mask.shape[1]):
-            raise ValueError("Experience.action out of range")
-        if not self.mask[np.arange(n), self.action].all():
-            raise ValueError("Experience.action holds actions its mask marks illegal")
+        if self.continuous:
+            if self.mask.shape[1] or not np.isfinite(self.action).all():
+                raise ValueError("continuous Experience.action must be finite, with masks of width 0")
+        else:
+            if n and not (0 <= self.action.min() and self.action.max() < self.mask.shape[1]):
+                raise ValueError("Experience.action out of range")
+            if not self.mask[np.arange(n), self.action].all():
+                raise ValueError("Experience.action holds actions its mask marks illegal")
         if n and not self.last[-1]:
             raise ValueError("every stream segment ends with last=True, so the final transition must too")
-        if not self.next_mask[~self.done].any(axis=1).all():
+        if not self.continuous and not self.next_mask[~self.done].any(axis=1).all():
             raise ValueError("a non-terminal transition's next_mask has no legal action")
         return self

@@ -64,7 +64,8 @@ class NetworkPolicy(nn.Module, abc.ABC):
             raise ValueError(
                 f"expected obs [B, {self.obs_size}] and mask [B, {self.num_actions}], got {obs.shape} and {mask.shape}"
             )
-        # Checked in numpy: every torch call costs dispatch overhead on the per-step path.
-        if not mask.any(axis=1).all():
+        # Checked in numpy: every torch call costs dispatch overhead on the per-step path. A
+        # policy of continuous actions has masks of width 0: nothing to check.
+        if self.num_actions and not mask.any(axis=1).all():
             raise ValueError("every mask row needs at least one legal action")
         return torch.from_numpy(obs), torch.from_numpy(mask)

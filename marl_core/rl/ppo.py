@@ -9,24 +9,32 @@ log-probability and value of every action in `Experience.extras`. `update(experi
    (Schulman et al. 2017), a squared-error value loss and an entropy bonus, with illegal actions
    masked out of every softmax, log-probability and entropy.
 
+With an action box (`envs.api.Box`: continuous actions) the actor is a Gaussian instead
+(`GaussianActorCriticPolicy`, `rl.gaussian`); the clipped objective, the critic and GAE are the
+same, fed the Gaussian's log-probabilities and entropy.
+
 PPO is on-policy: pass each batch once, collected by the current (or a very recent) policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from marl_core.rl import Algorithm
+from marl_core.rl import Algorithm, gaussian
 from marl_core.rl.batch import Experience
 from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
 from marl_core.rl.networks import NatureCNN, features, masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.sampling import sample_rows
 from marl_core.rl.settings import PPOConfig
+
+if TYPE_CHECKING:  # an annotation only: importing marl_core.envs would import every environment source
+    from marl_core.envs.api import Box
 
 
 class ActorCriticPolicy(NetworkPolicy):
@@ -75,12 +83,26 @@ class ActorCriticPolicy(NetworkPolicy):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
 
-    def logits_and_value(self, obs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both heads, the shared trunk (if any) run once."""
+    def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's outputs and the values, the shared trunk (if any) run once."""
         if not self.shared_trunk:
-            return self.logits(obs, mask), self.value(obs)
+            return self.actor(obs), self.value(obs)
         hidden = self.actor[0](obs)
-        return masked_logits(self.actor[1](hidden), mask), self.critic[1](hidden).squeeze(-1)
+        return self.actor[1](hidden), self.critic[1](hidden).squeeze(-1)
+
+    def logits_and_value(self, obs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs, value = self.heads(obs)
+        return masked_logits(outputs, mask), value
+
+    def evaluate(self, obs, mask, action) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What PPO's loss needs of a minibatch: the actions' log-probabilities [B], the mean
+        entropy and the values [B]."""
+        logits, value = self.logits_and_value(obs, mask)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        logp = log_probs.gather(1, action[:, None]).squeeze(1)
+        # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
+        entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()
+        return logp, entropy, value
 
     def act(self, obs, mask, explore, generator):
         obs_t, mask_t = self._tensors(obs, mask)
@@ -98,6 +120,31 @@ class ActorCriticPolicy(NetworkPolicy):
         obs_t, mask_t = self._tensors(obs, mask)
         with torch.inference_mode():
             return torch.softmax(self.logits(obs_t, mask_t).double(), dim=-1).numpy()
+
+
+class GaussianActorCriticPolicy(ActorCriticPolicy):
+    """The actor-critic for continuous actions in `box`: the actor's outputs are the means of a
+    Gaussian whose log standard deviations are learned apart from the state (`rl.gaussian`).
+    Its masks have width 0 (`num_actions` 0: no discrete actions); extras as the discrete one's."""
+
+    def __init__(self, obs_size: int, box: Box, config: PPOConfig):
+        super().__init__(obs_size, box.size, config)  # one output per action entry: the means
+        self.num_actions = 0  # the width of its masks
+        self.log_std = gaussian.learned_log_std(box.size)
+
+    def act(self, obs, mask, explore, generator):
+        obs_t, _ = self._tensors(obs, mask)
+        with torch.inference_mode():
+            mean, value = self.heads(obs_t)
+            action, logp = gaussian.sample(mean, self.log_std, explore, generator)
+        return action, {"logp": logp, "value": value.numpy()}
+
+    def action_probs(self, obs, mask):
+        raise gaussian.no_action_probs()
+
+    def evaluate(self, obs, mask, action):
+        mean, value = self.heads(obs)
+        return gaussian.log_prob(mean, self.log_std, action), gaussian.entropy(self.log_std), value
 
 
 def compute_gae(
@@ -131,13 +178,17 @@ def compute_gae(
 
 
 class PPOTrainer(LossStepTrainer):
-    """Owns the actor-critic (inside `.policy`) and its optimizer."""
+    """Owns the actor-critic (inside `.policy`) and its optimizer; `action_box`: the actions are
+    continuous, in that box (a Gaussian actor), and `num_actions` is 0."""
 
-    def __init__(self, obs_size: int, num_actions: int, config: PPOConfig | None = None):
+    def __init__(self, obs_size: int, num_actions: int, config: PPOConfig | None = None, action_box: Box | None = None):
         self.config = config = config or PPOConfig()
         with torch.random.fork_rng(devices=[]):  # seeded initialisation without touching global state
             torch.manual_seed(config.seed)
-            self.policy = ActorCriticPolicy(obs_size, num_actions, config)
+            if action_box is None:
+                self.policy = ActorCriticPolicy(obs_size, num_actions, config)
+            else:
+                self.policy = GaussianActorCriticPolicy(obs_size, action_box, config)
         self.optimizer = torch.optim.Adam(
             self.policy.parameters(), lr=config.lr, eps=1e-5, fused=True
         )  # fused: one kernel for all parameters (docs/performance.md)
@@ -213,15 +264,11 @@ ALGORITHM = Algorithm(PPOConfig, PPOTrainer, ActorCriticPolicy)
 def clipped_surrogate_loss(policy: ActorCriticPolicy, obs, mask, action, old_logp, advantages, returns, c) -> LossStep:
     """PPO's clipped surrogate, a squared-error value loss and an entropy bonus on one minibatch;
     `c` carries `clip`, `value_coef` and `entropy_coef` (PPO's and APPO's settings both do)."""
-    logits, value = policy.logits_and_value(obs, mask)
-    log_probs = torch.log_softmax(logits, dim=-1)
-    logp = log_probs.gather(1, action[:, None]).squeeze(1)
+    logp, entropy, value = policy.evaluate(obs, mask, action)
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
     policy_loss = -torch.min(ratio * advantages, ratio.clamp(1 - c.clip, 1 + c.clip) * advantages).mean()
     value_loss = 0.5 * (value - returns).pow(2).mean()
-    # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
-    entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()
     loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
     return LossStep(loss, len(action), step_metrics(loss, policy_loss, value_loss, entropy, ratio, log_ratio, c.clip))
 

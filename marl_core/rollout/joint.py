@@ -70,10 +70,14 @@ class Stream:
     def advance(self, actions: dict[AgentID, np.ndarray], record: JointRecorder, t: int, one_hot, rng, mixtures):
         """Step every copy with its actions and record row `t`; returns the (returns, length,
         draws) of the episodes that ended."""
-        agents = self.envs[0].spec.agents
+        spec = self.envs[0].spec
+        agents, continuous = spec.agents, bool(spec.action_boxes)
         finished = []
         for e, env in enumerate(self.envs):
-            step = env.step({a: int(actions[a][e]) for a in agents})
+            if continuous:
+                step = env.step({a: actions[a][e] for a in agents})
+            else:
+                step = env.step({a: int(actions[a][e]) for a in agents})
             ended = self.stepped(e, step, env, record, t, one_hot, rng, mixtures)
             if ended is not None:
                 finished.append(ended)
@@ -216,14 +220,20 @@ class JointRecorder:
         num_actions: dict[AgentID, int],
         state_size: int,
         obs_dtype: dict[AgentID, type] | None = None,
+        action_size: dict[AgentID, int] | None = None,
     ):
-        """`obs_dtype`: per agent, float32 by default; uint8 keeps pixels a quarter of the bytes."""
+        """`obs_dtype`: per agent, float32 by default; uint8 keeps pixels a quarter of the bytes.
+        `action_size`: the agents whose actions are continuous, and the size of their float32
+        vectors (the others' actions are int64 indices)."""
         self.agents = agents
         shape = (steps, envs)
-        obs_dtype = obs_dtype or {}
+        obs_dtype, action_size = obs_dtype or {}, action_size or {}
         self.obs = {a: np.zeros((*shape, obs_size[a]), obs_dtype.get(a, np.float32)) for a in agents}
         self.mask = {a: np.zeros((*shape, num_actions[a]), np.bool_) for a in agents}
-        self.action = {a: np.zeros(shape, np.int64) for a in agents}
+        self.action = {
+            a: np.zeros((*shape, action_size[a]), np.float32) if a in action_size else np.zeros(shape, np.int64)
+            for a in agents
+        }
         self.reward = {a: np.zeros(shape, np.float32) for a in agents}
         self.ended: dict[AgentID, list[tuple[int, int, np.ndarray]]] = {
             a: [] for a in agents

@@ -284,6 +284,11 @@ class RolloutWorker:
             )
         if not 0 <= request.opponent_epsilon <= 1:
             raise ValueError(f"opponent_epsilon must be in [0, 1], got {request.opponent_epsilon!r}")
+        if request.populations and self.spec.action_boxes:
+            raise ValueError(
+                f"{name} has continuous actions; population members act on discrete ones only, so every role "
+                f"needs a learner (populations given: {list(request.populations)})"
+            )
         index = {role: k for k, role in enumerate(request.populations)}
         learner_roles = list(learners)
         slot: dict[AgentID, int] = {}
@@ -517,6 +522,7 @@ class RolloutWorker:
             spec.num_actions,
             state_size,
             obs_dtype,
+            {a: box.size for a, box in spec.action_boxes.items()},
         )
         finished = []  # (returns, length, draws) of the episodes that ended
         env_steps = 0
@@ -760,11 +766,12 @@ def _to_experience(episodes: list[_Episode], decisions: _Decisions, agents: tupl
     done, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     done[ends], last[ends] = terminated, True
     obs, mask = np.concatenate(decisions.obs), np.concatenate(decisions.mask)
+    action = np.concatenate(decisions.action)[taken]
     keys = decisions.extras[0].keys()
     return Experience(
         obs=np.asarray(obs[taken], dtype=np.float32),
         mask=np.asarray(mask[taken], dtype=bool),
-        action=np.asarray(np.concatenate(decisions.action)[taken], dtype=np.int64),
+        action=np.asarray(action, dtype=np.float32 if action.ndim == 2 else np.int64),  # continuous: [N, size]
         reward=np.array(decisions.reward, dtype=np.float32)[taken],
         next_obs=np.asarray(obs[following], dtype=np.float32),
         next_mask=np.asarray(mask[following], dtype=bool),
