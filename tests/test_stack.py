@@ -400,6 +400,44 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
         print(f"{fault}: down {outage:.0f} s, its commit arrived {recovered:.1f} s after it was back")
 
 
+MARL_RUN = """
+env: pettingzoo:mpe2.simple_spread_v3
+algorithm: ippo
+rounds: 2
+steps_per_round: 25
+workers: 1
+envs_per_worker: 2
+eval_every: 2
+eval_episodes: 2
+checkpoint_every: 2
+"""
+SCENARIO_RUNS: dict[str, str] = {}  # scenario -> its MLflow run id on the stack, for the UIs' screenshots
+
+
+def test_a_marl_run_tracks_to_the_stack_too(stack, tmp_path):
+    """A second scenario through the same flags: its flow run on the stack's Prefect server,
+    its rollout worker on the stack's Ray, its run and checkpoint versions on the MLflow server."""
+    import mlflow
+
+    _, state, _ = stack
+    address = _addresses(state)
+    (tmp_path / "marl.yaml").write_text(MARL_RUN)
+    env = dict(_env(), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token", PREFECT_HOME=str(tmp_path / "home"))
+    flags = ["--config", str(tmp_path / "marl.yaml"), "--num-cpus", "1", "--experiment", "stack-marl"]
+    flags += ["--tracking-uri", address["mlflow"], "--ray-address", address["ray"]]
+    run = subprocess.run(
+        [PSRO, "marl", "run", *flags], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["home", "marl.yaml"]  # nothing else written here
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    (found,) = client.search_runs([client.get_experiment_by_name("stack-marl").experiment_id])
+    assert found.info.status == "FINISHED" and found.info.artifact_uri.startswith("mlflow-artifacts:")
+    assert client.search_model_versions(f"run_id = '{found.info.run_id}'")  # its checkpoints
+    SCENARIO_RUNS["marl"] = found.info.run_id
+    SCENARIO_RUNS["psro"] = RUNS[0]
+
+
 def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
     import mlflow
 
@@ -426,6 +464,32 @@ def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
     for run_id in RUNS:
         assert client.get_run(run_id).info.status == "FINISHED"
         assert client.list_artifacts(run_id, "payoffs")
+
+
+def test_the_stacks_uis_show_the_runs_of_both_scenarios(stack, tmp_path):
+    """For a person to look at (test-artifacts/screenshots/): the stack's Prefect UI and MLflow UI,
+    brought back by `up` (without --auth) after `down`, each showing the PSRO and the MARL run."""
+    import mlflow
+    from headless_browser import chromium_page, close_mlflow_assistant, shoot, wait_for_text
+
+    from flows.tracking.layout import mlflow_run_link
+
+    directory, _, _ = stack
+    address = _addresses(json.loads((directory / "stack.json").read_text()))
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    prefect = Prefect(address["prefect"])
+    with chromium_page(tmp_path / "profile") as page:
+        for scenario, run_id in SCENARIO_RUNS.items():
+            run = client.get_run(run_id)
+            flow_run = prefect("read_flow_run", run.data.tags["prefect.flow_run_id"])
+            page.goto(f"{address['prefect'].removesuffix('/api')}/runs/flow-run/{flow_run.id}")
+            wait_for_text(page, flow_run.name)
+            shoot(page, f"30-stack-prefect-{scenario}")
+            page.goto(mlflow_run_link(address["mlflow"], run.info.experiment_id, run_id))
+            wait_for_text(page, run.info.run_name)
+            close_mlflow_assistant(page)
+            shoot(page, f"31-stack-mlflow-{scenario}")
+    assert set(SCENARIO_RUNS) == {"psro", "marl"}
 
 
 @pytest.mark.parametrize(
