@@ -37,6 +37,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+from peer_venvs import missing_modules, reachable  # benchmarks/, this script's directory
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VENV = ROOT / ".bench" / "benchmarl-venv"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -60,33 +62,9 @@ PEER_PACKAGES = {
 REPORTED = ["benchmarl", "torchrl", "tensordict", "torch", "torchvision", "vmas", "pettingzoo", "gymnasium", "numpy"]
 
 
-def _reachable(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=5):
-            return True
-    except OSError:
-        return False
-
-
-def _missing(python: Path) -> list[str]:
-    probe = (
-        "import importlib.util as u, sys\n"
-        "def found(m):\n"
-        "    try:\n"
-        "        return u.find_spec(m) is not None\n"
-        "    except ImportError:\n"
-        "        return False\n"
-        "print(' '.join(m for m in sys.argv[1:] if not found(m)))"
-    )
-    out = subprocess.run([str(python), "-c", probe, *PEER_PACKAGES], capture_output=True, text=True, check=True)
-    return out.stdout.split()
-
-
 def torch_pair() -> tuple[list[str], list[str]]:
     """(pip's index arguments, [torch pin, torchvision pin]) for this machine."""
-    if _reachable(TORCH_CPU_INDEX + "/torch/"):
+    if reachable(TORCH_CPU_INDEX + "/torch/"):
         torch, vision = CPU_INDEX_PAIR
         return ["--extra-index-url", TORCH_CPU_INDEX], [f"torch=={torch}", f"torchvision=={vision}"]
     machine = platform.machine()
@@ -119,7 +97,7 @@ def peer_python(venv: Path = DEFAULT_VENV) -> Path:
     rest is installed in one pip call with them pinned again, so that pip keeps them.
     """
     python = venv / "bin" / "python"
-    if python.exists() and not _missing(python):
+    if python.exists() and not missing_modules(python, PEER_PACKAGES):
         return python
     print(f"preparing the BenchMARL peer's virtual environment in {venv} (once)", flush=True)
     started = time.perf_counter()

@@ -14,6 +14,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+from peer_venvs import missing_modules, reachable  # benchmarks/, this script's directory
+
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 # importable module -> distribution pinned to this project's version
@@ -29,22 +31,6 @@ PEER_PACKAGES = {
 }
 
 
-def _reachable(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=5):
-            return True
-    except OSError:
-        return False
-
-
-def _missing(python: Path) -> list[str]:
-    probe = "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))"
-    out = subprocess.run([str(python), "-c", probe, *PEER_PACKAGES], capture_output=True, text=True, check=True)
-    return out.stdout.split()
-
-
 def peer_python(venv: Path) -> Path:
     """The peer's interpreter, creating its virtual environment (or installing what it lacks) first.
 
@@ -56,14 +42,14 @@ def peer_python(venv: Path) -> Path:
     import torch
 
     python = venv / "bin" / "python"
-    if python.exists() and not _missing(python):
+    if python.exists() and not missing_modules(python, PEER_PACKAGES):
         return python
     print(f"preparing the RLlib peer's virtual environment in {venv} (once)", flush=True)
     started = time.perf_counter()
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     torch_pin = f"torch=={torch.__version__.split('+')[0]}+cpu"
-    index = ["--extra-index-url", TORCH_CPU_INDEX] if _reachable(TORCH_CPU_INDEX + "/torch/") else []
+    index = ["--extra-index-url", TORCH_CPU_INDEX] if reachable(TORCH_CPU_INDEX + "/torch/") else []
     pip = [str(python), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, *index, torch_pin], check=True)  # first, so that nothing below picks a CUDA build
     pins = [torch_pin] + [
