@@ -307,6 +307,7 @@ class FaultedRun:
         """Seconds from `since` until the run's commit tag names `index` (read from MLflow)."""
 
         def reached() -> bool:
+            assert self.process.poll() in (None, 0), self.output()  # a run that died commits nothing more
             try:
                 return int(self.run()[1].data.tags.get("psro.committed_iteration", -1)) >= index
             except Exception:  # the server itself may still be coming back
