@@ -81,7 +81,8 @@ def _authorized(url: str, headers: dict[str, str]) -> int | None:
         return error.code
 
 
-def _basic(credentials: str) -> dict[str, str]:
+def basic_auth(credentials: str) -> dict[str, str]:
+    """The HTTP basic-auth header of `user:password` (what Prefect's and MLflow's clients send)."""
     return {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
 
 
@@ -234,7 +235,7 @@ def _mlflow_credentials_problem(uri: str) -> str | None:
     fail the run at its first call, after the services started."""
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")
-    headers = _basic(f"{user}:{password}") if user and password else {}
+    headers = basic_auth(f"{user}:{password}") if user and password else {}
     if not headers and token:
         headers = {"Authorization": f"Bearer {token}"}
     try:
@@ -260,7 +261,7 @@ def check_prefect_api(api_url: str | None) -> None:
         return
     auth = os.environ.get("PREFECT_API_AUTH_STRING")
     try:
-        code = _authorized(api_url.rstrip("/") + "/admin/version", _basic(auth) if auth else {})
+        code = _authorized(api_url.rstrip("/") + "/admin/version", basic_auth(auth) if auth else {})
     except (urllib.error.URLError, OSError) as error:
         reason = _describe(getattr(error, "reason", error))
         raise ConfigError(f"PREFECT_API_URL={api_url!r}: no Prefect server answers ({reason})") from None

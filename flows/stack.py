@@ -55,6 +55,7 @@ from pathlib import Path
 import typer
 
 from flows.cli_errors import OneLineErrors, fail
+from flows.preflight import basic_auth
 from flows.reaper import processes_with
 from flows.services import LocalPrefectServer, free_port, healthy
 
@@ -102,11 +103,6 @@ class Credentials:
         if len(os.environ[MLFLOW_PASSWORD]) < MLFLOW_MIN_PASSWORD:
             raise StackError(f"auth: {MLFLOW_PASSWORD} needs {MLFLOW_MIN_PASSWORD} characters or more (MLflow's rule)")
         return cls(os.environ[PREFECT_AUTH], os.environ[MLFLOW_USER], os.environ[MLFLOW_PASSWORD])
-
-    def prefect_header(self) -> dict[str, str]:
-        import base64
-
-        return {"Authorization": "Basic " + base64.b64encode(self.prefect_auth_string.encode()).decode()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,10 +396,11 @@ def _ray_temp_dir(directory: Path) -> str:
 
 def _worker_online(stack: Stack, credentials: Credentials | None) -> bool:
     """Whether a worker of the stack's pool has reported to the server."""
+    auth = basic_auth(credentials.prefect_auth_string) if credentials else {}
     request = urllib.request.Request(
         f"{stack.prefect_api_url}/work_pools/{POOL}/workers/filter",
         data=b"{}",
-        headers={"Content-Type": "application/json", **(credentials.prefect_header() if credentials else {})},
+        headers={"Content-Type": "application/json", **auth},
         method="POST",
     )
     try:
@@ -717,20 +714,24 @@ def down_command(directory: Path | None = typer.Option(None, "--dir", help=DIR_H
 SERVICE_HELP = "services by name, as `status` lists them: postgres, prefect-server, mlflow, ray-head, ray-worker-N, ..."
 
 
+def _each(action: Callable[[Path, list[str]], list[str]], services: list[str], directory, done: str, none: str):
+    try:
+        names = action(_directory(directory), services)
+    except StackError as error:
+        fail(str(error))
+    for name in names:
+        typer.echo(f"{done} {name}")
+    if not names:
+        typer.echo(none)
+
+
 @app.command("start", cls=OneLineErrors)
 def start_command(
     services: list[str] = typer.Argument(..., help=SERVICE_HELP),
     directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP),
 ) -> None:
     """Start services of a running stack that are down (after a crash or a `stop`), on their ports."""
-    try:
-        started = start(_directory(directory), services)
-    except StackError as error:
-        fail(str(error))
-    for name in started:
-        typer.echo(f"started {name}")
-    if not started:
-        typer.echo("all of them were running")
+    _each(start, services, directory, "started", "all of them were running")
 
 
 @app.command("stop", cls=OneLineErrors)
@@ -739,14 +740,7 @@ def stop_command(
     directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP),
 ) -> None:
     """Stop services of the stack, leaving the others up (`start` brings them back)."""
-    try:
-        stopped = stop(_directory(directory), services)
-    except StackError as error:
-        fail(str(error))
-    for name in stopped:
-        typer.echo(f"stopped {name}")
-    if not stopped:
-        typer.echo("none of them was running")
+    _each(stop, services, directory, "stopped", "none of them was running")
 
 
 def _ray_cli(argv: list[str]) -> None:

@@ -336,9 +336,10 @@ def test_fault_a_ray_worker_node_killed_mid_run_leaves_the_run_on_the_head(stack
     RECOVERED["Ray worker node killed (SIGKILL)"] = (0.0, faulted_run.committed(1, killed))
 
 
-def _outage(directory: Path, faulted_run: FaultedRun, index: int, service: str, seconds: float) -> float:
+def _outage(stack, faulted_run: FaultedRun, index: int, service: str, seconds: float, fault: str) -> None:
     """Hold the run at commit `index`, stop `service`, let the run go on, start it again after
-    `seconds`; the seconds from its return to the held commit in MLflow."""
+    `seconds`; record the seconds from its return to the held commit in MLflow as `fault`'s."""
+    directory, _, _ = stack
     faulted_run.held(index)
     stopped = _stack(directory, "stop", service)
     assert stopped.stdout.strip() == f"stopped {service}", stopped.stdout + stopped.stderr
@@ -346,31 +347,19 @@ def _outage(directory: Path, faulted_run: FaultedRun, index: int, service: str, 
     time.sleep(seconds)  # the outage itself: nothing to poll for
     started = _stack(directory, "start", service)
     assert started.stdout.strip() == f"started {service}", started.stdout + started.stderr
-    return faulted_run.committed(index, time.monotonic())
+    RECOVERED[fault] = (seconds, faulted_run.committed(index, time.monotonic()))
 
 
 def test_fault_the_prefect_server_down_for_30_s(stack, faulted_run):
-    directory, _, _ = stack
-    RECOVERED["Prefect server stopped 30 s"] = (
-        PREFECT_OUTAGE,
-        _outage(directory, faulted_run, 2, "prefect-server", PREFECT_OUTAGE),
-    )
+    _outage(stack, faulted_run, 2, "prefect-server", PREFECT_OUTAGE, "Prefect server stopped 30 s")
 
 
 def test_fault_the_mlflow_server_down_for_60_s(stack, faulted_run):
-    directory, _, _ = stack
-    RECOVERED["MLflow server stopped 60 s"] = (
-        MLFLOW_OUTAGE,
-        _outage(directory, faulted_run, 3, "mlflow", MLFLOW_OUTAGE),
-    )
+    _outage(stack, faulted_run, 3, "mlflow", MLFLOW_OUTAGE, "MLflow server stopped 60 s")
 
 
 def test_fault_postgresql_restarted(stack, faulted_run):
-    directory, _, _ = stack
-    RECOVERED["PostgreSQL stopped 10 s"] = (
-        POSTGRES_OUTAGE,
-        _outage(directory, faulted_run, 4, "postgres", POSTGRES_OUTAGE),
-    )
+    _outage(stack, faulted_run, 4, "postgres", POSTGRES_OUTAGE, "PostgreSQL stopped 10 s")
 
 
 def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, faulted_run):
