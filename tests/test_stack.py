@@ -355,7 +355,10 @@ def test_fault_the_prefect_server_down_for_30_s(stack, faulted_run):
 
 
 def test_fault_the_mlflow_server_down_for_60_s(stack, faulted_run):
+    """The run's tracker waits for the server (`flows.tracking.patient`) and says so."""
     _outage(stack, faulted_run, 3, "mlflow", MLFLOW_OUTAGE, "MLflow server stopped 60 s")
+    said = re.findall(r"MLflow at \S+ (did not answer|answered) \w+", faulted_run.log.read_text())
+    assert said[:2] == ["did not answer", "answered"], faulted_run.output()
 
 
 def test_fault_postgresql_restarted(stack, faulted_run):

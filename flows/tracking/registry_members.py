@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from flows.tracking import layout
+from flows.tracking.patient import mlflow_client
 from marl_core.policies.base import Policy
 from marl_core.policies.population import Population
 
@@ -80,15 +81,13 @@ def parse_member(text: str) -> MemberSpec:
 
 def open_store(tracking_uri: str):
     """An MLflow client on an existing store; never creates an empty SQLite file by accident."""
-    import mlflow
-
     if tracking_uri.startswith("sqlite:///"):
         path = Path(tracking_uri.removeprefix("sqlite:///"))
         if not path.is_file():
             raise PopulationError(
                 f"no MLflow store at {str(path)!r} (--tracking-uri {tracking_uri}); pass the store a run wrote to"
             )
-    return mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    return mlflow_client(tracking_uri)
 
 
 # --- registry members --------------------------------------------------------------------------

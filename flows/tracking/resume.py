@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from flows.tracking import layout
+from flows.tracking.patient import mlflow_client
 from marl_core.empirical_game.game import PSROGame, psro_game_of
 from marl_core.empirical_game.payoffs import PayoffTable
 from marl_core.policies.population import Population
@@ -47,14 +48,12 @@ class Checkpoint:
 def open_client(tracking_uri: str):
     """A client of the store at `tracking_uri` for reading what a run committed. A SQLite store
     that does not exist holds no run: it is not created (MLflow would make a new database)."""
-    import mlflow
-
     from flows.preflight import sqlite_path
 
     path = sqlite_path(tracking_uri)
     if path is not None and not path.is_file():
         raise ResumeError(f"no MLflow store at {tracking_uri} (no file {str(path)!r})")
-    return mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    return mlflow_client(tracking_uri)
 
 
 def _read_json(client, run_id: str, path: str, scratch: str):

@@ -26,6 +26,7 @@ from typing import Any
 
 from flows.tracking import layout
 from flows.tracking.background import BackgroundTracker
+from flows.tracking.patient import mlflow_client
 
 # The experiment tag MLflow's UI reads to choose its view; without it MLflow 3 files every run
 # under its GenAI view ("Evaluations", "Traces"). These are model-training runs.
@@ -121,10 +122,7 @@ class ScenarioTracker(BackgroundTracker):
         return {}
 
     def _start(self) -> None:
-        import mlflow
-
-        uri = self.tracking_uri
-        self.client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        self.client = mlflow_client(self.tracking_uri)
         if self.resume is not None:
             self.run_id = self.resume.run_id
             self.client.update_run(self.run_id, status="RUNNING")
