@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from flows.tracking import layout
@@ -31,3 +32,24 @@ def registered_members(client, experiment: str, role: str, game: str = "kuhn_pok
     name = layout.registered_model_name(experiment, game, role)
     tags = [layout.VersionTags.of(v.tags) for v in client.search_model_versions(f"name='{name}'")]
     return sorted((t.member, t.iteration) for t in tags)
+
+
+def assert_each_version_once(client, run_id: str) -> None:
+    """No registry version of the run twice: none of a step the killed attempt registered and
+    the retry redid (deleted on resume, registered again)."""
+    keys = Counter()
+    for model in client.search_registered_models():
+        for version in client.search_model_versions(layout.versions_of_run(model.name, run_id)):
+            tags = version.tags
+            step = tags.get("round", tags.get("iteration"))
+            keys[(model.name, step, tags.get("member"), tags.get("snapshot"), tags.get("policy"))] += 1
+    twice = [key for key, count in keys.items() if count > 1]
+    assert not twice, twice
+
+
+def assert_each_metric_once(client, run) -> None:
+    """No step of any metric logged twice: none of the steps a killed attempt did after its last
+    commit and the resumed one did again."""
+    for metric in run.data.metrics:
+        steps = [point.step for point in client.get_metric_history(run.info.run_id, metric)]
+        assert len(steps) == len(set(steps)), (metric, sorted(steps))

@@ -24,12 +24,12 @@ import re
 import signal
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import mlflow
 import pytest
 import yaml
+from mlflow_reads import assert_each_metric_once, assert_each_version_once
 from processes import Prefect, assert_all_exited, mlflow_store, prefect_home, wait_until
 
 from flows.tracking import layout
@@ -291,7 +291,8 @@ def test_a_killed_deployment_run_retried_through_prefects_api_ends_as_an_uninter
     assert run.data.tags[_commit_tag(case)] == str(case.last)
     assert run.data.tags[layout.SCENARIO_TAG] == _flow_name(case)
     assert run.data.tags[layout.FLOW_RUN_TAG] == str(flow_run_id)
-    _assert_each_version_once(client, run_id)
+    assert_each_version_once(client, run_id)
+    assert_each_metric_once(client, run)
     CHECKS.get(case.name, lambda *_: None)(Finished(client, run, f"killed-{case.name}", flow_run_id, stack, tmp_path))
 
 
@@ -321,19 +322,6 @@ class Finished:
 
     def steps(self, metric: str) -> set[int]:
         return {m.step for m in self.client.get_metric_history(self.run_id, metric)}
-
-
-def _assert_each_version_once(client, run_id: str) -> None:
-    """No registry version of the run twice: none of a step the killed attempt registered and
-    the retry redid (deleted on resume, registered again)."""
-    keys = Counter()
-    for model in client.search_registered_models():
-        for version in client.search_model_versions(layout.versions_of_run(model.name, run_id)):
-            tags = version.tags
-            step = tags.get("round", tags.get("iteration"))
-            keys[(model.name, step, tags.get("member"), tags.get("snapshot"), tags.get("policy"))] += 1
-    twice = [key for key, count in keys.items() if count > 1]
-    assert not twice, twice
 
 
 def _psro(done: Finished) -> None:

@@ -152,47 +152,6 @@ def test_a_run_tracks_to_the_stack_and_writes_nothing_where_it_runs(stack, tmp_p
     RUNS.append(found.info.run_id)
 
 
-def test_a_deployment_on_the_stacks_work_pool_runs_through_its_worker(stack):
-    """prefect.yaml's `kuhn-smoke`, deployed to the stack's `psro-process` pool with `prefect
-    deploy` and triggered with `prefect deployment run`, as docs/operations.md tells a team:
-    the stack's worker runs it, and its MLflow run is on the stack's server."""
-    import mlflow
-
-    _, state, _ = stack
-    address = _addresses(state)
-    env = dict(_env(), PREFECT_API_URL=address["prefect"])
-    root = Path(__file__).resolve().parents[1]
-
-    def prefect_cli(*args: str) -> subprocess.CompletedProcess:
-        command = [str(Path(sys.executable).with_name("prefect")), *args]
-        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=180)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return done
-
-    prefect_cli("--no-prompt", "deploy", "--name", "kuhn-smoke")
-    config = {
-        "game": "kuhn_poker",
-        "meta_solver": "nash",
-        "iterations": 2,
-        "num_cpus": 1,
-        "tracking_uri": address["mlflow"],
-        "ray_address": address["ray"],
-        "experiment": "stack-deployed",
-    }
-    triggered = prefect_cli("deployment", "run", "psro/kuhn-smoke", "--params", json.dumps({"config": config}))
-    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", triggered.stdout).group(1)
-    prefect = Prefect(address["prefect"])
-    flow_run = wait_until(
-        lambda: (r := prefect("read_flow_run", flow_run_id)).state.is_final() and r, 300, "the deployed run to end"
-    )
-    assert flow_run.state.is_completed(), flow_run.state
-    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
-    (found,) = client.search_runs([client.get_experiment_by_name("stack-deployed").experiment_id])
-    assert found.info.status == "FINISHED" and found.data.tags["prefect.flow_run_id"] == flow_run_id
-    assert found.info.artifact_uri.startswith("mlflow-artifacts:")
-    RUNS.append(found.info.run_id)
-
-
 def _status_without_credentials(url: str, body: bytes | None = None) -> int:
     import urllib.error
     import urllib.request
@@ -393,41 +352,124 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
         print(f"{fault}: down {outage:.0f} s, its commit arrived {recovered:.1f} s after it was back")
 
 
-MARL_RUN = """
-env: pettingzoo:mpe2.simple_spread_v3
-algorithm: ippo
-rounds: 2
-steps_per_round: 25
-workers: 1
-envs_per_worker: 2
-eval_every: 2
-eval_episodes: 2
-checkpoint_every: 2
-"""
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+MARL = {
+    "env": SPREAD,
+    "algorithm": "ippo",
+    "rounds": 4,
+    "steps_per_round": 25,
+    "workers": 1,
+    "envs_per_worker": 2,
+    "eval_every": 2,
+    "eval_episodes": 2,
+    "checkpoint_every": 2,
+}
+# prefect.yaml's deployment of each scenario -> (scenario, the config it is triggered with: small
+# ones, each committing step 3 last)
+LOAD = {
+    "psro/kuhn-smoke": ("psro", {"game": "kuhn_poker", "meta_solver": "nash", "iterations": 3}),
+    "marl/spread-ippo-nightly": ("marl", MARL),
+    "league/kuhn-league": (
+        "league",
+        {
+            "game": "kuhn_poker",
+            "generations": 3,
+            "episodes": 100,
+            "episodes_per_round": 50,
+            "eval_episodes": 40,
+            "rollout": {"workers": 1, "envs_per_worker": 8},
+            "league": {"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
+        },
+    ),
+    "pbt/spread-pbt-weekly": (
+        "pbt",
+        {
+            "marl": {**MARL, "algorithm": "mappo", "settings": {"lr": 3e-4, "epochs": 2, "minibatch_size": 50}},
+            "population": 2,
+            "pbt": {"perturbation_interval": 2, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 3e-3]}}},
+        },
+    ),
+}
+# SIGKILLed just before this commit (the one after step 1's), then resumed from the command line
+KILLED = {"marl": 3, "league": 2, "pbt": 3}
 SCENARIO_RUNS: dict[str, str] = {}  # scenario -> its MLflow run id on the stack, for the UIs' screenshots
 
 
-def test_a_marl_run_tracks_to_the_stack_too(stack, tmp_path):
-    """A second scenario through the same flags: its flow run on the stack's Prefect server,
-    its rollout worker on the stack's Ray, its run and checkpoint versions on the MLflow server."""
+def test_four_scenarios_at_once_from_the_stacks_work_pool_and_three_resumed_after_sigkill(stack, tmp_path):
+    """prefect.yaml deployed to the stack's pool (`prefect deploy --all`, as docs/operations.md
+    tells a team) and one deployment of each scenario triggered at once: the stack's worker runs
+    all four together. Three of them die by SIGKILL just before their second commit (the suite's
+    seam, passed to those runs alone as job variables); `psro SCENARIO resume RUN_ID` on the
+    command line continues each. Every run ends FINISHED at its last step, each metric logged
+    once per step, each registry version registered once, nothing written where they ran."""
     import mlflow
+    from mlflow_reads import assert_each_metric_once, assert_each_version_once
+
+    from flows.scenarios import SCENARIOS
 
     _, state, _ = stack
     address = _addresses(state)
-    (tmp_path / "marl.yaml").write_text(MARL_RUN)
-    env = dict(_env(), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token", PREFECT_HOME=str(tmp_path / "home"))
-    flags = ["--config", str(tmp_path / "marl.yaml"), "--num-cpus", "1", "--experiment", "stack-marl"]
-    flags += ["--tracking-uri", address["mlflow"], "--ray-address", address["ray"]]
-    run = subprocess.run(
-        [PSRO, "marl", "run", *flags], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["home", "marl.yaml"]  # nothing else written here
+    env = dict(_env(), PREFECT_API_URL=address["prefect"])
+    root = Path(__file__).resolve().parents[1]
+
+    def prefect_cli(*args: str) -> subprocess.CompletedProcess:
+        command = [str(Path(sys.executable).with_name("prefect")), *args]
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done
+
+    prefect_cli("--no-prompt", "deploy", "--all")
+    prefect_cli("deployment", "schedule", "pause", "--all")  # no nightly run may start during the suite
+    common = {"tracking_uri": address["mlflow"], "ray_address": address["ray"], "num_cpus": 1}
+    flow_runs = {}
+    for deployment, (scenario, config) in LOAD.items():
+        placed = SCENARIOS[scenario].with_common(config, {**common, "experiment": f"load-{scenario}"})
+        flags = ["--params", json.dumps({"config": placed})]
+        if scenario in KILLED:
+            seam = {"PYTHONPATH": str(FAULT_INJECTION), "PSRO_TEST_KILL_AT_COMMIT": str(KILLED[scenario])}
+            flags += ["--job-variable", f"env={json.dumps(seam)}"]
+        triggered = prefect_cli("deployment", "run", deployment, *flags)
+        flow_runs[scenario] = re.search(r"UUID: ([0-9a-f-]{36})", triggered.stdout).group(1)
+
+    prefect = Prefect(address["prefect"])
+    for scenario, flow_run_id in flow_runs.items():
+        ended = prefect.final_state(flow_run_id, 600)
+        assert ended.is_crashed() if scenario in KILLED else ended.is_completed(), (scenario, ended)
+
     client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
-    (found,) = client.search_runs([client.get_experiment_by_name("stack-marl").experiment_id])
-    assert found.info.status == "FINISHED" and found.info.artifact_uri.startswith("mlflow-artifacts:")
-    assert client.search_model_versions(f"run_id = '{found.info.run_id}'")  # its checkpoints
-    SCENARIO_RUNS["marl"] = found.info.run_id
+
+    def run_of(scenario: str):
+        (found,) = client.search_runs([client.get_experiment_by_name(f"load-{scenario}").experiment_id])
+        return found
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    run_env = dict(
+        _env(), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token", PREFECT_HOME=str(tmp_path / "home")
+    )
+    resumes = {}
+    for scenario in KILLED:
+        crashed = run_of(scenario)
+        assert crashed.data.tags[SCENARIOS[scenario].commit_tag] == "1", scenario
+        command = [PSRO, scenario, "resume", crashed.info.run_id, "--tracking-uri", address["mlflow"]]
+        command += ["--ray-address", address["ray"]]
+        out = open(tmp_path / f"{scenario}.log", "w")
+        resumes[scenario] = subprocess.Popen(command, env=run_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    for scenario, process in resumes.items():
+        assert process.wait(timeout=600) == 0, (tmp_path / f"{scenario}.log").read_text()[-3000:]
+    assert list(cwd.iterdir()) == []
+
+    for scenario in flow_runs:
+        found = run_of(scenario)
+        assert found.info.status == "FINISHED", scenario
+        assert found.data.tags[SCENARIOS[scenario].commit_tag] == "3", scenario
+        assert found.info.artifact_uri.startswith("mlflow-artifacts:")
+        assert_each_metric_once(client, found)
+        assert_each_version_once(client, found.info.run_id)
+        assert client.search_model_versions(f"run_id = '{found.info.run_id}'"), scenario  # its checkpoints
+    psro_steps = [m.step for m in client.get_metric_history(run_of("psro").info.run_id, "exploitability")]
+    assert sorted(psro_steps) == [0, 1, 2, 3]
+    SCENARIO_RUNS["marl"] = run_of("marl").info.run_id
     SCENARIO_RUNS["psro"] = RUNS[0]
 
 

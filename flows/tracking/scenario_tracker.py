@@ -7,9 +7,12 @@ each used to repeat:
   resume reads back), in an experiment that MLflow's UI opens in its model-training view;
 - a resumed run is reopened, and whatever a step after its last commit left in the registry is
   deleted first (the subclass's `_reopened`), so nothing is registered twice;
-- each step's metrics are logged with the wall clock's time; a step that commits stores what
-  the subclass writes (`_store`) and then, last, the scenario's commit tag (`_commit`): a run
-  killed anywhere before the tag resumes from the commit before;
+- each step's metrics carry the wall clock's time and reach MLflow with the next commit: a step
+  that commits stores what the subclass writes (`_store`) and then, last, the metrics of every
+  step since the commit before and the scenario's commit tag, in one request (`_commit`). A run
+  killed anywhere before that request resumes from the commit before, and redoes the steps
+  since; their metrics were never sent, so no step's metrics are in MLflow twice (MLflow keeps
+  every point logged and deletes none);
 - the run ends FINISHED, or FAILED when its block raised.
 
 All MLflow calls run on one background thread (`BackgroundTracker`); the driver only snapshots
@@ -32,6 +35,7 @@ from flows.tracking.patient import mlflow_client
 # under its GenAI view ("Evaluations", "Traces"). These are model-training runs.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
+METRICS_PER_REQUEST = 900  # MLflow's log_batch takes 1,000 entities at most, the commit tag one of them
 
 
 def open_experiment(client, name: str) -> str:
@@ -89,6 +93,7 @@ class ScenarioTracker(BackgroundTracker):
         self.resume = resume  # a `flows.runtime.Resumed`, or None for a new run
         self.tags = tags or {}
         self.run_id: str | None = None
+        self._held: list = []  # metrics of the steps since the last commit (`_log_metrics`)
 
     # --- driver side ----------------------------------------------------------------------------
 
@@ -151,25 +156,34 @@ class ScenarioTracker(BackgroundTracker):
         raise NotImplementedError
 
     def _commit(self, index: int) -> None:
-        """The commit: the scenario's tag names the step, written after everything it stores."""
-        self.client.set_tag(self.run_id, self.commit_tag, str(index))
+        """The commit, after everything the step stores: the held metrics, then the scenario's tag
+        naming the step, in the same request as the last of them."""
+        from mlflow.entities import RunTag
+
+        held, self._held = self._held, []
+        *earlier, last = [held[i : i + METRICS_PER_REQUEST] for i in range(0, len(held), METRICS_PER_REQUEST)] or [[]]
+        for metrics in earlier:
+            self.client.log_batch(self.run_id, metrics=metrics)
+        self.client.log_batch(self.run_id, metrics=last, tags=[RunTag(self.commit_tag, str(index))])
 
     def _finish(self, final) -> None:
         """Plots and end-of-run tags."""
 
     def _end(self, status: str) -> None:
-        if self.run_id is not None:
-            self.client.set_terminated(self.run_id, status)
+        if self.run_id is None:
+            return
+        if status == "FINISHED" and self._held:  # steps after the last commit of a run that ended
+            self.client.log_batch(self.run_id, metrics=self._held)
+        self.client.set_terminated(self.run_id, status)
 
     # --- helpers for subclasses -----------------------------------------------------------------
 
     def _log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Step `step`'s metrics, held until the next commit sends them (`_commit`)."""
         from mlflow.entities import Metric
 
-        if metrics:
-            now = int(time.time() * 1000)
-            batch = [Metric(key, float(value), now, step) for key, value in metrics.items()]
-            self.client.log_batch(self.run_id, metrics=batch)
+        now = int(time.time() * 1000)
+        self._held.extend(Metric(key, float(value), now, step) for key, value in metrics.items())
 
     def _delete_versions_after(self, committed: int, model_names, step_tag: str) -> None:
         """Registry versions this run made for steps after `committed` (it died between
