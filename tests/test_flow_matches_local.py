@@ -20,7 +20,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from processes import mlflow_store, prefect_home
+from processes import mlflow_store, poll, prefect_home
 
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import iterate_psro_local
@@ -132,7 +132,11 @@ def test_flow_and_local_loop_agree(services, settings):
     if settings.get("stop_exploitability") is not None:
         assert stopped_early, "the stop threshold was meant to end this run before its last iteration"
 
-    tasks = _task_runs(api[0], [run.id for run in runs])
+    def recorded(tasks) -> bool:  # task runs reach the server as events, which may lag the run's end
+        learned = [t for t in tasks if t.name.startswith("train-best-response")]
+        return len(learned) >= 2 * (iterations - 1) and all(t.state.is_final() for t in tasks)
+
+    tasks = poll(lambda: _task_runs(api[0], [run.id for run in runs]), recorded)
     by_step = {
         step: [t for t in tasks if t.name.rsplit("-", 1)[0] == step]
         for step in ("train-best-response", "collect-experience")

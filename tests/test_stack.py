@@ -112,46 +112,6 @@ def test_status_reports_every_service_up_and_each_answers(stack):
     assert Prefect(address["prefect"])("read_work_pool", "psro-process").type == "process"
 
 
-def test_a_run_tracks_to_the_stack_and_writes_nothing_where_it_runs(stack, tmp_path):
-    import mlflow
-
-    directory, state, _ = stack
-    address = _addresses(state)
-    cwd = tmp_path / "run"
-    cwd.mkdir()
-    env = dict(_env(), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token", PREFECT_HOME=str(tmp_path / "home"))
-    run = subprocess.run(
-        [PSRO, "run", "--game", "kuhn_poker", "--iterations", "2", "--num-cpus", "1"]
-        + ["--tracking-uri", address["mlflow"], "--ray-address", address["ray"], "--experiment", "stack"],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "done: 2 iterations" in run.stdout
-    assert list(cwd.iterdir()) == []  # no mlflow.db, no mlruns: everything went to the servers
-
-    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
-    (found,) = client.search_runs([client.get_experiment_by_name("stack").experiment_id])
-    assert found.info.status == "FINISHED"
-    assert found.info.artifact_uri.startswith("mlflow-artifacts:")
-    stored = directory / "artifacts" / found.info.experiment_id / found.info.run_id / "artifacts"
-    assert (stored / "payoffs" / "final.csv").exists(), sorted(stored.rglob("*"))
-    versions = client.search_model_versions(f"run_id = '{found.info.run_id}'")
-    assert {v.name for v in versions} == {
-        "stack-kuhn_poker-player_0",
-        "stack-kuhn_poker-player_1",
-    }  # named after the experiment
-    assert len(versions) == 6  # three members per player
-
-    prefect = Prefect(address["prefect"])
-    flow_run = prefect("read_flow_run", found.data.tags["prefect.flow_run_id"])
-    assert flow_run.state.is_completed(), flow_run.state
-    RUNS.append(found.info.run_id)
-
-
 def _status_without_credentials(url: str, body: bytes | None = None) -> int:
     import urllib.error
     import urllib.request
@@ -164,13 +124,10 @@ def _status_without_credentials(url: str, body: bytes | None = None) -> int:
         return error.code
 
 
-def test_the_servers_refuse_requests_without_credentials_and_no_secret_is_stored(stack, tmp_path):
-    """`up --auth`: both servers answer 401 to a request without credentials, a run without them
-    stops in one line before it starts anything, and neither secret is in the stack's files,
-    Ray's session files or what the runs logged (their credentials came from the environment)."""
-    import mlflow
-
-    directory, state, _ = stack
+def test_the_servers_refuse_requests_without_credentials(stack, tmp_path):
+    """`up --auth`: both servers answer 401 to a request without credentials, and a run without
+    them stops in one line before it starts anything."""
+    _, state, _ = stack
     address = _addresses(state)
     assert _status_without_credentials(f"{address['prefect']}/flows/filter", b"{}") == 401
     assert _status_without_credentials(f"{address['mlflow']}/api/2.0/mlflow/experiments/search?max_results=1") == 401
@@ -192,13 +149,18 @@ def test_the_servers_refuse_requests_without_credentials_and_no_secret_is_stored
         run = subprocess.run([PSRO, "run", *flags], env=env | given, cwd=tmp_path, capture_output=True, text=True)
         assert run.returncode == 2 and run.stderr.strip().splitlines() == [line], run.stdout + run.stderr
     assert list(tmp_path.iterdir()) == []
+    # that no secret is stored anywhere is checked once every run of the module has run
+    # (`_assert_no_secret_stored`, at the end of the four scenarios' test)
 
+
+def _assert_no_secret_stored(directory: Path, state: dict, client, run_ids) -> None:
+    """Neither secret in any file of the stack's directory or Ray's session, nor in any run's
+    params and tags."""
     stored = [directory, Path(state["ray_temp_dir"])]
     files = [path for folder in stored for path in folder.rglob("*") if path.is_file() and not path.is_socket()]
     holding = [str(path) for path in files for secret in SECRETS if secret.encode() in path.read_bytes()]
     assert files and holding == []
-    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
-    for run_id in RUNS:
+    for run_id in run_ids:
         logged = client.get_run(run_id).data
         assert not any(secret in json.dumps([logged.params, logged.tags]) for secret in SECRETS)
 
@@ -224,7 +186,8 @@ class FaultedRun:
         address = _addresses(stack_state)
         self.holds = folder / "holds"
         self.holds.mkdir()
-        (folder / "cwd").mkdir()
+        self.cwd = folder / "cwd"
+        self.cwd.mkdir()
         env = _env() | {
             "PREFECT_API_URL": address["prefect"],
             "RAY_AUTH_MODE": "token",
@@ -237,7 +200,7 @@ class FaultedRun:
         self.log = folder / "run.log"
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(
-                [PSRO, "run", *flags], env=env, cwd=folder / "cwd", stdout=out, stderr=subprocess.STDOUT
+                [PSRO, "run", *flags], env=env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT
             )
         self.tracking_uri = address["mlflow"]
 
@@ -333,6 +296,10 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
     client, found = faulted_run.run()
     assert found.info.status == "FINISHED"
     assert found.data.tags["psro.committed_iteration"] == str(FAULTED_ITERATIONS)
+    assert list(faulted_run.cwd.iterdir()) == []  # no mlflow.db, no mlruns: everything went to the servers
+    assert found.info.artifact_uri.startswith("mlflow-artifacts:")  # through the server, into its store
+    stored = directory / "artifacts" / found.info.experiment_id / found.info.run_id / "artifacts"
+    assert (stored / "payoffs" / "final.csv").exists(), sorted(stored.rglob("*"))
     history = client.get_metric_history(found.info.run_id, "exploitability")
     assert sorted(metric.step for metric in history) == list(range(FAULTED_ITERATIONS + 1))  # each once
     versions = client.search_model_versions(f"run_id = '{found.info.run_id}'")
@@ -350,6 +317,7 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
     assert started.stdout.strip() == "started ray-worker-1", started.stdout + started.stderr
     for fault, (outage, recovered) in RECOVERED.items():
         print(f"{fault}: down {outage:.0f} s, its commit arrived {recovered:.1f} s after it was back")
+    RUNS.append(found.info.run_id)
 
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
@@ -400,14 +368,15 @@ def test_four_scenarios_at_once_from_the_stacks_work_pool_and_three_resumed_afte
     tells a team) and one deployment of each scenario triggered at once: the stack's worker runs
     all four together. Three of them die by SIGKILL just before their second commit (the suite's
     seam, passed to those runs alone as job variables); `psro SCENARIO resume RUN_ID` on the
-    command line continues each. Every run ends FINISHED at its last step, each metric logged
-    once per step, each registry version registered once, nothing written where they ran."""
+    command line continues each as soon as it has crashed. Every run ends FINISHED at its last
+    step, each metric logged once per step, each registry version registered once, nothing
+    written where they ran; and after all the module's runs neither secret is stored anywhere."""
     import mlflow
     from mlflow_reads import assert_each_metric_once, assert_each_version_once
 
     from flows.scenarios import SCENARIOS
 
-    _, state, _ = stack
+    directory, state, _ = stack
     address = _addresses(state)
     env = dict(_env(), PREFECT_API_URL=address["prefect"])
     root = Path(__file__).resolve().parents[1]
@@ -432,10 +401,6 @@ def test_four_scenarios_at_once_from_the_stacks_work_pool_and_three_resumed_afte
         flow_runs[scenario] = re.search(r"UUID: ([0-9a-f-]{36})", triggered.stdout).group(1)
 
     prefect = Prefect(address["prefect"])
-    for scenario, flow_run_id in flow_runs.items():
-        ended = prefect.final_state(flow_run_id, 600)
-        assert ended.is_crashed() if scenario in KILLED else ended.is_completed(), (scenario, ended)
-
     client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
 
     def run_of(scenario: str):
@@ -448,13 +413,29 @@ def test_four_scenarios_at_once_from_the_stacks_work_pool_and_three_resumed_afte
         _env(), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token", PREFECT_HOME=str(tmp_path / "home")
     )
     resumes = {}
-    for scenario in KILLED:
+
+    def resume(scenario: str) -> None:
+        """`psro SCENARIO resume RUN_ID` of a run that crashed, started at once, beside the others."""
         crashed = run_of(scenario)
         assert crashed.data.tags[SCENARIOS[scenario].commit_tag] == "1", scenario
         command = [PSRO, scenario, "resume", crashed.info.run_id, "--tracking-uri", address["mlflow"]]
         command += ["--ray-address", address["ray"]]
-        out = open(tmp_path / f"{scenario}.log", "w")
-        resumes[scenario] = subprocess.Popen(command, env=run_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        with open(tmp_path / f"{scenario}.log", "w") as out:
+            resumes[scenario] = subprocess.Popen(command, env=run_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+
+    running = dict(flow_runs)
+
+    def one_ended() -> bool:
+        for scenario, flow_run_id in list(running.items()):
+            ended = prefect("read_flow_run", flow_run_id).state
+            if ended.is_final():
+                del running[scenario]
+                assert ended.is_crashed() if scenario in KILLED else ended.is_completed(), (scenario, ended)
+                if scenario in KILLED:
+                    resume(scenario)
+        return not running
+
+    wait_until(one_ended, 600, "the four runs to end")
     for scenario, process in resumes.items():
         assert process.wait(timeout=600) == 0, (tmp_path / f"{scenario}.log").read_text()[-3000:]
     assert list(cwd.iterdir()) == []
@@ -470,7 +451,10 @@ def test_four_scenarios_at_once_from_the_stacks_work_pool_and_three_resumed_afte
     psro_steps = [m.step for m in client.get_metric_history(run_of("psro").info.run_id, "exploitability")]
     assert sorted(psro_steps) == [0, 1, 2, 3]
     SCENARIO_RUNS["marl"] = run_of("marl").info.run_id
-    SCENARIO_RUNS["psro"] = RUNS[0]
+    SCENARIO_RUNS["psro"] = RUNS[0]  # the faulted run
+    _assert_no_secret_stored(
+        directory, state, client, [*RUNS, *(run_of(scenario).info.run_id for scenario in flow_runs)]
+    )
 
 
 def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
