@@ -161,10 +161,7 @@ class ScenarioTracker(BackgroundTracker):
         from mlflow.entities import RunTag
 
         held, self._held = self._held, []
-        *earlier, last = [held[i : i + METRICS_PER_REQUEST] for i in range(0, len(held), METRICS_PER_REQUEST)] or [[]]
-        for metrics in earlier:
-            self.client.log_batch(self.run_id, metrics=metrics)
-        self.client.log_batch(self.run_id, metrics=last, tags=[RunTag(self.commit_tag, str(index))])
+        self._send(held, [RunTag(self.commit_tag, str(index))])
 
     def _finish(self, final) -> None:
         """Plots and end-of-run tags."""
@@ -173,8 +170,16 @@ class ScenarioTracker(BackgroundTracker):
         if self.run_id is None:
             return
         if status == "FINISHED" and self._held:  # steps after the last commit of a run that ended
-            self.client.log_batch(self.run_id, metrics=self._held)
+            self._send(self._held)
         self.client.set_terminated(self.run_id, status)
+
+    def _send(self, metrics: list, tags: list | None = None) -> None:
+        """`metrics` in as few requests as MLflow takes, `tags` in the last of them."""
+        step = METRICS_PER_REQUEST
+        *earlier, last = [metrics[i : i + step] for i in range(0, len(metrics), step)] or [[]]
+        for chunk in earlier:
+            self.client.log_batch(self.run_id, metrics=chunk)
+        self.client.log_batch(self.run_id, metrics=last, tags=tags or [])
 
     # --- helpers for subclasses -----------------------------------------------------------------
 
