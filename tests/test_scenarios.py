@@ -31,6 +31,7 @@ import pytest
 import yaml
 from mlflow_reads import assert_each_metric_once, assert_each_version_once
 from processes import Prefect, assert_all_exited, mlflow_store, prefect_home, wait_until
+from small_runs import PBT, SMALL_LEAGUE, SPREAD, SYNC_MARL
 
 from flows.tracking import layout
 
@@ -38,7 +39,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +65,8 @@ PIPELINE = {
     },
 }
 LEAGUE = {
-    "game": "kuhn_poker",
-    "generations": 3,
-    "episodes": 100,
-    "episodes_per_round": 50,
-    "eval_episodes": 40,
+    **SMALL_LEAGUE,
     "rollout": {"workers": 2, "envs_per_worker": 8},
-    "league": {"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
     # PBT between the two main agents at every generation: its settings and lineage resume too
     "pbt": {"perturbation_interval": 1, "hyperparam_mutations": {"lr": {"loguniform": [1e-4, 1e-2]}}},
 }
@@ -86,32 +81,6 @@ ASYNC_MARL = {
     "eval_every": 2,
     "eval_episodes": 4,
     "checkpoint_every": 2,
-}
-SYNC_MARL = {
-    "env": SPREAD,
-    "algorithm": "ippo",
-    "rounds": 4,
-    "steps_per_round": 25,
-    "workers": 1,
-    "envs_per_worker": 2,
-    "eval_every": 2,
-    "eval_episodes": 2,
-    "checkpoint_every": 2,
-}
-PBT = {
-    "marl": {
-        "env": SPREAD,
-        "algorithm": "mappo",
-        "rounds": 4,
-        "steps_per_round": 25,
-        "envs_per_worker": 2,
-        "eval_episodes": 4,
-        "checkpoint_every": 2,
-        "settings": {"lr": 3e-4, "epochs": 2, "minibatch_size": 50},
-    },
-    "population": 2,
-    "members": [{"lr": 1e-7}],
-    "pbt": {"perturbation_interval": 2, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 3e-3]}}},
 }
 CASES = [
     Case("psro", "flows.entrypoints.psro", {"game": "kuhn_poker", "meta_solver": "nash", "iterations": 4}, 2, 4),

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from processes import FAULT_INJECTION, Prefect, assert_all_exited, processes_with_env, wait_until
+from small_runs import PBT, SMALL_LEAGUE, SYNC_MARL
 
 pytestmark = pytest.mark.slow
 
@@ -320,43 +321,13 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
     RUNS.append(found.info.run_id)
 
 
-SPREAD = "pettingzoo:mpe2.simple_spread_v3"
-MARL = {
-    "env": SPREAD,
-    "algorithm": "ippo",
-    "rounds": 4,
-    "steps_per_round": 25,
-    "workers": 1,
-    "envs_per_worker": 2,
-    "eval_every": 2,
-    "eval_episodes": 2,
-    "checkpoint_every": 2,
-}
 # prefect.yaml's deployment of each scenario -> (scenario, the config it is triggered with: small
 # ones, each committing step 3 last)
 LOAD = {
     "psro/kuhn-smoke": ("psro", {"game": "kuhn_poker", "meta_solver": "nash", "iterations": 3}),
-    "marl/spread-ippo-nightly": ("marl", MARL),
-    "league/kuhn-league": (
-        "league",
-        {
-            "game": "kuhn_poker",
-            "generations": 3,
-            "episodes": 100,
-            "episodes_per_round": 50,
-            "eval_episodes": 40,
-            "rollout": {"workers": 1, "envs_per_worker": 8},
-            "league": {"main_agents": 2, "main_exploiters": 0, "league_exploiters": 0, "snapshot": {"max_steps": 200}},
-        },
-    ),
-    "pbt/spread-pbt-weekly": (
-        "pbt",
-        {
-            "marl": {**MARL, "algorithm": "mappo", "settings": {"lr": 3e-4, "epochs": 2, "minibatch_size": 50}},
-            "population": 2,
-            "pbt": {"perturbation_interval": 2, "hyperparam_mutations": {"lr": {"loguniform": [1e-5, 3e-3]}}},
-        },
-    ),
+    "marl/spread-ippo-nightly": ("marl", SYNC_MARL),
+    "league/kuhn-league": ("league", SMALL_LEAGUE),
+    "pbt/spread-pbt-weekly": ("pbt", PBT),
 }
 # SIGKILLed just before this commit (the one after step 1's), then resumed from the command line
 KILLED = {"marl": 3, "league": 2, "pbt": 3}
