@@ -28,6 +28,7 @@ from marl_core.rl import (
     QPolicy,
     compute_gae,
 )
+from marl_core.rl.networks import Tanh, log_softmax, masked_logits
 
 torch.set_num_threads(1)
 
@@ -132,6 +133,31 @@ def test_ppo_log_probs_match_the_masked_softmax():
     action, extras = policy.act(obs, mask, explore=True, generator=rng)
     probs = policy.action_probs(obs, mask)
     np.testing.assert_allclose(np.exp(extras["logp"]), probs[np.arange(32), action], rtol=1e-5)
+
+
+def test_the_fast_tanh_and_log_softmax_are_torchs_functions_and_gradients():
+    """`Tanh` and `log_softmax` (rl.networks) replace torch's slow CPU kernels on the policies'
+    paths: the same values and gradients, masked entries finite and of probability exactly 0."""
+    x = (torch.randn(257, 9, dtype=torch.float32) * 4).requires_grad_()
+    x_ref = x.detach().clone().requires_grad_()
+    y = Tanh()(x)
+    torch.testing.assert_close(y, torch.tanh(x_ref), atol=5e-7, rtol=0)
+    (y * torch.arange(9)).sum().backward()
+    (torch.tanh(x_ref) * torch.arange(9)).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=5e-6, rtol=0)  # weights up to 8
+    assert torch.equal(Tanh()(x.detach().double()), torch.tanh(x.detach().double()))  # torch's own off float32
+
+    mask = torch.rand(257, 9) < 0.5
+    mask[:, 0] = True
+    logits = masked_logits(x.detach(), mask).requires_grad_()
+    logits_ref = logits.detach().clone().requires_grad_()
+    logp, logp_ref = log_softmax(logits), torch.log_softmax(logits_ref, dim=-1)
+    torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=1e-6)
+    assert torch.isfinite(logp).all() and torch.equal(logp.exp()[~mask], torch.zeros(int((~mask).sum())))
+    weights = torch.randn(9)
+    (logp.exp() * weights).sum().backward()
+    (logp_ref.exp() * weights).sum().backward()
+    torch.testing.assert_close(logits.grad, logits_ref.grad, atol=1e-6, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------- Experience

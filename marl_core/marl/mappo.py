@@ -50,7 +50,7 @@ from marl_core.envs.api import Box
 from marl_core.marl import MARLAlgorithm
 from marl_core.marl.settings import MAPPOConfig
 from marl_core.rl import gaussian
-from marl_core.rl.networks import masked_argmax, masked_logits, mlp
+from marl_core.rl.networks import Tanh, log_softmax, masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.ppo import compute_gae, step_metrics
 from marl_core.rl.sampling import sample_rows
@@ -69,7 +69,7 @@ class MAPPOActor(NetworkPolicy):
 
     def __init__(self, obs_size: int, num_actions: int, hidden: tuple[int, ...]):
         super().__init__(obs_size, num_actions)
-        self.actor = mlp(obs_size, hidden, num_actions, nn.Tanh)
+        self.actor = mlp(obs_size, hidden, num_actions, Tanh)
         # Orthogonal init, and a tiny output layer so the first policy is close to uniform.
         for layer in self.actor:
             if isinstance(layer, nn.Linear):
@@ -83,7 +83,7 @@ class MAPPOActor(NetworkPolicy):
     def act(self, obs, mask, explore, generator):
         obs_t, mask_t = self._tensors(obs, mask)
         with torch.inference_mode():
-            log_probs = torch.log_softmax(self.logits(obs_t, mask_t), dim=-1)
+            log_probs = log_softmax(self.logits(obs_t, mask_t))
         if explore:
             action = sample_rows(log_probs.double().exp().numpy(), generator)
         else:
@@ -97,7 +97,7 @@ class MAPPOActor(NetworkPolicy):
 
     def log_prob_and_entropy(self, obs, mask, action) -> tuple[torch.Tensor, torch.Tensor]:
         """The actions' log-probabilities [B] and the mean entropy: what the surrogate needs."""
-        log_probs = torch.log_softmax(self.logits(obs, mask), dim=-1)
+        log_probs = log_softmax(self.logits(obs, mask))
         logp = log_probs.gather(1, action[:, None]).squeeze(1)
         # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
         return logp, -(log_probs.exp() * log_probs).sum(dim=-1).mean()
@@ -144,7 +144,7 @@ class CentralCritic(nn.Module):
         super().__init__()
         self.num_agents = num_agents
         self.input_size = state_size + (num_agents if num_agents > 1 else 0)
-        self.net = mlp(self.input_size, hidden, 1, nn.Tanh)
+        self.net = mlp(self.input_size, hidden, 1, Tanh)
         for layer in self.net:
             if isinstance(layer, nn.Linear):
                 nn.init.orthogonal_(layer.weight, gain=np.sqrt(2))

@@ -18,6 +18,7 @@ import torch
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
 from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
+from marl_core.rl.networks import log_softmax
 from marl_core.rl.ppo import ActorCriticPolicy, compute_gae
 from marl_core.rl.settings import A2CConfig
 
@@ -61,7 +62,7 @@ class A2CTrainer(LossStepTrainer):
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
         logits, value = self.policy.logits_and_value(obs, mask)
-        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = log_softmax(logits)
         logp = log_probs.gather(1, action[:, None]).squeeze(1)
         policy_loss = -(logp * advantages).mean()
         value_loss = 0.5 * (value - returns).pow(2).mean()

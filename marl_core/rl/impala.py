@@ -23,6 +23,7 @@ import torch
 from marl_core.rl import Algorithm
 from marl_core.rl.batch import Experience
 from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
+from marl_core.rl.networks import log_softmax
 from marl_core.rl.ppo import ActorCriticPolicy, clipped_surrogate_loss
 from marl_core.rl.settings import APPOConfig, IMPALAConfig
 from marl_core.rl.vtrace import VTrace, VTraceClipping, vtrace
@@ -49,7 +50,7 @@ class IMPALATrainer(LossStepTrainer):
         _check(experience)
         obs, mask, action = self._tensor(experience.obs), self._tensor(experience.mask), self._tensor(experience.action)
         logits, value = self.policy.logits_and_value(obs, mask)
-        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = log_softmax(logits)
         logp = log_probs.gather(1, action[:, None]).squeeze(1)
         trace = self._vtrace(experience, logp.detach().cpu().numpy(), value.detach().cpu().numpy())
         advantages = self._tensor(trace.advantages.astype(np.float32))
@@ -119,7 +120,7 @@ class APPOTrainer(IMPALATrainer):
         obs, mask, action = self._tensor(experience.obs), self._tensor(experience.mask), self._tensor(experience.action)
         with torch.no_grad():
             logits, value = self.policy.logits_and_value(obs, mask)
-            target_logp = torch.log_softmax(logits, dim=-1).gather(1, action[:, None]).squeeze(1).cpu().numpy()
+            target_logp = log_softmax(logits).gather(1, action[:, None]).squeeze(1).cpu().numpy()
             value = value.cpu().numpy()
         trace = self._vtrace(experience, target_logp, value)
         rho = _rho_metrics(trace, c)

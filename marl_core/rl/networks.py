@@ -1,4 +1,5 @@
-"""Small torch building blocks shared by the policies: MLPs, Atari's convolutions, action masking.
+"""Small torch building blocks shared by the policies: MLPs, Atari's convolutions, action masking,
+and the tanh activation the actor-critics use.
 
 Games have actions that are illegal in some states. Every place that turns network outputs into
 actions or probabilities goes through `masked_logits` or `masked_argmax`, so an illegal action
@@ -13,6 +14,39 @@ from torch import nn
 # The most negative float32: exp(MASKED - anything finite) is exactly 0, yet unlike -inf it keeps
 # log-softmax finite, so 0 * log p stays 0 instead of becoming nan in the entropy.
 MASKED_LOGIT = torch.finfo(torch.float32).min
+
+
+class _SigmoidTanh(torch.autograd.Function):
+    """tanh(x) = 2 sigmoid(2x) - 1, with tanh's own derivative 1 - tanh(x)^2 from the output."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(x * 2).mul_(2).sub_(1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return grad * (1 - y * y)
+
+
+class Tanh(nn.Module):
+    """`nn.Tanh` through the sigmoid identity, for float tensors on the CPU.
+
+    torch's CPU kernel for tanh is not vectorized in the wheels this project installs, while the
+    sigmoid is: the identity computes the same function (within float32's rounding) in a
+    fraction of the time, and the actor-critics' forward passes spend most of theirs in their
+    activations (docs/performance.md, "VMAS collection rate"). Elsewhere (another device or
+    dtype) it is torch's own tanh. It holds no parameters, so checkpoints are the same either way.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype != torch.float32:
+            return torch.tanh(x)
+        if x.requires_grad and torch.is_grad_enabled():
+            return _SigmoidTanh.apply(x)
+        return torch.sigmoid(x * 2).mul_(2).sub_(1)  # acting: no graph, none of apply's overhead
 
 
 def features(in_size: int, hidden: tuple[int, ...], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
@@ -68,6 +102,14 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     around by actions it could not have taken.
     """
     return torch.where(mask, logits, torch.full_like(logits, MASKED_LOGIT))
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities over the last dimension: `torch.log_softmax(logits, -1)` as `logits`
+    minus their log-sum-exp. The same function, written so because torch's CPU kernel for a
+    softmax over a short last dimension (a policy's handful of actions) is several times slower
+    than the reduction, forward and backward. Masked entries stay finite, as there."""
+    return logits - torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
 def masked_argmax(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from torch import nn
 from marl_core.rl import Algorithm, gaussian
 from marl_core.rl.batch import Experience
 from marl_core.rl.gradient_steps import LossStep, LossStepTrainer
-from marl_core.rl.networks import NatureCNN, features, masked_argmax, masked_logits, mlp
+from marl_core.rl.networks import NatureCNN, Tanh, features, log_softmax, masked_argmax, masked_logits, mlp
 from marl_core.rl.policy import NetworkPolicy
 from marl_core.rl.sampling import sample_rows
 from marl_core.rl.settings import PPOConfig
@@ -57,13 +57,13 @@ class ActorCriticPolicy(NetworkPolicy):
             cnn = NatureCNN(obs_size, config.frame_size)
             trunk = nn.Sequential(cnn, features(cnn.out_size, hidden, nn.ReLU))
         elif self.shared_trunk:
-            trunk = features(obs_size, hidden, nn.Tanh)
+            trunk = features(obs_size, hidden, Tanh)
         if self.shared_trunk:
             self.actor = nn.Sequential(trunk, nn.Linear(hidden[-1], num_actions))
             self.critic = nn.Sequential(trunk, nn.Linear(hidden[-1], 1))
         else:
-            self.actor = mlp(obs_size, hidden, num_actions, nn.Tanh)
-            self.critic = mlp(obs_size, hidden, 1, nn.Tanh)
+            self.actor = mlp(obs_size, hidden, num_actions, Tanh)
+            self.critic = mlp(obs_size, hidden, 1, Tanh)
         self._orthogonal_init()
 
     def _orthogonal_init(self) -> None:
@@ -98,7 +98,7 @@ class ActorCriticPolicy(NetworkPolicy):
         """What PPO's loss needs of a minibatch: the actions' log-probabilities [B], the mean
         entropy and the values [B]."""
         logits, value = self.logits_and_value(obs, mask)
-        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = log_softmax(logits)
         logp = log_probs.gather(1, action[:, None]).squeeze(1)
         # Illegal actions have probability exactly 0 and a finite log-probability: they add 0.
         entropy = -(log_probs.exp() * log_probs).sum(dim=-1).mean()
@@ -108,7 +108,7 @@ class ActorCriticPolicy(NetworkPolicy):
         obs_t, mask_t = self._tensors(obs, mask)
         with torch.inference_mode():
             logits, value = self.logits_and_value(obs_t, mask_t)
-            log_probs = torch.log_softmax(logits, dim=-1)
+            log_probs = log_softmax(logits)
         if explore:
             action = sample_rows(log_probs.double().exp().numpy(), generator)
         else:
