@@ -270,9 +270,7 @@ def ray_session(address: str | None, num_cpus: int | None, env_vars: dict[str, s
     try:
         yield
     finally:
-        import ray
-
-        ray.shutdown(wait_for_processes=True)  # else it stops waiting for a slow process to exit after about 2 s
+        stop_ray()
 
 
 def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str], shared: bool = False) -> None:
@@ -393,9 +391,18 @@ def ray_in_background(
         finally:
             with contextlib.suppress(Exception):
                 started.result()  # never shut down under a start still in flight
-            import ray
+            stop_ray()
 
-            ray.shutdown(wait_for_processes=True)
+
+def stop_ray() -> None:
+    """Stop this process's Ray once no step's wait is inside it (`flows.task_steps.waits_ended`),
+    and wait for its processes to exit (else it stops waiting for a slow one after about 2 s)."""
+    import ray
+
+    from flows.task_steps import waits_ended
+
+    with waits_ended():
+        ray.shutdown(wait_for_processes=True)
 
 
 _stragglers: list = []  # futures of flow threads that must end before the Prefect API stops

@@ -126,3 +126,49 @@ def test_sigterm_stops_a_marl_run_as_ctrl_c_does_and_leaves_its_commits(tmp_path
     assert (
         run.info.status == "FAILED" and int(run.data.tags[layout.MARL_COMMITTED_TAG]) >= 1
     )  # `psro marl resume` goes on from it
+
+
+def test_ray_stops_only_once_no_steps_wait_is_inside_it(monkeypatch):
+    """A run that stops (Ctrl-C, SIGTERM) shuts Ray down while its steps' subflow threads may
+    still wait on their tasks: `flows.services.stop_ray` lets each wait leave Ray first (within
+    one slice), and the waits then end with an error instead of going back in. A wait inside
+    `ray.wait` when Ray stopped under it once blocked there, and the process never exited."""
+    import threading
+    import time
+
+    from flows import task_steps
+
+    monkeypatch.setattr(task_steps.ray, "is_initialized", lambda: True)  # Ray "runs" throughout
+    inside, release = threading.Event(), threading.Event()
+
+    class TaskStillRunning:  # a step's task: each slice of the wait blocks until released
+        def result(self, timeout):
+            inside.set()
+            release.wait(timeout)
+            raise TimeoutError
+
+    ended: dict = {}
+
+    def step_waits():
+        try:
+            task_steps.RayTaskSteps({}).result(TaskStillRunning())
+        except RuntimeError as error:
+            ended["wait"] = (time.monotonic(), str(error))
+
+    def ray_stops():
+        with task_steps.waits_ended(timeout=30):
+            ended["shutdown"] = time.monotonic()
+
+    waiting = threading.Thread(target=step_waits)
+    waiting.start()
+    assert inside.wait(10)
+    stopping = threading.Thread(target=ray_stops)
+    stopping.start()
+    time.sleep(0.3)  # the stop has begun while the wait is inside its slice
+    released = time.monotonic()
+    release.set()
+    stopping.join(10)
+    waiting.join(10)
+    assert ended["shutdown"] >= released  # Ray stopped only after the wait had left it
+    assert ended["wait"][1] == "Ray stopped while this step waited for its task"
+    assert not task_steps._WAITS.stopping  # the next run's waits are not refused
