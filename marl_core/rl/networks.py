@@ -16,19 +16,23 @@ from torch import nn
 MASKED_LOGIT = torch.finfo(torch.float32).min
 
 
+def _sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
+    return x.mul(2).sigmoid_().mul_(2).sub_(1)  # one new tensor, the rest in place
+
+
 class _SigmoidTanh(torch.autograd.Function):
     """tanh(x) = 2 sigmoid(2x) - 1, with tanh's own derivative 1 - tanh(x)^2 from the output."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.sigmoid(x * 2).mul_(2).sub_(1)
+        y = _sigmoid_tanh(x)
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
-        return grad * (1 - y * y)
+        return torch.ops.aten.tanh_backward(grad, y)  # grad * (1 - y^2), fused as torch.tanh's own
 
 
 class Tanh(nn.Module):
@@ -37,8 +41,9 @@ class Tanh(nn.Module):
     torch's CPU kernel for tanh is not vectorized in the wheels this project installs, while the
     sigmoid is: the identity computes the same function (within float32's rounding) in a
     fraction of the time, and the actor-critics' forward passes spend most of theirs in their
-    activations (docs/performance.md, "VMAS collection rate"). Elsewhere (another device or
-    dtype) it is torch's own tanh. It holds no parameters, so checkpoints are the same either way.
+    activations (docs/performance.md, "The policies' tanh and log-softmax"). Elsewhere (another
+    device or dtype) it is torch's own tanh. It holds no parameters, so checkpoints are the same
+    either way.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,7 +51,7 @@ class Tanh(nn.Module):
             return torch.tanh(x)
         if x.requires_grad and torch.is_grad_enabled():
             return _SigmoidTanh.apply(x)
-        return torch.sigmoid(x * 2).mul_(2).sub_(1)  # acting: no graph, none of apply's overhead
+        return _sigmoid_tanh(x)  # acting: no graph, none of apply's overhead
 
 
 def features(in_size: int, hidden: tuple[int, ...], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
