@@ -18,7 +18,6 @@ os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
 
 LONGEST_FILES = (
     "test_stack.py",  # mostly waits (its faults keep services down for 100 s): beside CPU-bound files
-    "test_stack_load.py",  # a stack of its own, so that it runs beside test_stack.py's waits
     "test_scenarios.py",
     "test_flow_matches_local.py",
     "test_approx_exploitability.py",

@@ -1,5 +1,5 @@
 """Small runs of the scenarios, shared by the suite's end-to-end files (`test_scenarios.py`,
-`test_stack_load.py`): MARL and PBT on MPE's simple_spread (4 rounds of 25 steps, a checkpoint every
+`test_stack.py`): MARL and PBT on MPE's simple_spread (4 rounds of 25 steps, a checkpoint every
 2), a league on Kuhn poker (3 generations); each commits step 3 last."""
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"

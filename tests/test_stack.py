@@ -1,41 +1,87 @@
 """`psro stack up|status|down`: the team's services (PostgreSQL, Prefect, MLflow, Ray, a Prefect
-worker) brought up by the real command, with `--auth`; the servers refuse requests without
-credentials, and one exact PSRO run on the stack survives each service failed under it.
+worker) brought up by the real command, used by a real `psro run`, and stopped leaving nothing.
 
 One stack serves every test of the module (starting it is the slow part); the tests run in file
-order. `test_stack_load.py` runs four scenarios at once on a stack of its own (`team_stack.py`).
+order. Every process of the stack carries `PSRO_STACK=DIR` in its environment: that marker, not
+process names, is how leftovers are found (tests/processes.py). DIR is made under /tmp, open to
+other users: as root, PostgreSQL runs as the `postgres` user, which must reach its data.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from processes import FAULT_INJECTION, Prefect, wait_until
-from team_stack import (
-    CREDENTIALS,
-    PSRO,
-    addresses,
-    assert_no_secret_stored,
-    running_stack,
-    stack_command,
-    stack_env,
-    status_without_credentials,
-)
+from processes import FAULT_INJECTION, Prefect, assert_all_exited, processes_with_env, wait_until
+from small_runs import PBT, SMALL_LEAGUE, SYNC_MARL
 
 pytestmark = pytest.mark.slow
+
+PSRO = str(Path(sys.executable).with_name("psro"))
+RUNS: list[str] = []  # the run tracked to the stack, which the stack brought up again must still hold
+# The module's stack runs with `--auth`: its servers ask for these, which every client here sends
+# from the environment (the test process's own too, set by the `stack` fixture).
+SECRETS = ("prefect-secret-0517", "mlflow-secret-0517")
+CREDENTIALS = {
+    "PREFECT_API_AUTH_STRING": f"team:{SECRETS[0]}",
+    "MLFLOW_TRACKING_USERNAME": "team",
+    "MLFLOW_TRACKING_PASSWORD": SECRETS[1],
+}
+
+
+def _env(credentials: bool = True) -> dict[str, str]:
+    own = ("PREFECT_", "RAY_", "PSRO_", "MLFLOW_")
+    return {key: value for key, value in os.environ.items() if not key.startswith(own)} | (
+        CREDENTIALS if credentials else {}
+    )
+
+
+def _stack(directory: Path, *args: str, timeout: float = 300, credentials: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PSRO, "stack", *args, "--dir", str(directory)],
+        env=_env(credentials),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def stack():
-    with running_stack() as running:
-        yield running
+    parent = Path(tempfile.mkdtemp(prefix="psro-stack-test-", dir="/tmp"))
+    parent.chmod(0o755)
+    directory = parent / "stack"
+    try:
+        started = _stack(directory, "up", "--workers", "1", "--auth")
+        assert started.returncode == 0, started.stdout + started.stderr
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in CREDENTIALS.items():
+                patch.setenv(key, value)
+            yield directory, json.loads((directory / "stack.json").read_text()), started.stdout
+    finally:
+        _stack(directory, "down")
+        with contextlib.suppress(OSError, ValueError):  # Ray's session files, outside DIR
+            shutil.rmtree(json.loads((directory / "stack.json").read_text())["ray_temp_dir"])
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _addresses(state: dict) -> dict[str, str]:
+    ports = state["ports"]
+    return {
+        "prefect": f"http://127.0.0.1:{ports['prefect']}/api",
+        "mlflow": f"http://127.0.0.1:{ports['mlflow']}",
+        "ray": f"127.0.0.1:{ports['ray']}",
+    }
 
 
 def test_status_reports_every_service_up_and_each_answers(stack):
@@ -43,12 +89,12 @@ def test_status_reports_every_service_up_and_each_answers(stack):
     from flows.services import healthy
 
     directory, state, printed = stack
-    address = addresses(state)
+    address = _addresses(state)
     for line in (f"--tracking-uri {address['mlflow']}", f"--ray-address {address['ray']}", address["prefect"]):
         assert line in printed, printed
     assert "password" not in (directory / "stack.json").read_text().lower()
 
-    status = stack_command(directory, "status")
+    status = _stack(directory, "status")
     assert status.returncode == 0, status.stdout + status.stderr
     rows = dict(line.split() for line in status.stdout.splitlines())
     assert rows == {
@@ -67,17 +113,29 @@ def test_status_reports_every_service_up_and_each_answers(stack):
     assert Prefect(address["prefect"])("read_work_pool", "psro-process").type == "process"
 
 
+def _status_without_credentials(url: str, body: bytes | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 def test_the_servers_refuse_requests_without_credentials(stack, tmp_path):
     """`up --auth`: both servers answer 401 to a request without credentials, and a run without
     them stops in one line before it starts anything."""
     _, state, _ = stack
-    address = addresses(state)
-    assert status_without_credentials(f"{address['prefect']}/flows/filter", b"{}") == 401
-    assert status_without_credentials(f"{address['mlflow']}/api/2.0/mlflow/experiments/search?max_results=1") == 401
+    address = _addresses(state)
+    assert _status_without_credentials(f"{address['prefect']}/flows/filter", b"{}") == 401
+    assert _status_without_credentials(f"{address['mlflow']}/api/2.0/mlflow/experiments/search?max_results=1") == 401
 
     flags = ["--game", "kuhn_poker", "--iterations", "1", "--num-cpus", "1"]
     flags += ["--tracking-uri", address["mlflow"], "--ray-address", address["ray"]]
-    env = dict(stack_env(credentials=False), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token")
+    env = dict(_env(credentials=False), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token")
     for given, line in [
         (
             {},
@@ -92,8 +150,20 @@ def test_the_servers_refuse_requests_without_credentials(stack, tmp_path):
         run = subprocess.run([PSRO, "run", *flags], env=env | given, cwd=tmp_path, capture_output=True, text=True)
         assert run.returncode == 2 and run.stderr.strip().splitlines() == [line], run.stdout + run.stderr
     assert list(tmp_path.iterdir()) == []
-    # that no secret is stored anywhere is checked once the module's run has ended
-    # (`assert_no_secret_stored`, at the end of the faulted run's last test)
+    # that no secret is stored anywhere is checked once every run of the module has run
+    # (`_assert_no_secret_stored`, at the end of the four scenarios' test)
+
+
+def _assert_no_secret_stored(directory: Path, state: dict, client, run_ids) -> None:
+    """Neither secret in any file of the stack's directory or Ray's session, nor in any run's
+    params and tags."""
+    stored = [directory, Path(state["ray_temp_dir"])]
+    files = [path for folder in stored for path in folder.rglob("*") if path.is_file() and not path.is_socket()]
+    holding = [str(path) for path in files for secret in SECRETS if secret.encode() in path.read_bytes()]
+    assert files and holding == []
+    for run_id in run_ids:
+        logged = client.get_run(run_id).data
+        assert not any(secret in json.dumps([logged.params, logged.tags]) for secret in SECRETS)
 
 
 # --- faults: one exact PSRO run on the stack, each fault at a commit it is held at -------------
@@ -114,12 +184,12 @@ class FaultedRun:
     """The run the faults hit, started by `psro run` in the background, held at commits 1-4."""
 
     def __init__(self, stack_state: dict, folder: Path):
-        address = addresses(stack_state)
+        address = _addresses(stack_state)
         self.holds = folder / "holds"
         self.holds.mkdir()
         self.cwd = folder / "cwd"
         self.cwd.mkdir()
-        env = stack_env() | {
+        env = _env() | {
             "PREFECT_API_URL": address["prefect"],
             "RAY_AUTH_MODE": "token",
             "PYTHONPATH": str(FAULT_INJECTION),
@@ -194,11 +264,11 @@ def _outage(stack, faulted_run: FaultedRun, index: int, service: str, seconds: f
     `seconds`; record the seconds from its return to the held commit in MLflow as `fault`'s."""
     directory, _, _ = stack
     faulted_run.held(index)
-    stopped = stack_command(directory, "stop", service)
+    stopped = _stack(directory, "stop", service)
     assert stopped.stdout.strip() == f"stopped {service}", stopped.stdout + stopped.stderr
     faulted_run.release(index)
     time.sleep(seconds)  # the outage itself: nothing to poll for
-    started = stack_command(directory, "start", service)
+    started = _stack(directory, "start", service)
     assert started.stdout.strip() == f"started {service}", started.stdout + started.stderr
     RECOVERED[fault] = (seconds, faulted_run.committed(index, time.monotonic()))
 
@@ -241,14 +311,175 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
     *_, (reference, _) = iterate_psro_local(PSROConfig(game="kuhn_poker", iterations=FAULTED_ITERATIONS))
     assert found.data.metrics["exploitability"] == pytest.approx(reference.exploitability, abs=1e-9)
 
-    prefect = Prefect(addresses(json.loads((directory / "stack.json").read_text()))["prefect"])
+    prefect = Prefect(_addresses(json.loads((directory / "stack.json").read_text()))["prefect"])
     flow_run = prefect("read_flow_run", found.data.tags["prefect.flow_run_id"])
     assert flow_run.state.is_completed(), flow_run.state
-    started = stack_command(directory, "start", "ray-worker-1")  # the node the first fault killed
+    started = _stack(directory, "start", "ray-worker-1")  # the node the first fault killed
     assert started.stdout.strip() == "started ray-worker-1", started.stdout + started.stderr
     for fault, (outage, recovered) in RECOVERED.items():
         print(f"{fault}: down {outage:.0f} s, its commit arrived {recovered:.1f} s after it was back")
-    assert_no_secret_stored(directory, json.loads((directory / "stack.json").read_text()), client, [found.info.run_id])
+    RUNS.append(found.info.run_id)
+
+
+# prefect.yaml's deployment of each scenario -> (scenario, the config it is triggered with: small
+# ones, each committing step 3 last)
+LOAD = {
+    "psro/kuhn-smoke": ("psro", {"game": "kuhn_poker", "meta_solver": "nash", "iterations": 3}),
+    "marl/spread-ippo-nightly": ("marl", SYNC_MARL),
+    "league/kuhn-league": ("league", SMALL_LEAGUE),
+    "pbt/spread-pbt-weekly": ("pbt", PBT),
+}
+# SIGKILLed just before this commit (the one after step 1's), then resumed from the command line
+KILLED = {"marl": 3, "league": 2, "pbt": 3}
+SCENARIO_RUNS: dict[str, str] = {}  # scenario -> its MLflow run id on the stack, for the UIs' screenshots
+
+
+def test_four_scenarios_at_once_from_the_stacks_work_pool_and_three_resumed_after_sigkill(stack, tmp_path):
+    """prefect.yaml deployed to the stack's pool (`prefect deploy --all`, as docs/operations.md
+    tells a team) and one deployment of each scenario triggered at once: the stack's worker runs
+    all four together. Three of them die by SIGKILL just before their second commit (the suite's
+    seam, passed to those runs alone as job variables); `psro SCENARIO resume RUN_ID` on the
+    command line continues each as soon as it has crashed. Every run ends FINISHED at its last
+    step, each metric logged once per step, each registry version registered once, nothing
+    written where they ran; and after all the module's runs neither secret is stored anywhere."""
+    import mlflow
+    from mlflow_reads import assert_each_metric_once, assert_each_version_once
+
+    from flows.scenarios import SCENARIOS
+
+    directory, state, _ = stack
+    address = _addresses(state)
+    env = dict(_env(), PREFECT_API_URL=address["prefect"])
+    root = Path(__file__).resolve().parents[1]
+
+    def prefect_cli(*args: str) -> subprocess.CompletedProcess:
+        command = [str(Path(sys.executable).with_name("prefect")), *args]
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done
+
+    prefect_cli("--no-prompt", "deploy", "--all")
+    prefect_cli("deployment", "schedule", "pause", "--all")  # no nightly run may start during the suite
+    common = {"tracking_uri": address["mlflow"], "ray_address": address["ray"], "num_cpus": 1}
+    flow_runs = {}
+    for deployment, (scenario, config) in LOAD.items():
+        placed = SCENARIOS[scenario].with_common(config, {**common, "experiment": f"load-{scenario}"})
+        flags = ["--params", json.dumps({"config": placed})]
+        if scenario in KILLED:
+            seam = {"PYTHONPATH": str(FAULT_INJECTION), "PSRO_TEST_KILL_AT_COMMIT": str(KILLED[scenario])}
+            flags += ["--job-variable", f"env={json.dumps(seam)}"]
+        triggered = prefect_cli("deployment", "run", deployment, *flags)
+        flow_runs[scenario] = re.search(r"UUID: ([0-9a-f-]{36})", triggered.stdout).group(1)
+
+    prefect = Prefect(address["prefect"])
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+
+    def run_of(scenario: str):
+        (found,) = client.search_runs([client.get_experiment_by_name(f"load-{scenario}").experiment_id])
+        return found
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    run_env = dict(
+        _env(), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token", PREFECT_HOME=str(tmp_path / "home")
+    )
+    resumes = {}
+
+    def resume(scenario: str) -> None:
+        """`psro SCENARIO resume RUN_ID` of a run that crashed, started at once, beside the others."""
+        crashed = run_of(scenario)
+        assert crashed.data.tags[SCENARIOS[scenario].commit_tag] == "1", scenario
+        command = [PSRO, scenario, "resume", crashed.info.run_id, "--tracking-uri", address["mlflow"]]
+        command += ["--ray-address", address["ray"]]
+        with open(tmp_path / f"{scenario}.log", "w") as out:
+            resumes[scenario] = subprocess.Popen(command, env=run_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+
+    running = dict(flow_runs)
+
+    def one_ended() -> bool:
+        for scenario, flow_run_id in list(running.items()):
+            ended = prefect("read_flow_run", flow_run_id).state
+            if ended.is_final():
+                del running[scenario]
+                assert ended.is_crashed() if scenario in KILLED else ended.is_completed(), (scenario, ended)
+                if scenario in KILLED:
+                    resume(scenario)
+        return not running
+
+    wait_until(one_ended, 600, "the four runs to end")
+    for scenario, process in resumes.items():
+        assert process.wait(timeout=600) == 0, (tmp_path / f"{scenario}.log").read_text()[-3000:]
+    assert list(cwd.iterdir()) == []
+
+    for scenario in flow_runs:
+        found = run_of(scenario)
+        assert found.info.status == "FINISHED", scenario
+        assert found.data.tags[SCENARIOS[scenario].commit_tag] == "3", scenario
+        assert found.info.artifact_uri.startswith("mlflow-artifacts:")
+        assert_each_metric_once(client, found)
+        assert_each_version_once(client, found.info.run_id)
+        assert client.search_model_versions(f"run_id = '{found.info.run_id}'"), scenario  # its checkpoints
+    psro_steps = [m.step for m in client.get_metric_history(run_of("psro").info.run_id, "exploitability")]
+    assert sorted(psro_steps) == [0, 1, 2, 3]
+    SCENARIO_RUNS["marl"] = run_of("marl").info.run_id
+    SCENARIO_RUNS["psro"] = RUNS[0]  # the faulted run
+    _assert_no_secret_stored(
+        directory, state, client, [*RUNS, *(run_of(scenario).info.run_id for scenario in flow_runs)]
+    )
+
+
+def test_down_leaves_nothing_is_safe_twice_and_up_brings_the_data_back(stack):
+    import mlflow
+
+    directory, state, _ = stack
+    marker = f"PSRO_STACK={directory}"
+    assert processes_with_env(marker)  # the marker finds the stack's processes
+    stopped = _stack(directory, "down")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert_all_exited(marker, timeout=10)
+    assert not (directory / "postgres" / "postmaster.pid").exists()  # PostgreSQL's processes rename themselves
+    for service in ("prefect-worker", "mlflow", "prefect-server", "ray-worker-1", "ray-head", "postgres"):
+        assert f"stopped {service}" in stopped.stdout, stopped.stdout
+    status = _stack(directory, "status")
+    assert status.returncode == 1 and "up" not in status.stdout.split()
+
+    again = _stack(directory, "down")
+    assert again.returncode == 0 and again.stdout.strip() == "nothing was running", again.stdout + again.stderr
+
+    started = _stack(directory, "up")  # without --auth: the servers take requests from anyone
+    assert started.returncode == 0, started.stdout + started.stderr
+    address = _addresses(json.loads((directory / "stack.json").read_text()))
+    assert _status_without_credentials(f"{address['prefect']}/flows/filter", b"{}") == 200
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    for run_id in RUNS:
+        assert client.get_run(run_id).info.status == "FINISHED"
+        assert client.list_artifacts(run_id, "payoffs")
+
+
+def test_the_stacks_uis_show_the_runs_of_both_scenarios(stack, tmp_path):
+    """For a person to look at (test-artifacts/screenshots/): the stack's Prefect UI and MLflow UI,
+    brought back by `up` (without --auth) after `down`, each showing the PSRO and the MARL run."""
+    import mlflow
+    from headless_browser import chromium_page, close_mlflow_assistant, shoot, wait_for_text
+
+    from flows.tracking.layout import mlflow_run_link
+
+    directory, _, _ = stack
+    address = _addresses(json.loads((directory / "stack.json").read_text()))
+    client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    prefect = Prefect(address["prefect"])
+    with chromium_page(tmp_path / "profile") as page:
+        for scenario, run_id in SCENARIO_RUNS.items():
+            run = client.get_run(run_id)
+            flow_run = prefect("read_flow_run", run.data.tags["prefect.flow_run_id"])
+            page.goto(f"{address['prefect'].removesuffix('/api')}/runs/flow-run/{flow_run.id}")
+            wait_for_text(page, flow_run.name)
+            shoot(page, f"30-stack-prefect-{scenario}")
+            page.goto(mlflow_run_link(address["mlflow"], run.info.experiment_id, run_id))
+            wait_for_text(page, run.info.run_name)
+            close_mlflow_assistant(page)
+            shoot(page, f"31-stack-mlflow-{scenario}")
+    assert set(SCENARIO_RUNS) == {"psro", "marl"}
 
 
 @pytest.mark.parametrize(
@@ -268,7 +499,7 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
 )
 def test_bad_input_fails_in_one_line_before_anything_starts(tmp_path, args, message):
     directory = tmp_path / "stack"
-    result = stack_command(directory, "up", *args, timeout=120, credentials=False)
+    result = _stack(directory, "up", *args, timeout=120, credentials=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message]
     assert not directory.exists()
