@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from processes import Prefect, assert_all_exited, mlflow_store, prefect_home, processes_with_env, wait_until
+from processes import Prefect, assert_all_exited, mlflow_store, poll, prefect_home, processes_with_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -117,8 +117,13 @@ def test_triggered_run_has_its_iterations_and_their_tasks(served, triggered_run)
     assert triggered_run.parameters["config"]["iterations"] == ITERATIONS
     iterations = [r for r in runs if flows[r.flow_id] == "psro-iteration"]
     assert len(iterations) == ITERATIONS + 1 and all(r.state.is_completed() for r in iterations)
-    task_runs = prefect("read_task_runs")
-    tasks = Counter(t.name.rsplit("-", 1)[0] for t in task_runs if t.flow_run_id in {r.id for r in iterations})
+    ids = {r.id for r in iterations}
+
+    def counted() -> Counter:
+        return Counter(t.name.rsplit("-", 1)[0] for t in prefect("read_task_runs") if t.flow_run_id in ids)
+
+    # task runs reach the server as events, possibly after their flow run's final state
+    tasks = poll(counted, lambda tasks: set(tasks) == TASKS and tasks["train-best-response"] >= 2 * ITERATIONS)
     assert set(tasks) == TASKS, tasks
     assert tasks["train-best-response"] == 2 * ITERATIONS  # two players, none at iteration 0
 
