@@ -62,38 +62,35 @@ def main() -> None:
     def backward(output):
         output.sum().backward()
 
-    rows = []
-    with torch.inference_mode():
-        rows.append(("tanh [1024, 64]", lambda: torch.tanh(hidden), lambda: ours_tanh(hidden)))
-        rows.append(
-            ("log-softmax [1024, 9]", lambda: torch.log_softmax(logits, -1), lambda: networks.log_softmax(logits))
-        )
-    rows.append(
+    # (what, torch's, ours, whether it runs backward too: else it runs under inference mode)
+    rows = [
+        ("tanh [1024, 64]", lambda: torch.tanh(hidden), lambda: ours_tanh(hidden), False),
+        ("log-softmax [1024, 9]", lambda: torch.log_softmax(logits, -1), lambda: networks.log_softmax(logits), False),
         (
             "tanh [4096, 64], forward and backward",
             lambda: backward(torch.tanh(batch_hidden)),
             lambda: backward(ours_tanh(batch_hidden)),
-        )
-    )
-    rows.append(
+            True,
+        ),
         (
             "log-softmax [4096, 9], forward and backward",
             lambda: backward(torch.log_softmax(batch_logits, -1)),
             lambda: backward(networks.log_softmax(batch_logits)),
-        )
-    )
+            True,
+        ),
+    ]
 
     # a MAPPO actor's network (22 inputs, [64, 64] hidden, 9 actions) on 1,024 rows, with torch's
     # tanh in place of this project's between the same layers
     ours_net = MAPPOActor(22, 9, (64, 64)).actor
     torch_net = nn.Sequential(*[nn.Tanh() if isinstance(layer, networks.Tanh) else layer for layer in ours_net])
     obs = torch.randn(1024, 22)
-    rows.append(("MAPPO actor's network on 1,024 rows", lambda: torch_net(obs), lambda: ours_net(obs)))
+    rows.append(("MAPPO actor's network on 1,024 rows", lambda: torch_net(obs), lambda: ours_net(obs), False))
 
     print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s)")
     print(f"{'':44} {'torch ms':>9} {'ours ms':>9} {'torch / ours':>13}")
-    for name, theirs, ours in rows:
-        with torch.inference_mode() if "backward" not in name else torch.enable_grad():
+    for name, theirs, ours, with_backward in rows:
+        with torch.enable_grad() if with_backward else torch.inference_mode():
             torch_ms, ours_ms = per_call_ms(theirs, args.repeats), per_call_ms(ours, args.repeats)
         print(f"{name:44} {torch_ms:>9.4f} {ours_ms:>9.4f} {torch_ms / ours_ms:>12.2f}x")
     load_after = os.getloadavg()
