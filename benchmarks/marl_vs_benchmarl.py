@@ -9,8 +9,8 @@ all of ours, never two runs at once):
 - **this project** (`iterate_marl_local`, the in-process loop `marl_vs_rllib.py` times), with its
   own configs: `configs/marl/<task>/<algorithm>.yaml` where that file exists, else the
   algorithm's `configs/marl/simple_spread/<algorithm>.yaml` (the settings this project tuned on
-  MPE), else the algorithm's defaults; the config's settings and steps per round are kept, the
-  rest is set below.
+  MPE), else the algorithm's defaults; the config's settings, steps per round and learner
+  threads are kept, the rest is set below.
 
 Shared by both sides, everything else being each side's own:
 
@@ -33,9 +33,9 @@ Shared by both sides, everything else being each side's own:
 - the frame budget (`--frames`), in joint environment steps of all copies, BenchMARL's "frames"
   and this project's `env_steps` alike. BenchMARL's side sets the pace: its PPO yaml takes 675
   gradient steps of 400 frames through 256-wide networks per 6,000-frame iteration (its
-  QMIX, 1,000 of 128), where this project's PPO configs take a fifth to a tenth as many per frame
-  through 64-wide ones, so its default budget of 3 million frames is out of reach on two cores
-  and the default here is 120,000 (20 of its iterations). Each side trains whole iterations of
+  QMIX, 1,000 of 128), where this project's PPO configs take a fifth to a half as many per frame
+  through 64- to 256-wide ones, so its default budget of 3 million frames is out of reach on two
+  cores and the default here is 120,000 (20 of its iterations). Each side trains whole iterations of
   its own size (BenchMARL: 6,000 frames; this project: steps per round x copies), so BenchMARL's
   budget is rounded up to whole evaluation intervals and this project's to the whole number of
   its rounds nearest to what BenchMARL trained; the table shows the frames each trained;
@@ -144,16 +144,18 @@ def our_config_file(name: str, algorithm: str) -> Path | None:
     return None
 
 
-def our_base(name: str, algorithm: str) -> tuple[dict, int]:
-    """(settings, steps per round) of this project's config for the pair."""
+def our_base(name: str, algorithm: str) -> tuple[dict, int, int]:
+    """(settings, steps per round, learner threads) of this project's config for the pair."""
     import yaml
 
     from marl_core.marl.config import MARLConfig
 
     path = our_config_file(name, algorithm)
     base = yaml.safe_load(path.read_text()) if path else {}
-    steps = base.get("steps_per_round", MARLConfig.model_fields["steps_per_round"].default)
-    return base.get("settings", {}), steps
+    defaults = MARLConfig.model_fields
+    steps = base.get("steps_per_round", defaults["steps_per_round"].default)
+    threads = base.get("learner_threads", defaults["learner_threads"].default)
+    return base.get("settings", {}), steps, threads
 
 
 # --- the two sides -----------------------------------------------------------------------------
@@ -186,7 +188,7 @@ def run_ours(name: str, algorithm: str, seed: int, task_config: dict, frames: in
     from marl_core.marl.config import MARLConfig
     from marl_core.marl.rounds import iterate_marl_local
 
-    settings, steps_per_round = our_base(name, algorithm)
+    settings, steps_per_round, learner_threads = our_base(name, algorithm)
     per_round = steps_per_round * args.envs
     env = our_env_name(name, task_config, continuous(name, algorithm, args))
     config = MARLConfig(
@@ -195,6 +197,7 @@ def run_ours(name: str, algorithm: str, seed: int, task_config: dict, frames: in
         settings=settings,
         rounds=max(1, round(frames / per_round)),
         steps_per_round=steps_per_round,
+        learner_threads=learner_threads,
         envs_per_worker=args.envs,
         workers=1,
         eval_every=max(1, round(eval_frames / per_round)),

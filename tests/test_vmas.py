@@ -123,15 +123,18 @@ def test_marl_learners_train_on_a_vmas_scenario_and_evaluate_on_its_single_copie
         assert np.isfinite(record.metrics["eval_return/policy/agent"])
 
 
-def test_whole_episodes_step_every_copy_in_one_call_each_copy_playing_its_share(calls):
+def test_whole_episodes_play_as_one_wave_every_copy_stepped_in_one_call(calls):
     worker = RolloutWorker(NAVIGATION, envs_per_worker=4)
     uniform = {"agents": PolicyMixture([UniformPolicy()], np.ones(1))}
     result = worker.collect(RolloutRequest(shared_population("agents"), uniform, episodes=5, seed=(4,)))
-    # copy 0 plays two episodes, the others one each: 14 joint steps, in 14 calls
-    assert len(calls) == 14 and result.env_steps == 5 * 7
+    # more episodes than the worker's 4 copies: a batch of 5, one episode each, 7 joint steps in 7 calls
+    assert len(calls) == 7 and result.env_steps == 5 * 7
     assert result.episode_lengths.tolist() == [7] * 5 and np.isfinite(result.episode_returns).all()
     again = worker.collect(RolloutRequest(shared_population("agents"), uniform, episodes=5, seed=(4,)))
     np.testing.assert_array_equal(again.episode_returns, result.episode_returns)  # seeded: the same episodes
+    fewer = worker.collect(RolloutRequest(shared_population("agents"), uniform, episodes=3, seed=(4,)))
+    assert len(calls) == 21 and fewer.episode_lengths.tolist() == [7] * 3  # on the worker's own copies
+    worker.close()
 
 
 def test_psro_plays_a_competitive_vmas_scenario_with_sampled_payoffs():

@@ -195,6 +195,7 @@ class StreamSummary:
 
 
 EnvSource = str | Callable[[], MultiAgentEnv]  # a `make_env` name, or a factory
+WIDEST_WAVE = 1024  # the most copies of a batched environment that whole episodes play at once
 
 
 @dataclasses.dataclass
@@ -235,6 +236,7 @@ class RolloutWorker:
         self._source = env
         self._make = (lambda: make_env(env)) if isinstance(env, str) else env
         self.copies = self._copies(envs_per_worker)  # whole episodes' copies; streams have their own
+        self._wave: BatchedCopies | None = None  # a batch as wide as a request's episodes (`_episode_copies`)
         self.spec = self.copies.spec
         self.store = store
         self._networks: dict[str, tuple[NetworkPolicy, int]] = {}  # learner key -> (network, version)
@@ -365,7 +367,7 @@ class RolloutWorker:
         decisions = [_Decisions() for _ in networks]
         reward_of = {agent: decisions[j].reward for j, group in enumerate(plan.learner_agents) for agent in group}
 
-        copies = self.copies
+        copies = self._episode_copies(request.episodes)
         quota = [request.episodes // len(copies)] * len(copies)
         for i in range(request.episodes % len(copies)):
             quota[i] += 1
@@ -578,6 +580,21 @@ class RolloutWorker:
             return BatchedStream.start(stream.env, plan.mixtures, rng, global_state)
         return Stream.start(stream.envs, plan.mixtures, rng, global_state)
 
+    def _episode_copies(self, episodes: int) -> EnvCopies | BatchedCopies:
+        """The copies that play a request's whole episodes: the worker's own, or, where its
+        environment steps copies in one call and the request asks for more episodes than it has,
+        one batch of a copy per episode (up to `WIDEST_WAVE`), kept for the next request. A batch
+        step costs little more for more copies, so the episodes play as one wave instead of one
+        wave per `envs_per_worker` of them."""
+        if not isinstance(self.copies, BatchedCopies) or episodes <= len(self.copies):
+            return self.copies
+        wanted = min(episodes, WIDEST_WAVE)
+        if self._wave is None or len(self._wave) != wanted:
+            if self._wave is not None:
+                self._wave.close()
+            self._wave = BatchedCopies(make_batched_env(self._source, wanted))
+        return self._wave
+
     def _copies(self, count: int) -> EnvCopies | BatchedCopies:
         """`count` new copies of the environment: in one batch where its source steps them so."""
         batched = make_batched_env(self._source, count) if isinstance(self._source, str) else None
@@ -624,6 +641,8 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.copies.close()
+        if self._wave is not None:
+            self._wave.close()
         for stream in self._streams.values():
             stream.close()
 
