@@ -586,13 +586,13 @@ class RolloutWorker:
         one batch of a copy per episode (up to `WIDEST_WAVE`), kept for the next request. A batch
         step costs little more for more copies, so the episodes play as one wave instead of one
         wave per `envs_per_worker` of them."""
-        if not isinstance(self.copies, BatchedCopies) or episodes <= len(self.copies):
-            return self.copies
         wanted = min(episodes, WIDEST_WAVE)
+        if not isinstance(self.copies, BatchedCopies) or wanted <= len(self.copies):
+            return self.copies
         if self._wave is None or len(self._wave) != wanted:
             if self._wave is not None:
                 self._wave.close()
-            self._wave = BatchedCopies(make_batched_env(self._source, wanted))
+            self._wave = self._copies(wanted)
         return self._wave
 
     def _copies(self, count: int) -> EnvCopies | BatchedCopies:
