@@ -153,6 +153,13 @@ def test_scheduled_deployment_is_listed_with_its_cron(served):
     assert smoke.schedules == [] and smoke.parameters == declared["kuhn-smoke"]["parameters"]
 
 
+def test_psro_serve_serves_every_deployment_of_prefect_yaml(served):
+    _, _, prefect, _ = served
+    for declared in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
+        flow = declared["entrypoint"].rsplit(".", 1)[1]
+        assert prefect.deployment(f"{flow}/{declared['name']}"), declared["name"]
+
+
 def test_bad_deployment_names_fail_with_one_line():
     from typer.testing import CliRunner
 

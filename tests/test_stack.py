@@ -1,5 +1,7 @@
 """`psro stack up|status|down`: the team's services (PostgreSQL, Prefect, MLflow, Ray, a Prefect
-worker) brought up by the real command, used by a real `psro run`, and stopped leaving nothing.
+worker) brought up by the real command, used by a real `psro run` that each service fails under
+and that is then killed and resumed by `psro resume`, by four scenarios' runs at once from its
+work pool, and stopped leaving nothing.
 
 One stack serves every test of the module (starting it is the slow part); the tests run in file
 order. Every process of the stack carries `PSRO_STACK=DIR` in its environment: that marker, not
@@ -22,8 +24,11 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow_reads import assert_each_metric_once, assert_each_version_once
 from processes import FAULT_INJECTION, Prefect, assert_all_exited, processes_with_env, wait_until
 from small_runs import PBT, SMALL_LEAGUE, SYNC_MARL
+
+from flows.tracking import layout
 
 pytestmark = pytest.mark.slow
 
@@ -171,17 +176,20 @@ def _assert_no_secret_stored(directory: Path, state: dict, client, run_ids) -> N
 # The run (Kuhn poker, exact best responses, Nash meta-solver) is held just before committing
 # iteration K (tests/fault_injection: `PSRO_TEST_HOLD_AT_COMMIT`): the test fails a service, lets
 # the run go on into the outage, brings the service back with `psro stack start`, and measures
-# how long after that the held iteration's commit reaches MLflow. The last test checks what a
-# fault could have lost: every iteration's metrics once, every member's registry version once,
-# the flow run and its subflows completed in Prefect, and the exploitability of an uninterrupted
-# run of the same config.
-FAULTED_ITERATIONS = 5  # its exploitability then is still well above zero
+# how long after that the held iteration's commit reaches MLflow. After the last fault the run
+# dies by SIGKILL just before its next commit and `psro resume` continues it from the command
+# line. The last test checks what a fault or the kill could have lost: every iteration's metrics
+# once, every member's registry version once, the iterations completed in Prefect, and the
+# exploitability of an uninterrupted run of the same config.
+FAULTED_ITERATIONS = 6  # its exploitability then is still well above zero
+KILLED_AT = 5  # the commit the faulted run dies just before, after its four faults
 PREFECT_OUTAGE, MLFLOW_OUTAGE, POSTGRES_OUTAGE = 30.0, 60.0, 10.0  # seconds each service stays down
 RECOVERED: dict[str, tuple[float, float]] = {}  # fault -> (outage, seconds from back to the commit)
 
 
 class FaultedRun:
-    """The run the faults hit, started by `psro run` in the background, held at commits 1-4."""
+    """The run the faults hit, started by `psro run` in the background, held at commits 1-4 and
+    killed at the fifth."""
 
     def __init__(self, stack_state: dict, folder: Path):
         address = _addresses(stack_state)
@@ -189,21 +197,22 @@ class FaultedRun:
         self.holds.mkdir()
         self.cwd = folder / "cwd"
         self.cwd.mkdir()
-        env = _env() | {
-            "PREFECT_API_URL": address["prefect"],
-            "RAY_AUTH_MODE": "token",
+        self.env = _env() | {"PREFECT_API_URL": address["prefect"], "RAY_AUTH_MODE": "token"}
+        seam = {
             "PYTHONPATH": str(FAULT_INJECTION),
             "PSRO_TEST_HOLD_AT_COMMIT": "1,2,3,4",
             "PSRO_TEST_HOLD_DIR": str(self.holds),
+            "PSRO_TEST_KILL_AT_COMMIT": str(KILLED_AT),
         }
         flags = ["--game", "kuhn_poker", "--iterations", str(FAULTED_ITERATIONS), "--num-cpus", "1"]
         flags += ["--tracking-uri", address["mlflow"], "--ray-address", address["ray"], "--experiment", "faults"]
         self.log = folder / "run.log"
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(
-                [PSRO, "run", *flags], env=env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT
+                [PSRO, "run", *flags], env=self.env | seam, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT
             )
         self.tracking_uri = address["mlflow"]
+        self.ray_address = address["ray"]
 
     def output(self) -> str:
         return self.log.read_text()[-3000:]
@@ -230,14 +239,25 @@ class FaultedRun:
         """Seconds from `since` until the run's commit tag names `index` (read from MLflow)."""
 
         def reached() -> bool:
-            assert self.process.poll() in (None, 0), self.output()  # a run that died commits nothing more
             try:
-                return int(self.run()[1].data.tags.get("psro.committed_iteration", -1)) >= index
+                if int(self.run()[1].data.tags.get("psro.committed_iteration", -1)) >= index:
+                    return True
             except Exception:  # the server itself may still be coming back
-                return False
+                pass
+            assert self.process.poll() is None, self.output()  # a run that died commits nothing more
+            return False
 
         wait_until(reached, 400, f"commit {index} to reach MLflow")
         return time.monotonic() - since
+
+    def resume(self) -> subprocess.CompletedProcess:
+        """`psro resume RUN_ID` from the command line, once the run has died at its commit."""
+        assert self.process.wait(timeout=600) == -signal.SIGKILL, self.output()
+        _, found = self.run()
+        assert found.data.tags["psro.committed_iteration"] == str(KILLED_AT - 1)
+        command = [PSRO, "resume", found.info.run_id, "--tracking-uri", self.tracking_uri]
+        command += ["--ray-address", self.ray_address]
+        return subprocess.run(command, env=self.env, cwd=self.cwd, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -288,12 +308,15 @@ def test_fault_postgresql_restarted(stack, faulted_run):
     _outage(stack, faulted_run, 4, "postgres", POSTGRES_OUTAGE, "PostgreSQL stopped 10 s")
 
 
-def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, faulted_run):
+def test_the_faulted_run_killed_and_resumed_lost_nothing_and_ends_as_an_uninterrupted_one(stack, faulted_run):
+    from mlflow_reads import registered_members
+
     from marl_core.psro.config import PSROConfig
     from marl_core.psro.steps import iterate_psro_local
 
     directory, _, _ = stack
-    assert faulted_run.process.wait(timeout=600) == 0, faulted_run.output()
+    resumed = faulted_run.resume()
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     client, found = faulted_run.run()
     assert found.info.status == "FINISHED"
     assert found.data.tags["psro.committed_iteration"] == str(FAULTED_ITERATIONS)
@@ -303,17 +326,19 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
     assert (stored / "payoffs" / "final.csv").exists(), sorted(stored.rglob("*"))
     history = client.get_metric_history(found.info.run_id, "exploitability")
     assert sorted(metric.step for metric in history) == list(range(FAULTED_ITERATIONS + 1))  # each once
-    versions = client.search_model_versions(f"run_id = '{found.info.run_id}'")
-    for player in ("player_0", "player_1"):
-        numbers = sorted(int(v.version) for v in versions if v.name == f"faults-kuhn_poker-{player}")
-        assert numbers == list(range(1, FAULTED_ITERATIONS + 2)), numbers  # one per member, none twice
+    assert_each_metric_once(client, found)
+    assert_each_version_once(client, found.info.run_id)
+    for player in ("player_0", "player_1"):  # one version per member, the one the kill orphaned replaced
+        assert registered_members(client, "faults", player) == [(m, m) for m in range(FAULTED_ITERATIONS + 1)]
 
     *_, (reference, _) = iterate_psro_local(PSROConfig(game="kuhn_poker", iterations=FAULTED_ITERATIONS))
     assert found.data.metrics["exploitability"] == pytest.approx(reference.exploitability, abs=1e-9)
 
+    # the first attempt's iterations, faults and all, reached Prefect completed
     prefect = Prefect(_addresses(json.loads((directory / "stack.json").read_text()))["prefect"])
-    flow_run = prefect("read_flow_run", found.data.tags["prefect.flow_run_id"])
-    assert flow_run.state.is_completed(), flow_run.state
+    children = prefect("read_flow_runs", **_children(found.data.tags[layout.FLOW_RUN_TAG]))
+    iterations = {run.parameters["index"]: run.state for run in children}
+    assert all(iterations[k].is_completed() for k in range(KILLED_AT)), iterations
     started = _stack(directory, "start", "ray-worker-1")  # the node the first fault killed
     assert started.stdout.strip() == "started ray-worker-1", started.stdout + started.stderr
     for fault, (outage, recovered) in RECOVERED.items():
@@ -321,29 +346,31 @@ def test_the_faulted_run_lost_nothing_and_ends_as_an_uninterrupted_one(stack, fa
     RUNS.append(found.info.run_id)
 
 
+def _children(flow_run_id) -> dict:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    return {"flow_run_filter": FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))}
+
+
 # prefect.yaml's deployment of each scenario -> (scenario, the config it is triggered with: small
-# ones, each committing step 3 last)
+# ones, each committing step 3 last). A run killed and resumed on the stack is the faulted one
+# above; every scenario's killed and retried run is tests/test_scenarios.py's.
 LOAD = {
     "psro/kuhn-smoke": ("psro", {"game": "kuhn_poker", "meta_solver": "nash", "iterations": 3}),
     "marl/spread-ippo-nightly": ("marl", SYNC_MARL),
     "league/kuhn-league": ("league", SMALL_LEAGUE),
     "pbt/spread-pbt-weekly": ("pbt", PBT),
 }
-# SIGKILLed just before this commit (the one after step 1's), then resumed from the command line
-KILLED = {"marl": 3, "league": 2, "pbt": 3}
 SCENARIO_RUNS: dict[str, str] = {}  # scenario -> its MLflow run id on the stack, for the UIs' screenshots
 
 
-def test_four_scenarios_at_once_from_the_stacks_work_pool_and_three_resumed_after_sigkill(stack, tmp_path):
+def test_four_scenarios_at_once_from_the_stacks_work_pool(stack):
     """prefect.yaml deployed to the stack's pool (`prefect deploy --all`, as docs/operations.md
     tells a team) and one deployment of each scenario triggered at once: the stack's worker runs
-    all four together. Three of them die by SIGKILL just before their second commit (the suite's
-    seam, passed to those runs alone as job variables); `psro SCENARIO resume RUN_ID` on the
-    command line continues each as soon as it has crashed. Every run ends FINISHED at its last
-    step, each metric logged once per step, each registry version registered once, nothing
-    written where they ran; and after all the module's runs neither secret is stored anywhere."""
+    all four together. Every run ends FINISHED at its last step, each metric logged once per
+    step, each registry version registered once, its artifacts through the server; and after
+    all the module's runs neither secret is stored anywhere."""
     import mlflow
-    from mlflow_reads import assert_each_metric_once, assert_each_version_once
 
     from flows.scenarios import SCENARIOS
 
@@ -364,52 +391,18 @@ def test_four_scenarios_at_once_from_the_stacks_work_pool_and_three_resumed_afte
     flow_runs = {}
     for deployment, (scenario, config) in LOAD.items():
         placed = SCENARIOS[scenario].with_common(config, {**common, "experiment": f"load-{scenario}"})
-        flags = ["--params", json.dumps({"config": placed})]
-        if scenario in KILLED:
-            seam = {"PYTHONPATH": str(FAULT_INJECTION), "PSRO_TEST_KILL_AT_COMMIT": str(KILLED[scenario])}
-            flags += ["--job-variable", f"env={json.dumps(seam)}"]
-        triggered = prefect_cli("deployment", "run", deployment, *flags)
+        triggered = prefect_cli("deployment", "run", deployment, "--params", json.dumps({"config": placed}))
         flow_runs[scenario] = re.search(r"UUID: ([0-9a-f-]{36})", triggered.stdout).group(1)
 
     prefect = Prefect(address["prefect"])
     client = mlflow.MlflowClient(tracking_uri=address["mlflow"])
+    for scenario, flow_run_id in flow_runs.items():
+        ended = prefect.final_state(flow_run_id, 600)
+        assert ended.is_completed(), (scenario, ended)
 
     def run_of(scenario: str):
         (found,) = client.search_runs([client.get_experiment_by_name(f"load-{scenario}").experiment_id])
         return found
-
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    run_env = dict(
-        _env(), PREFECT_API_URL=address["prefect"], RAY_AUTH_MODE="token", PREFECT_HOME=str(tmp_path / "home")
-    )
-    resumes = {}
-
-    def resume(scenario: str) -> None:
-        """`psro SCENARIO resume RUN_ID` of a run that crashed, started at once, beside the others."""
-        crashed = run_of(scenario)
-        assert crashed.data.tags[SCENARIOS[scenario].commit_tag] == "1", scenario
-        command = [PSRO, scenario, "resume", crashed.info.run_id, "--tracking-uri", address["mlflow"]]
-        command += ["--ray-address", address["ray"]]
-        with open(tmp_path / f"{scenario}.log", "w") as out:
-            resumes[scenario] = subprocess.Popen(command, env=run_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-
-    running = dict(flow_runs)
-
-    def one_ended() -> bool:
-        for scenario, flow_run_id in list(running.items()):
-            ended = prefect("read_flow_run", flow_run_id).state
-            if ended.is_final():
-                del running[scenario]
-                assert ended.is_crashed() if scenario in KILLED else ended.is_completed(), (scenario, ended)
-                if scenario in KILLED:
-                    resume(scenario)
-        return not running
-
-    wait_until(one_ended, 600, "the four runs to end")
-    for scenario, process in resumes.items():
-        assert process.wait(timeout=600) == 0, (tmp_path / f"{scenario}.log").read_text()[-3000:]
-    assert list(cwd.iterdir()) == []
 
     for scenario in flow_runs:
         found = run_of(scenario)
