@@ -17,7 +17,6 @@ import dataclasses
 import os
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
@@ -131,14 +130,10 @@ def _schedule(entry: dict):
 
 
 def _wait_for_server(api_url: str) -> None:
+    from flows.services import healthy
+
     deadline = time.monotonic() + SERVER_WAIT_SECONDS
-    while True:
-        try:
-            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
+    while not healthy(api_url):
         if time.monotonic() > deadline:
             raise DeploymentError(
                 f"no Prefect server answers at PREFECT_API_URL={api_url}; start one with "
