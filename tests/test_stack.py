@@ -118,6 +118,21 @@ def test_status_reports_every_service_up_and_each_answers(stack):
     assert Prefect(address["prefect"])("read_work_pool", "psro-process").type == "process"
 
 
+def test_the_mlflow_servers_auth_config_caches_credential_checks(stack):
+    """MLflow reads the stack's auth config with its credential cache on: without it every
+    request costs the server a scrypt check of the password."""
+    from mlflow.server.auth.config import read_auth_config
+
+    from flows.stack import MLFLOW_AUTH_CACHE_S
+
+    directory, _, _ = stack
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(directory / "mlflow-auth.ini"))
+        config = read_auth_config()
+    assert config.auth_cache_ttl_seconds == MLFLOW_AUTH_CACHE_S > 0
+    assert config.authorization_function == "mlflow.server.auth:authenticate_request_basic_auth"
+
+
 def _status_without_credentials(url: str, body: bytes | None = None) -> int:
     import urllib.error
     import urllib.request
