@@ -423,12 +423,17 @@ def _mlflow_command(stack: Stack, credentials: Credentials | None) -> tuple[list
     basic-auth app, configured by a file that names only its database (the admin's name and
     password reach it through MLflow's MLFLOW_AUTH_ADMIN_* variables). The app's CSRF key is the
     environment's MLFLOW_FLASK_SERVER_SECRET_KEY, else a new one per start: one server, so
-    nothing else must share it, and a restart only asks the UI's open forms to load again."""
+    nothing else must share it, and a restart only asks the UI's open forms to load again.
+
+    The server runs none of MLflow's job executors (`MLFLOW_SERVER_ENABLE_JOB_EXECUTION`): they
+    serve its GenAI features (judges, evaluations, trace roll-ups), which model-training runs
+    never ask for, and their consumers poll all the while the server is up."""
     command = [str(_venv_tool("mlflow")), "server", "--host", "127.0.0.1", "--port", str(stack.ports.mlflow)]
     command += ["--backend-store-uri", stack.database_url("mlflow", "postgresql+psycopg2"), "--workers", "1"]
     command += ["--artifacts-destination", str(stack.path("artifacts"))]
+    no_jobs = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     if credentials is None:
-        return command, {}
+        return command, no_jobs
     config = stack.path("mlflow-auth.ini")
     config.write_text(
         "[mlflow]\ndefault_permission = READ\n"
@@ -437,6 +442,7 @@ def _mlflow_command(stack: Stack, credentials: Credentials | None) -> tuple[list
         f"auth_cache_ttl_seconds = {MLFLOW_AUTH_CACHE_S}\n"
     )
     env = {
+        **no_jobs,
         "MLFLOW_AUTH_CONFIG_PATH": str(config),
         "MLFLOW_AUTH_ADMIN_USERNAME": credentials.mlflow_username,
         "MLFLOW_AUTH_ADMIN_PASSWORD": credentials.mlflow_password,

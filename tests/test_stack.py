@@ -118,14 +118,22 @@ def test_status_reports_every_service_up_and_each_answers(stack):
     assert Prefect(address["prefect"])("read_work_pool", "psro-process").type == "process"
 
 
-def test_the_mlflow_servers_auth_config_caches_credential_checks(stack):
-    """MLflow reads the stack's auth config with its credential cache on: without it every
-    request costs the server a scrypt check of the password."""
-    from mlflow.server.auth.config import read_auth_config
+def test_the_mlflow_server_caches_credential_checks_and_runs_no_job_executors(stack):
+    """MLflow reads the stack's auth config with its credential cache on (without it every
+    request costs the server a scrypt check of the password), and the server started none of
+    its GenAI job consumers."""
+    import warnings
 
     from flows.stack import MLFLOW_AUTH_CACHE_S
 
+    with warnings.catch_warnings():  # importing mlflow.server warns of starlette's WSGI middleware
+        warnings.simplefilter("ignore")
+        from mlflow.server.auth.config import read_auth_config
+
     directory, _, _ = stack
+    commands = processes_with_env(f"PSRO_STACK={directory}")
+    assert any("mlflow" in command for command in commands), commands
+    assert not [command for command in commands if "huey" in command]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(directory / "mlflow-auth.ini"))
         config = read_auth_config()
