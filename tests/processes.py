@@ -118,6 +118,13 @@ class Prefect:
         except ObjectNotFound:
             return None
 
+    def subflows(self, flow_run_id) -> list:
+        """The flow runs whose parent is a task of the flow run `flow_run_id` (its steps)."""
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+        parent = FlowRunFilterParentFlowRunId(any_=[flow_run_id])
+        return self("read_flow_runs", flow_run_filter=FlowRunFilter(parent_flow_run_id=parent))
+
     def final_state(self, flow_run_id, timeout: float):
         def ended():
             state = self("read_flow_run", flow_run_id).state

@@ -369,12 +369,9 @@ def _step(task) -> str:
 
 def _subflows(prefect: Prefect, flow_run_id) -> tuple[list, list]:
     """(state, id) of the flow run's subflow runs, and their task runs."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    runs = prefect(
-        "read_flow_runs",
-        flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])),
-    )
+    runs = prefect.subflows(flow_run_id)
     tasks = prefect("read_task_runs", flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs])))
     return [(r.state.type.value, r.id) for r in runs], tasks
 
@@ -506,7 +503,7 @@ def test_the_prefect_and_mlflow_uis_show_every_scenarios_run(stack, retried, tmp
                 page.goto(f"{prefect_url}/runs/flow-run/{flow_run_id}")
                 wait_for_text(page, flow_run.name)
                 page.get_by_text("Subflow Runs", exact=True).click()
-                step = stack.prefect("read_flow_runs", **_children(flow_run_id))[0]
+                step = stack.prefect.subflows(flow_run_id)[0]
                 wait_for_text(page, step.name)
                 shoot(page, f"20-{number}-prefect-{case.name}")
 
@@ -519,9 +516,3 @@ def test_the_prefect_and_mlflow_uis_show_every_scenarios_run(stack, retried, tmp
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
-
-
-def _children(flow_run_id) -> dict:
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-
-    return {"flow_run_filter": FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))}

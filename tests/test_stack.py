@@ -359,20 +359,13 @@ def test_the_faulted_run_killed_and_resumed_lost_nothing_and_ends_as_an_uninterr
 
     # the first attempt's iterations, faults and all, reached Prefect completed
     prefect = Prefect(_addresses(json.loads((directory / "stack.json").read_text()))["prefect"])
-    children = prefect("read_flow_runs", **_children(found.data.tags[layout.FLOW_RUN_TAG]))
-    iterations = {run.parameters["index"]: run.state for run in children}
+    iterations = {run.parameters["index"]: run.state for run in prefect.subflows(found.data.tags[layout.FLOW_RUN_TAG])}
     assert all(iterations[k].is_completed() for k in range(KILLED_AT)), iterations
     started = _stack(directory, "start", "ray-worker-1")  # the node the first fault killed
     assert started.stdout.strip() == "started ray-worker-1", started.stdout + started.stderr
     for fault, (outage, recovered) in RECOVERED.items():
         print(f"{fault}: down {outage:.0f} s, its commit arrived {recovered:.1f} s after it was back")
     RUNS.append(found.info.run_id)
-
-
-def _children(flow_run_id) -> dict:
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-
-    return {"flow_run_filter": FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))}
 
 
 # prefect.yaml's deployment of each scenario -> (scenario, the config it is triggered with: small
