@@ -138,6 +138,7 @@ def test_ppo_log_probs_match_the_masked_softmax():
 def test_the_fast_tanh_and_log_softmax_are_torchs_functions_and_gradients():
     """`Tanh` and `log_softmax` (rl.networks) replace torch's slow CPU kernels on the policies'
     paths: the same values and gradients, masked entries finite and of probability exactly 0."""
+    torch.manual_seed(0)  # the inputs are random; the tolerances below hold for any draw
     x = (torch.randn(257, 9, dtype=torch.float32) * 4).requires_grad_()
     x_ref = x.detach().clone().requires_grad_()
     y = Tanh()(x)
@@ -157,7 +158,8 @@ def test_the_fast_tanh_and_log_softmax_are_torchs_functions_and_gradients():
     weights = torch.randn(9)
     (logp.exp() * weights).sum().backward()
     (logp_ref.exp() * weights).sum().backward()
-    torch.testing.assert_close(logits.grad, logits_ref.grad, atol=1e-6, rtol=1e-5)
+    # float32 rounding of p * (w - sum(p * w)), two sums in different orders: a few ulps of 1
+    torch.testing.assert_close(logits.grad, logits_ref.grad, atol=4e-6, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------- Experience
