@@ -31,6 +31,13 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   context from certifi's bundle, even for an http:// server, and the flow engine makes a new
   client for the tracking task of every subflow. Clients given no `verify` share one context
   per TLS setting.
+- `PrefectHttpxAsyncClient._has_connected`, `PrefectHttpxSyncClient._has_connected`: Prefect's
+  HTTP clients retry a refused connection (with its back-off, `PREFECT_CLIENT_MAX_RETRIES`
+  times) only once that same client has had an answer, so that a wrong URL fails at once. The
+  flow engine opens a new client for each subflow, so a step begun while the server restarted
+  failed at its first request, and the run with it (found by `tests/test_stack.py`'s Prefect
+  fault once its run met the outage with a step to begin). The flag is made the process's, per
+  API URL: a new client of a server this process has reached retries as the first one would.
 - `FlowRunEngine.load_subflow_run`, `FlowRunEngine.create_flow_run`,
   `SyncPrefectClient.read_flow_run`: Prefect makes six API calls to run a subflow: create its
   tracking task run, look for an earlier flow run under that task run (to reattach one after a
@@ -100,6 +107,7 @@ def apply_patches() -> None:
     """Patch Prefect's client and engine (each patch at most once)."""
     _memoize_settings_serialization()
     _share_client_tls_contexts()
+    _retry_refused_connections_once_the_process_connected()
     _skip_reads_for_fresh_subflows()
 
 
@@ -291,6 +299,30 @@ def _share_client_tls_contexts() -> None:
 
         __init__._shared_tls = True
         client_class.__init__ = __init__
+
+
+# --- Prefect's client through a server restart ----------------------------------------------
+
+_answered_urls: set[str] = set()  # the API URLs some client of this process has had an answer from
+
+
+def _retry_refused_connections_once_the_process_connected() -> None:
+    """Make Prefect's "has this client connected" flag the process's, per API URL: a client of a
+    URL that any client here has reached retries a refused connection. The flag itself lives in
+    the instance's `__dict__` under another name, so Prefect's own reads and writes go through."""
+    from prefect.client.base import PrefectHttpxAsyncClient, PrefectHttpxSyncClient
+
+    def has_connected(client) -> bool:
+        return client.__dict__.get("_answered", False) or str(client.base_url) in _answered_urls
+
+    def set_connected(client, value: bool) -> None:
+        client.__dict__["_answered"] = value
+        if value:
+            _answered_urls.add(str(client.base_url))
+
+    for client_class in (PrefectHttpxAsyncClient, PrefectHttpxSyncClient):
+        if not isinstance(client_class.__dict__.get("_has_connected"), property):
+            client_class._has_connected = property(has_connected, set_connected)
 
 
 # --- Prefect's subflow engine ---------------------------------------------------------------

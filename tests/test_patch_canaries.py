@@ -1,7 +1,8 @@
 """Canaries for the private code this project patches or leans on: one per patch.
 
 flows/patches.py applies every patch (`apply_patches()`): it memoizes Prefect's
-SettingsContext.serialize, shares one SSL context among Prefect's API clients, skips two reads in
+SettingsContext.serialize, shares one SSL context among Prefect's API clients, lets a new client
+retry a refused connection to a server this process has reached, skips two reads in
 Prefect's subflow engine, begins the SQLite server's write transactions IMMEDIATE, quiets two
 of Ray's private loggers, keeps a Ray on this machine on loopback, and starts a run's own Ray
 without Ray's cluster services. Beside that,
@@ -176,6 +177,64 @@ def test_prefect_clients_share_one_tls_context_and_keep_one_they_are_given():
     own = ssl.create_default_context()
     given = PrefectClient("http://127.0.0.1:1/api", httpx_settings={"verify": own})
     assert given._client._transport._pool._ssl_context is own
+
+
+def test_a_new_prefect_client_retries_a_refused_connection_to_a_server_this_process_reached():
+    """Prefect's clients retry a refused connection only when `_has_connected` says they were
+    answered before; the patch makes that the process's, per URL. A new client of a server that
+    answered an earlier client, asking while the server restarts, waits for it (as a subflow begun
+    in a Prefect outage must); a client of a server nobody here reached still fails at once."""
+    import http.server
+    import threading
+    import time
+
+    import httpx
+    from prefect.client.base import PrefectHttpxAsyncClient, PrefectHttpxSyncClient
+
+    from flows.patches import apply_patches
+    from flows.services import free_port
+
+    apply_patches()
+    for client_class in (PrefectHttpxAsyncClient, PrefectHttpxSyncClient):
+        source = inspect.getsource(client_class.send)
+        assert "if self._has_connected:" in source and "self._has_connected = True" in source, (
+            f"{client_class.__name__}.send no longer decides its ConnectError retries by _has_connected"
+        )
+
+    class Answers(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    def serve(port: int) -> http.server.ThreadingHTTPServer:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Answers)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    servers = [serve(0)]
+    port = servers[0].server_address[1]
+    restart = threading.Timer(1.0, lambda: servers.append(serve(port)))
+    try:
+        with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{port}") as first:
+            assert first.get("/").status_code == 200
+        servers[0].shutdown()
+        servers[0].server_close()
+        restart.start()
+        with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{port}") as second:
+            assert second.get("/").status_code == 200  # refused, retried, answered by the restarted server
+    finally:
+        restart.cancel()
+        for server in servers[1:]:
+            server.shutdown()
+            server.server_close()
+    started = time.monotonic()
+    with PrefectHttpxSyncClient(base_url=f"http://127.0.0.1:{free_port()}") as stranger:
+        with pytest.raises(httpx.ConnectError):
+            stranger.get("/")
+    assert time.monotonic() - started < 1.0  # no back-off for a server never reached
 
 
 def test_the_patched_engine_methods_keep_prefects_signatures():

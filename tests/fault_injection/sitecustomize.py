@@ -13,10 +13,13 @@ clean up. Which step:
   holding N, once (the file is removed first), so that one serving process can crash one run
   and then run its retry and others.
 
-``PSRO_TEST_HOLD_AT_COMMIT=N,M,...`` with ``PSRO_TEST_HOLD_DIR=DIR`` holds instead of killing:
-just before step N's tag it writes ``DIR/held-N`` and waits until the test writes
-``DIR/release-N``, so that a test can fail a service under a run at a known point
-(tests/test_stack.py's faults).
+``PSRO_TEST_HOLD_AT_COMMIT=N,M,...`` with ``PSRO_TEST_HOLD_DIR=DIR`` holds the run's driver
+instead: when step N's commit is handed to the tracker (`ScenarioTracker.log_step`) it writes
+``DIR/held-N`` and waits until the test writes ``DIR/release-N``, so that a test can fail a
+service under a run at a known point (tests/test_stack.py's faults). The driver, not the
+tracking thread, waits: a released run then meets the failed service with all it does next (the
+step's commit in MLflow, the next step's subflow and tasks in Prefect), where a run whose tracker
+alone was held had finished its steps before the service failed.
 
 No production module reads these variables or knows this seam exists; without them this module
 does nothing.
@@ -63,15 +66,20 @@ def _hold(index: int) -> None:
 
 
 def _arm(tracker_class) -> None:
-    commit = tracker_class._commit
+    commit, log_step = tracker_class._commit, tracker_class.log_step
 
     def commit_or_die(self, index: int) -> None:
         if _dies_at(self, index):
             os.kill(os.getpid(), signal.SIGKILL)
-        _hold(index)
         commit(self, index)
 
+    def held_then_logged(self, index: int, record, state, committed) -> None:
+        if committed is not None:
+            _hold(index)
+        log_step(self, index, record, state, committed)
+
     tracker_class._commit = commit_or_die
+    tracker_class.log_step = held_then_logged
 
 
 class _ArmOnImport(importlib.abc.MetaPathFinder):
