@@ -125,6 +125,12 @@ class Prefect:
         parent = FlowRunFilterParentFlowRunId(any_=[flow_run_id])
         return self("read_flow_runs", flow_run_filter=FlowRunFilter(parent_flow_run_id=parent))
 
+    def task_runs(self, flow_run_ids) -> list:
+        """The task runs of the flow runs `flow_run_ids`."""
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        return self("read_task_runs", flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(flow_run_ids))))
+
     def final_state(self, flow_run_id, timeout: float):
         def ended():
             state = self("read_flow_run", flow_run_id).state

@@ -369,10 +369,8 @@ def _step(task) -> str:
 
 def _subflows(prefect: Prefect, flow_run_id) -> tuple[list, list]:
     """(state, id) of the flow run's subflow runs, and their task runs."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
     runs = prefect.subflows(flow_run_id)
-    tasks = prefect("read_task_runs", flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs])))
+    tasks = prefect.task_runs(r.id for r in runs)
     return [(r.state.type.value, r.id) for r in runs], tasks
 
 

@@ -331,13 +331,10 @@ def test_fault_the_prefect_server_down_for_30_s(stack, faulted_run):
 
 def _iterations_completed(prefect: Prefect, flow_run_id: str, count: int) -> bool:
     """Whether iterations 0..count-1 of the flow run, and every task of theirs, ended Completed."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
     iterations = {run.parameters["index"]: run for run in prefect.subflows(flow_run_id)}
     if not all(k in iterations and iterations[k].state.is_completed() for k in range(count)):
         return False
-    ids = FlowRunFilterId(any_=[iterations[k].id for k in range(count)])
-    tasks = prefect("read_task_runs", flow_run_filter=FlowRunFilter(id=ids))
+    tasks = prefect.task_runs(iterations[k].id for k in range(count))
     return bool(tasks) and all(task.state.is_completed() for task in tasks)
 
 
