@@ -1,6 +1,6 @@
 """`prefect server start`, with this project's patches of the server applied
 (`flows.patches.apply_server_patches`: SQLite write transactions begun IMMEDIATE, so writers queue
-instead of being refused).
+instead of being refused; a database that cannot be reached answered 503, which clients retry).
 
 Usage: ``python -m flows.patched_prefect_server server start --host 127.0.0.1 --port 4200``
 (any arguments of the `prefect` CLI work; this module only patches, then hands over to it).

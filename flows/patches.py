@@ -53,6 +53,14 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   hit every other PSRO iteration (Prefect issues #7277, #18934). Beginning write transactions
   IMMEDIATE takes SQLite's write lock up front, so writers queue on the busy timeout instead of
   failing. PostgreSQL-backed servers do not need this.
+- `prefect.server.api.server.is_client_retryable_exception` (the server's): the API answers 503,
+  which Prefect's clients retry with their back-off, for the database errors a client can wait
+  out (a dropped connection, a database starting up), and 500, which they do not retry, for the
+  rest. A PostgreSQL that is down refuses the connection itself, a `ConnectionRefusedError` no
+  driver wraps, so every request made while the team's database restarted got 500 and failed
+  its run. An error reaching the database (`ConnectionError`, `TimeoutError`, a name that does
+  not resolve) is made retryable too: a run waits out a database restart as it waits out the
+  server's own.
 - `ray._private.ray_constants.ENABLE_RAY_CLUSTER` (`ray_on_loopback`), around starting or
   joining a Ray on 127.0.0.1: with it on (Linux's default) Ray resolves 127.0.0.1 to the
   machine's network address, so a local instance's servers listen on every interface and a
@@ -112,8 +120,9 @@ def apply_patches() -> None:
 
 
 def apply_server_patches() -> None:
-    """Patch Prefect's server (at most once)."""
+    """Patch Prefect's server (each patch at most once)."""
     _begin_write_transactions_immediate()
+    _retry_an_unreachable_database()
 
 
 # --- Ray's notices --------------------------------------------------------------------------
@@ -400,3 +409,23 @@ def _begin_write_transactions_immediate() -> None:
 
     begin_transaction._immediate = True
     sqlite.begin_transaction = begin_transaction
+
+
+# --- Prefect's server on PostgreSQL ---------------------------------------------------------
+
+
+def _retry_an_unreachable_database() -> None:
+    import socket
+
+    from prefect.server.api import server
+
+    original = server.is_client_retryable_exception
+    if getattr(original, "_unreachable_database", False):
+        return
+
+    @functools.wraps(original)  # the API's handler and the orchestration rules look it up by name
+    def is_client_retryable_exception(exc: Exception) -> bool:
+        return isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)) or original(exc)
+
+    is_client_retryable_exception._unreachable_database = True
+    server.is_client_retryable_exception = is_client_retryable_exception

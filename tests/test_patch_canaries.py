@@ -76,6 +76,7 @@ def test_applying_the_patches_again_wraps_nothing_twice():
     from prefect.client.orchestration import PrefectClient, SyncPrefectClient
     from prefect.context import SettingsContext
     from prefect.flow_engine import FlowRunEngine
+    from prefect.server.api import server
     from prefect.server.database.configurations import AioSqliteConfiguration
 
     from flows.patches import RAY_WORKER_LOGGER, apply_patches, apply_server_patches, quiet_ray_notices
@@ -94,6 +95,7 @@ def test_applying_the_patches_again_wraps_nothing_twice():
         (FlowRunEngine, "create_flow_run"): "_fresh_aware",
         (SyncPrefectClient, "read_flow_run"): "_fresh_aware",
         (AioSqliteConfiguration, "begin_transaction"): "_immediate",
+        (server, "is_client_retryable_exception"): "_unreachable_database",
     }
     before = {key: getattr(*key) for key in patched}
     filters = list(logging.getLogger(RAY_WORKER_LOGGER).filters)
@@ -376,6 +378,42 @@ def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch
     assert _sqlite_statements(tmp_path / "after")[0] == "BEGIN IMMEDIATE", (
         "flows/patches.py's patch no longer makes prefect's SQLite write transactions BEGIN IMMEDIATE"
     )
+
+
+def test_the_prefect_server_answers_503_when_its_database_cannot_be_reached(monkeypatch):
+    """Prefect's API handler answers 503 (which clients retry) for what `is_client_retryable_exception`
+    accepts, looked up by name, and 500 for the rest; Prefect's own accepts a dropped database
+    connection but not a refused one, which the patch adds (tests/test_stack.py meets it on a
+    real PostgreSQL)."""
+    import asyncio
+    import socket
+
+    import sqlalchemy.exc
+    from prefect.server.api import server
+
+    from flows.patches import _retry_an_unreachable_database
+
+    prefects_own = server.is_client_retryable_exception
+    if getattr(prefects_own, "_unreachable_database", False):  # patched by an earlier test
+        prefects_own = prefects_own.__wrapped__
+    monkeypatch.setattr(server, "is_client_retryable_exception", prefects_own)
+    assert "is_client_retryable_exception(exc)" in inspect.getsource(server.custom_internal_exception_handler), (
+        "prefect's API handler no longer asks is_client_retryable_exception: flows/patches.py's patch is bypassed"
+    )
+    refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+    unreachable = [refused, TimeoutError(), socket.gaierror(-2, "Name or service not known")]
+    dropped = sqlalchemy.exc.DBAPIError("SELECT 1", {}, Exception("connection was closed"))
+
+    def status(exc: Exception) -> int:
+        return asyncio.run(server.custom_internal_exception_handler(None, exc)).status_code
+
+    assert [status(exc) for exc in unreachable] == [500, 500, 500], (
+        "prefect now retries an unreachable database itself: flows/patches.py's patch may be obsolete"
+    )
+    assert status(dropped) == 503
+    _retry_an_unreachable_database()
+    assert [status(exc) for exc in unreachable] == [503, 503, 503]
+    assert status(dropped) == 503 and status(ValueError("a bug")) == 500
 
 
 def test_rays_token_notice_logger_still_has_the_quieted_name():

@@ -182,6 +182,36 @@ def test_the_servers_refuse_requests_without_credentials(stack, tmp_path):
     # (`_assert_no_secret_stored`, at the end of the four scenarios' test)
 
 
+def test_a_prefect_request_made_while_postgresql_is_down_is_answered_once_it_is_back(stack):
+    """The Prefect server answers 503 while its database refuses connections (Prefect's own
+    answer is 500, which its clients do not retry: `flows.patches`), so a client's request made in
+    the outage is retried and answered once PostgreSQL is back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    directory, state, _ = stack
+    prefect = _addresses(state)["prefect"]
+    stopped = _stack(directory, "stop", "postgres")
+    assert stopped.stdout.strip() == "stopped postgres", stopped.stdout + stopped.stderr
+    try:
+        with temporary_settings({PREFECT_API_URL: prefect, PREFECT_CLIENT_MAX_RETRIES: 0}):
+            with get_client(sync_client=True) as client, pytest.raises(PrefectHTTPStatusError) as refused:
+                client.read_work_pool("psro-process")
+        assert refused.value.response.status_code == 503, refused.value
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(Prefect(prefect), "read_work_pool", "psro-process")
+            time.sleep(3)  # the outage itself: nothing to poll for
+            assert not waiting.done(), waiting.exception()
+            started = _stack(directory, "start", "postgres")
+            assert started.stdout.strip() == "started postgres", started.stdout + started.stderr
+            assert waiting.result(timeout=90).type == "process"
+    finally:
+        _stack(directory, "start", "postgres")  # already up again unless an assertion failed above
+
+
 def _assert_no_secret_stored(directory: Path, state: dict, client, run_ids) -> None:
     """Neither secret in any file of the stack's directory or Ray's session, nor in any run's
     params and tags."""
