@@ -1,6 +1,7 @@
 """`prefect server start`, with this project's patches of the server applied
 (`flows.patches.apply_server_patches`: SQLite write transactions begun IMMEDIATE, so writers queue
-instead of being refused; a database that cannot be reached answered 503, which clients retry).
+instead of being refused; while the database cannot be reached, requests answered 503, which
+clients retry, and task-run events kept until it can).
 
 Usage: ``python -m flows.patched_prefect_server server start --host 127.0.0.1 --port 4200``
 (any arguments of the `prefect` CLI work; this module only patches, then hands over to it).

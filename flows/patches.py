@@ -61,6 +61,13 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   its run. An error reaching the database (`ConnectionError`, `TimeoutError`, a name that does
   not resolve) is made retryable too: a run waits out a database restart as it waits out the
   server's own.
+- `prefect.server.services.task_run_recorder.record_bulk_task_run_events` (the server's): the
+  task-run recorder writes the task runs' events (their creation and every state) in batches,
+  flushed each second here (`flows.services.TASK_RUN_RECORDER_BATCHING`), and drops an event
+  after 5 failed writes: a database down for more than about 5 s erased from Prefect every task
+  run of the outage (the UI never showed them). A write that failed while the database does not
+  answer now waits until it does (for up to `DATABASE_PATIENCE_S`) and is made again; a failure
+  while it answers is Prefect's to count, as before.
 - `ray._private.ray_constants.ENABLE_RAY_CLUSTER` (`ray_on_loopback`), around starting or
   joining a Ray on 127.0.0.1: with it on (Linux's default) Ray resolves 127.0.0.1 to the
   machine's network address, so a local instance's servers listen on every interface and a
@@ -97,14 +104,20 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
 F = TypeVar("F")
+
+# How long the Prefect server keeps task-run events it could not write while its database is
+# down, as the run's MLflow clients wait for their server (`flows.tracking.patient`).
+DATABASE_PATIENCE_S = 15 * 60
 
 RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 RAY_WORKER_LOGGER = "ray._private.worker"
@@ -123,6 +136,7 @@ def apply_server_patches() -> None:
     """Patch Prefect's server (each patch at most once)."""
     _begin_write_transactions_immediate()
     _retry_an_unreachable_database()
+    _record_task_runs_through_a_database_outage()
 
 
 # --- Ray's notices --------------------------------------------------------------------------
@@ -429,3 +443,39 @@ def _retry_an_unreachable_database() -> None:
 
     is_client_retryable_exception._unreachable_database = True
     server.is_client_retryable_exception = is_client_retryable_exception
+
+
+def _record_task_runs_through_a_database_outage() -> None:
+    from prefect.server.services import task_run_recorder as recorder
+
+    original = recorder.record_bulk_task_run_events
+    if getattr(original, "_patient", False):
+        return
+
+    @functools.wraps(original)  # the recorder's flush looks it up by name
+    async def record_bulk_task_run_events(events) -> None:
+        deadline = time.monotonic() + DATABASE_PATIENCE_S
+        while True:
+            try:
+                return await original(events)
+            except Exception:
+                if time.monotonic() > deadline or await _database_answers():
+                    raise  # not an outage: Prefect's recorder counts the failure
+            recorder.logger.warning("The database does not answer: %d task-run events wait for it", len(events))
+            while not await _database_answers() and time.monotonic() < deadline:
+                await asyncio.sleep(1.0)
+
+    record_bulk_task_run_events._patient = True
+    recorder.record_bulk_task_run_events = record_bulk_task_run_events
+
+
+async def _database_answers() -> bool:
+    import sqlalchemy as sa
+    from prefect.server.database import provide_database_interface
+
+    try:
+        async with provide_database_interface().session_context() as session:
+            await session.execute(sa.text("SELECT 1"))
+    except Exception:
+        return False
+    return True

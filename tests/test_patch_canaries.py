@@ -78,6 +78,7 @@ def test_applying_the_patches_again_wraps_nothing_twice():
     from prefect.flow_engine import FlowRunEngine
     from prefect.server.api import server
     from prefect.server.database.configurations import AioSqliteConfiguration
+    from prefect.server.services import task_run_recorder
 
     from flows.patches import RAY_WORKER_LOGGER, apply_patches, apply_server_patches, quiet_ray_notices
 
@@ -96,6 +97,7 @@ def test_applying_the_patches_again_wraps_nothing_twice():
         (SyncPrefectClient, "read_flow_run"): "_fresh_aware",
         (AioSqliteConfiguration, "begin_transaction"): "_immediate",
         (server, "is_client_retryable_exception"): "_unreachable_database",
+        (task_run_recorder, "record_bulk_task_run_events"): "_patient",
     }
     before = {key: getattr(*key) for key in patched}
     filters = list(logging.getLogger(RAY_WORKER_LOGGER).filters)
@@ -414,6 +416,47 @@ def test_the_prefect_server_answers_503_when_its_database_cannot_be_reached(monk
     _retry_an_unreachable_database()
     assert [status(exc) for exc in unreachable] == [503, 503, 503]
     assert status(dropped) == 503 and status(ValueError("a bug")) == 500
+
+
+def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_does_not_answer(monkeypatch):
+    """Prefect's recorder writes each batch through `record_bulk_task_run_events`, looked up by
+    name, and drops an event after a few failed writes; patched, a write that failed while the
+    database does not answer waits for it and is made again, and one that failed while it answers
+    raises at once, for Prefect to count (tests/test_stack.py meets it on a real PostgreSQL)."""
+    from prefect.server.services import task_run_recorder as recorder
+
+    import flows.patches
+    from flows.patches import _record_task_runs_through_a_database_outage
+
+    assert "await record_bulk_task_run_events(" in inspect.getsource(recorder.consumer), (
+        "prefect's task-run recorder no longer writes through record_bulk_task_run_events: "
+        "flows/patches.py's patch is bypassed"
+    )
+    written, answers = [], []
+
+    async def write(events) -> None:
+        written.append(list(events))
+        if len(written) == 1 or isinstance(failure, ValueError):
+            raise failure
+
+    async def database_answers() -> bool:
+        return answers.pop(0)
+
+    monkeypatch.setattr(recorder, "record_bulk_task_run_events", write)
+    monkeypatch.setattr(flows.patches, "_database_answers", database_answers)
+    _record_task_runs_through_a_database_outage()
+    patient = recorder.record_bulk_task_run_events
+    assert patient is not write and patient.__wrapped__ is write
+
+    failure, answers[:] = ConnectionRefusedError(111, "Connect call failed"), [False, False, True]
+    asyncio.run(patient(["event"]))  # refused, not answering (twice), answering: written again
+    assert written == [["event"], ["event"]] and answers == []
+
+    written.clear()
+    failure, answers[:] = ValueError("a bug"), [True]
+    with pytest.raises(ValueError):
+        asyncio.run(patient(["event"]))
+    assert written == [["event"]] and answers == []
 
 
 def test_rays_token_notice_logger_still_has_the_quieted_name():

@@ -182,10 +182,16 @@ def test_the_servers_refuse_requests_without_credentials(stack, tmp_path):
     # (`_assert_no_secret_stored`, at the end of the four scenarios' test)
 
 
-def test_a_prefect_request_made_while_postgresql_is_down_is_answered_once_it_is_back(stack):
-    """The Prefect server answers 503 while its database refuses connections (Prefect's own
-    answer is 500, which its clients do not retry: `flows.patches`), so a client's request made in
-    the outage is retried and answered once PostgreSQL is back."""
+# Long enough for Prefect's task-run recorder to drop what it could not write (5 writes, 1 s apart)
+POSTGRES_DOWN = 8.0
+
+
+def test_prefect_waits_out_a_postgresql_restart_and_loses_no_task_run_of_it(stack, tmp_path):
+    """While its database refuses connections the Prefect server answers 503, which clients
+    retry (Prefect's own answer is 500, which they do not), and keeps the task-run events it
+    cannot write until the database is back (Prefect's recorder drops one after 5 failed writes,
+    a second apart): a request made in the outage is answered once PostgreSQL is back, and the
+    tasks a flow ran in the outage reach Prefect Completed (`flows.patches`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from prefect.client.orchestration import get_client
@@ -194,22 +200,42 @@ def test_a_prefect_request_made_while_postgresql_is_down_is_answered_once_it_is_
 
     directory, state, _ = stack
     prefect = _addresses(state)["prefect"]
-    stopped = _stack(directory, "stop", "postgres")
-    assert stopped.stdout.strip() == "stopped postgres", stopped.stdout + stopped.stderr
+    script = Path(__file__).with_name("outage_flow.py")
+    env = _env() | {"PREFECT_API_URL": prefect}
+    log = tmp_path / "flow.log"
+    with open(log, "w") as out:
+        flow = subprocess.Popen([sys.executable, str(script), str(tmp_path), "3"], env=env, stdout=out, stderr=out)
     try:
+        wait_until(lambda: (tmp_path / "ready").exists() or flow.poll() is not None, 120, "the flow's first task")
+        assert flow.poll() is None, log.read_text()[-3000:]
+        stopped = _stack(directory, "stop", "postgres")
+        assert stopped.stdout.strip() == "stopped postgres", stopped.stdout + stopped.stderr
+        down = time.monotonic()
+        (tmp_path / "go").touch()
         with temporary_settings({PREFECT_API_URL: prefect, PREFECT_CLIENT_MAX_RETRIES: 0}):
             with get_client(sync_client=True) as client, pytest.raises(PrefectHTTPStatusError) as refused:
                 client.read_work_pool("psro-process")
         assert refused.value.response.status_code == 503, refused.value
+        wait_until(lambda: (tmp_path / "ran").exists() or flow.poll() is not None, 60, "the tasks of the outage")
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(Prefect(prefect), "read_work_pool", "psro-process")
-            time.sleep(3)  # the outage itself: nothing to poll for
+            time.sleep(max(0.0, down + POSTGRES_DOWN - time.monotonic()))  # the outage itself: nothing to poll
             assert not waiting.done(), waiting.exception()
             started = _stack(directory, "start", "postgres")
             assert started.stdout.strip() == "started postgres", started.stdout + started.stderr
             assert waiting.result(timeout=90).type == "process"
+        assert flow.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
         _stack(directory, "start", "postgres")  # already up again unless an assertion failed above
+        if flow.poll() is None:
+            flow.kill()
+    flow_run_id = (tmp_path / "ready").read_text()
+
+    def recorded() -> list:
+        tasks = Prefect(prefect).task_runs([flow_run_id])
+        return tasks if len(tasks) == 4 and all(task.state.is_completed() for task in tasks) else []
+
+    wait_until(recorded, 30, "the flow's four task runs to reach Prefect Completed")
 
 
 def _assert_no_secret_stored(directory: Path, state: dict, client, run_ids) -> None:
