@@ -57,8 +57,8 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   which Prefect's clients retry with their back-off, for the database errors a client can wait
   out (a dropped connection, a database starting up), and 500, which they do not retry, for the
   rest. A PostgreSQL that is down refuses the connection itself, a `ConnectionRefusedError` no
-  driver wraps, so every request made while the team's database restarted got 500 and failed
-  its run. An error reaching the database (`ConnectionError`, `TimeoutError`, a name that does
+  driver wraps, so every request made while the team's database restarted got 500, which
+  could fail its run. An error reaching the database (`ConnectionError`, `TimeoutError`, a name that does
   not resolve) is made retryable too: a run waits out a database restart as it waits out the
   server's own.
 - `prefect.server.services.task_run_recorder.record_bulk_task_run_events` (the server's): the
@@ -67,7 +67,8 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   after 5 failed writes: a database down for more than about 5 s erased from Prefect every task
   run of the outage (the UI never showed them). A write that failed while the database does not
   answer now waits until it does (for up to `DATABASE_PATIENCE_S`) and is made again; a failure
-  while it answers is Prefect's to count, as before.
+  while it answers is Prefect's to count, as before, and so is one in the last flush of a server
+  that stops (`consumer`, wrapped to mark it), which would otherwise wait out its stop's grace.
 - `ray._private.ray_constants.ENABLE_RAY_CLUSTER` (`ray_on_loopback`), around starting or
   joining a Ray on 127.0.0.1: with it on (Linux's default) Ray resolves 127.0.0.1 to the
   machine's network address, so a local instance's servers listen on every interface and a
@@ -445,12 +446,18 @@ def _retry_an_unreachable_database() -> None:
     server.is_client_retryable_exception = is_client_retryable_exception
 
 
+# Set in the task that closes a task-run recorder, for its last flush: a server that stops while
+# its database is down stops at once, as it did before, instead of waiting for the database.
+_closing_recorder: contextvars.ContextVar[bool] = contextvars.ContextVar("closing_task_run_recorder", default=False)
+
+
 def _record_task_runs_through_a_database_outage() -> None:
     from prefect.server.services import task_run_recorder as recorder
 
     original = recorder.record_bulk_task_run_events
     if getattr(original, "_patient", False):
         return
+    original_consumer = recorder.consumer
 
     @functools.wraps(original)  # the recorder's flush looks it up by name
     async def record_bulk_task_run_events(events) -> None:
@@ -459,14 +466,25 @@ def _record_task_runs_through_a_database_outage() -> None:
             try:
                 return await original(events)
             except Exception:
-                if time.monotonic() > deadline or await _database_answers():
-                    raise  # not an outage: Prefect's recorder counts the failure
+                if _closing_recorder.get() or time.monotonic() > deadline or await _database_answers():
+                    raise  # not an outage, or the server is stopping: Prefect's recorder counts it
             recorder.logger.warning("The database does not answer: %d task-run events wait for it", len(events))
             while not await _database_answers() and time.monotonic() < deadline:
                 await asyncio.sleep(1.0)
 
+    @functools.wraps(original_consumer)  # `TaskRunRecorder.start` enters it by name
+    @contextlib.asynccontextmanager
+    async def consumer(*args, **kwargs):
+        async with original_consumer(*args, **kwargs) as handler:
+            try:
+                yield handler
+            finally:
+                _closing_recorder.set(True)  # seen by the last flush, which runs in this task
+
     record_bulk_task_run_events._patient = True
+    consumer._patient = True
     recorder.record_bulk_task_run_events = record_bulk_task_run_events
+    recorder.consumer = consumer
 
 
 async def _database_answers() -> bool:

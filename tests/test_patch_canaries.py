@@ -98,6 +98,7 @@ def test_applying_the_patches_again_wraps_nothing_twice():
         (AioSqliteConfiguration, "begin_transaction"): "_immediate",
         (server, "is_client_retryable_exception"): "_unreachable_database",
         (task_run_recorder, "record_bulk_task_run_events"): "_patient",
+        (task_run_recorder, "consumer"): "_patient",
     }
     before = {key: getattr(*key) for key in patched}
     filters = list(logging.getLogger(RAY_WORKER_LOGGER).filters)
@@ -422,7 +423,8 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
     """Prefect's recorder writes each batch through `record_bulk_task_run_events`, looked up by
     name, and drops an event after a few failed writes; patched, a write that failed while the
     database does not answer waits for it and is made again, and one that failed while it answers
-    raises at once, for Prefect to count (tests/test_stack.py meets it on a real PostgreSQL)."""
+    raises at once, for Prefect to count; so does one in the last flush, made as the recorder
+    closes (tests/test_stack.py meets it on a real PostgreSQL)."""
     from prefect.server.services import task_run_recorder as recorder
 
     import flows.patches
@@ -432,7 +434,17 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
         "prefect's task-run recorder no longer writes through record_bulk_task_run_events: "
         "flows/patches.py's patch is bypassed"
     )
-    written, answers = [], []
+    assert "async with consumer(" in inspect.getsource(recorder.TaskRunRecorder.start), (
+        "prefect's task-run recorder no longer enters its consumer by name: its last flush would wait for the database"
+    )
+    written, answers, closing = [], [], []
+
+    @contextlib.asynccontextmanager
+    async def prefects_consumer():
+        try:
+            yield "handler"
+        finally:  # where Prefect's consumer makes its last flush
+            closing.append(flows.patches._closing_recorder.get())
 
     async def write(events) -> None:
         written.append(list(events))
@@ -443,6 +455,7 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
         return answers.pop(0)
 
     monkeypatch.setattr(recorder, "record_bulk_task_run_events", write)
+    monkeypatch.setattr(recorder, "consumer", prefects_consumer)
     monkeypatch.setattr(flows.patches, "_database_answers", database_answers)
     _record_task_runs_through_a_database_outage()
     patient = recorder.record_bulk_task_run_events
@@ -457,6 +470,17 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
     with pytest.raises(ValueError):
         asyncio.run(patient(["event"]))
     assert written == [["event"]] and answers == []
+
+    async def close_and_flush() -> None:
+        async with recorder.consumer() as handler:
+            assert handler == "handler" and not flows.patches._closing_recorder.get()
+        await patient(["event"])  # the last flush, as the server stops: refused, and not waited out
+
+    written.clear()
+    failure, answers[:] = ConnectionRefusedError(111, "Connect call failed"), [False]
+    with pytest.raises(ConnectionRefusedError):
+        asyncio.run(close_and_flush())
+    assert closing == [True] and written == [["event"]] and answers == [False]
 
 
 def test_rays_token_notice_logger_still_has_the_quieted_name():
