@@ -57,10 +57,10 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   which Prefect's clients retry with their back-off, for the database errors a client can wait
   out (a dropped connection, a database starting up), and 500, which they do not retry, for the
   rest. A PostgreSQL that is down refuses the connection itself, a `ConnectionRefusedError` no
-  driver wraps, so every request made while the team's database restarted got 500, which
-  could fail its run. An error reaching the database (`ConnectionError`, `TimeoutError`, a name that does
-  not resolve) is made retryable too: a run waits out a database restart as it waits out the
-  server's own.
+  driver wraps, so every request made while the team's database restarted got 500, which could
+  fail its run. An error reaching the database (`ConnectionError`, `TimeoutError`, a name that
+  does not resolve) is made retryable too: a run waits out a database restart as it waits out
+  the server's own.
 - `prefect.server.services.task_run_recorder.record_bulk_task_run_events` (the server's): the
   task-run recorder writes the task runs' events (their creation and every state) in batches,
   flushed each second here (`flows.services.TASK_RUN_RECORDER_BATCHING`), and drops an event
