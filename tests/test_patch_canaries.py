@@ -388,7 +388,6 @@ def test_the_prefect_server_answers_503_when_its_database_cannot_be_reached(monk
     accepts, looked up by name, and 500 for the rest; Prefect's own accepts a dropped database
     connection but not a refused one, which the patch adds (tests/test_stack.py meets it on a
     real PostgreSQL)."""
-    import asyncio
     import socket
 
     import sqlalchemy.exc
