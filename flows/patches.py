@@ -66,9 +66,10 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   flushed each second here (`flows.services.TASK_RUN_RECORDER_BATCHING`), and drops an event
   after 5 failed writes: a database down for more than about 5 s erased from Prefect every task
   run of the outage (the UI never showed them). A write that failed while the database does not
-  answer now waits until it does (for up to `DATABASE_PATIENCE_S`) and is made again; a failure
-  while it answers is Prefect's to count, as before, and so is one in the last flush of a server
-  that stops (`consumer`, wrapped to mark it), which would otherwise wait out its stop's grace.
+  answer now waits until it does (for up to `flows.tracking.patient.PATIENCE_S`, as long as the
+  run's MLflow clients wait for their server) and is made again; a failure while it answers is
+  Prefect's to count, as before, and so is one in the last flush of a server that stops
+  (`consumer`, wrapped to mark it), which would otherwise wait out its stop's grace.
 - `ray._private.ray_constants.ENABLE_RAY_CLUSTER` (`ray_on_loopback`), around starting or
   joining a Ray on 127.0.0.1: with it on (Linux's default) Ray resolves 127.0.0.1 to the
   machine's network address, so a local instance's servers listen on every interface and a
@@ -115,10 +116,6 @@ from collections.abc import Iterator
 from typing import Any, TypeVar
 
 F = TypeVar("F")
-
-# How long the Prefect server keeps task-run events it could not write while its database is
-# down, as the run's MLflow clients wait for their server (`flows.tracking.patient`).
-DATABASE_PATIENCE_S = 15 * 60
 
 RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 RAY_WORKER_LOGGER = "ray._private.worker"
@@ -454,6 +451,8 @@ _closing_recorder: contextvars.ContextVar[bool] = contextvars.ContextVar("closin
 def _record_task_runs_through_a_database_outage() -> None:
     from prefect.server.services import task_run_recorder as recorder
 
+    from flows.tracking.patient import PATIENCE_S
+
     original = recorder.record_bulk_task_run_events
     if getattr(original, "_patient", False):
         return
@@ -461,7 +460,7 @@ def _record_task_runs_through_a_database_outage() -> None:
 
     @functools.wraps(original)  # the recorder's flush looks it up by name
     async def record_bulk_task_run_events(events) -> None:
-        deadline = time.monotonic() + DATABASE_PATIENCE_S
+        deadline = time.monotonic() + PATIENCE_S
         while True:
             try:
                 return await original(events)
@@ -488,12 +487,7 @@ def _record_task_runs_through_a_database_outage() -> None:
 
 
 async def _database_answers() -> bool:
-    import sqlalchemy as sa
+    """Prefect's own check, the one its `/ready` answers with (a pre-pinged connection)."""
     from prefect.server.database import provide_database_interface
 
-    try:
-        async with provide_database_interface().session_context() as session:
-            await session.execute(sa.text("SELECT 1"))
-    except Exception:
-        return False
-    return True
+    return await provide_database_interface().is_db_connectable()
