@@ -188,7 +188,7 @@ def main() -> None:
     parser.add_argument(
         "--oracle",
         default="exact",
-        help="exact, or a learned oracle (its best responses run as train-best-response beside collect-experience)",
+        help="exact, or a learned oracle (each best response is one train-best-response task)",
     )
     parser.add_argument("--episodes", type=int, default=2000, help="training episodes per learned best response")
     parser.add_argument("--show", type=int, default=8, help="per-iteration rows to print")

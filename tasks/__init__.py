@@ -1,7 +1,6 @@
 from tasks.psro_tasks import (
     TASKS,
     approximate_best_response,
-    collect_experience,
     evaluate_payoffs,
     measure_exploitability,
     solve_meta_game,
@@ -12,7 +11,6 @@ from tasks.psro_tasks import (
 __all__ = [
     "TASKS",
     "approximate_best_response",
-    "collect_experience",
     "evaluate_payoffs",
     "measure_exploitability",
     "solve_meta_game",

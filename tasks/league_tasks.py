@@ -1,9 +1,8 @@
 """Prefect tasks of a league generation: one per step of `marl_core.league.generation.STEPS`.
 
-A learning player's role is two tasks that run at the same time, as a PSRO learned response
-is: `train-player` (the learner, holding a CPU slot, going on from the trainer state it is
-given) and `collect-experience` (driving the rollout actors, holding none). Either may be
-retried alone after one of Ray's transient failures: the other waits for it.
+A learning player's role is one task, as a PSRO learned response is: `train-player`, going on
+from the trainer state it is given and playing its rounds on the rollout actors; it is retried
+after one of Ray's transient failures, as `tasks.psro_tasks` says.
 """
 
 from __future__ import annotations
@@ -20,12 +19,6 @@ def train_player(config, matchup, role: int, trainer_state, generation_index: in
     return generation.STEPS["train-player"](config, matchup, role, trainer_state, generation_index, pool)
 
 
-@task(name="collect-experience", **_retrying)
-def collect_experience(config, matchup, role: int, generation_index: int, pool):
-    _log_ray_node()
-    return generation.STEPS["collect-experience"](config, matchup, role, generation_index, pool)
-
-
 @task(name="measure-players", **_options)
 def measure_players(config, members, generation_index: int, pool=None):
     _log_ray_node()
@@ -35,6 +28,5 @@ def measure_players(config, members, generation_index: int, pool=None):
 # One task per step of `marl_core.league.generation.STEPS`, under the same names.
 TASKS = {
     "train-player": train_player,
-    "collect-experience": collect_experience,
     "measure-players": measure_players,
 }

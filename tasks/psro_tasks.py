@@ -9,11 +9,9 @@ is a failure Ray could not hide (a rollout actor out of restarts, a lost object,
 connection). Those are retried after a delay. Any other exception is a deterministic error in
 the inputs or the code: retrying would only repeat it, so it fails the run at once.
 
-A learned best response is two tasks that run at the same time: `train-best-response` (the
-learner, holding a CPU slot) and `collect-experience` (the collector, driving the rollout
-actors, holding none). Either may be retried alone: the other waits for it
-(`marl_core.rollout.experience_stream.ExperienceStream`), and the collector plays whatever round the learner
-asks for, so a retried learner starts over with the same collector.
+A learned best response is one task, `train-best-response`: the learner, holding a CPU slot,
+plays its rounds on the rollout actors (`marl_core.psro.learned_oracle`). Its rounds are defined
+by their index, so a retry learns what the failed attempt would have.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ _options = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 def _transient(task, task_run, state) -> bool:
-    from marl_core.rollout.experience_stream import is_transient
+    from marl_core.rollout.pool import is_transient
 
     try:
         state.result()
@@ -73,12 +71,6 @@ def train_best_response(config, role: int, populations, meta_strategy, iteration
     return steps.STEPS["train-best-response"](config, role, populations, meta_strategy, iteration, pool)
 
 
-@task(name="collect-experience", **_retrying)
-def collect_experience(config, role: int, populations, meta_strategy, iteration: int, pool):
-    _log_ray_node()
-    return steps.STEPS["collect-experience"](config, role, populations, meta_strategy, iteration, pool)
-
-
 @task(name="train-levels", **_options)
 def train_levels(pipeline, state):
     """Pipeline PSRO's learning between two freezes. Not retried: its learners (Ray actors) went
@@ -116,7 +108,6 @@ def approximate_best_response(config, role: int, populations, responses, meta_ga
 # One task per step of `marl_core.psro.steps.STEPS`, under the same names.
 TASKS = {
     "train-best-response": train_best_response,
-    "collect-experience": collect_experience,
     "train-levels": train_levels,
     "evaluate-payoffs": evaluate_payoffs,
     "solve-meta-game": solve_meta_game,

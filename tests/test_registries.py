@@ -88,7 +88,7 @@ def test_exact_has_no_settings():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_rl_algorithm_is_a_working_oracle_on_kuhn(name):
-    """One PSRO iteration in this process (the local runner, as tests/test_experience_stream.py):
+    """One PSRO iteration in this process (the local runner):
     each role gains a network of the algorithm, trained on the whole budget with the settings of
     the config's section, that took gradient steps and is evaluated exactly."""
     from marl_core.psro import steps

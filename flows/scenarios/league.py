@@ -2,9 +2,9 @@
 agents, main exploiters and league exploiters).
 
 A generation is `marl_core.league.generation.run_generation`, the function the in-process loop
-runs: every learning player's roles train at once as `train-player` tasks, each served by a
-`collect-experience` task driving the run's rollout workers (Ray actors that live for the whole
-run), then the league is updated and `measure-players` measures the main agents. Every
+runs: every learning player's roles train at once as `train-player` tasks, each playing its
+rounds on the run's rollout workers (Ray actors that live for the whole run), then the league
+is updated and `measure-players` measures the main agents. Every
 generation is committed (`flows.tracking.league_tracker`); because a generation is defined by the
 state it starts from, a resumed run ends with the league it would have had.
 """

@@ -3,8 +3,8 @@
 1. ``train-player``: every learning player trains each of its roles, going on from where its
    trainer left off, against the opponents its matchmaking draws (the league's
    `League.opponents`, fixed for the generation: every training episode draws one), each
-   learner served by a ``collect-experience`` step beside it that plays its rounds on the
-   rollout workers, as a PSRO learned oracle is (`marl_core.psro.learned_oracle`);
+   learner playing its rounds on the rollout workers, as a PSRO learned oracle does
+   (`marl_core.psro.learned_oracle`);
 2. the league is updated in this process (it is bookkeeping, not work): every training game
    goes into the match table and the ratings, in a fixed order, and every player its snapshot
    rule calls ready adds a frozen copy of itself, main exploiters (always) and league exploiters
@@ -210,7 +210,6 @@ class Matchup:
         generation: int,
         pool,
         trainer_state: dict | None = None,
-        collector_step: bool = False,
     ) -> OracleCall:
         return OracleCall(
             config.oracle_config(self.settings),
@@ -220,7 +219,6 @@ class Matchup:
             generation,
             pool,
             seed_key=(self.index,),
-            collector_step=collector_step,
             opponent_epsilon=config.opponent_epsilon,
             purpose=self.player,
             stage="generation",
@@ -229,27 +227,12 @@ class Matchup:
         )
 
 
-def train_player(
-    config, matchup: Matchup, role: int, trainer_state: dict, generation: int, pool=None, collector_step: bool = False
-) -> BestResponse:
+def train_player(config, matchup: Matchup, role: int, trainer_state: dict, generation: int, pool=None) -> BestResponse:
     """One learning player's role trained for a generation from `trainer_state`; the answer
     carries the trainer's new state and the games it played."""
     from marl_core.psro.oracles import get_oracle
 
-    return get_oracle(config.algorithm).compute(
-        matchup.call(config, role, generation, pool, trainer_state, collector_step)
-    )
-
-
-def _train_beside_collector(config, matchup, role, trainer_state, generation, pool=None) -> BestResponse:
-    return train_player(config, matchup, role, trainer_state, generation, pool, collector_step=True)
-
-
-def collect_experience(config, matchup: Matchup, role: int, generation: int, pool) -> int:
-    """Play the rounds that the learner of `matchup`'s player in role `role` asks for."""
-    from marl_core.psro.learned_oracle import collect_experience
-
-    return collect_experience(matchup.call(config, role, generation, pool))
+    return get_oracle(config.algorithm).compute(matchup.call(config, role, generation, pool, trainer_state))
 
 
 def measure_players(config, members: dict[str, tuple[Policy, ...]], generation: int, pool=None) -> dict[str, float]:
@@ -325,8 +308,7 @@ def record_vs_uniform(config, policies: tuple[Policy, ...], generation: int, poo
 
 
 STEPS: dict[str, Callable] = {
-    "train-player": _train_beside_collector,
-    "collect-experience": collect_experience,
+    "train-player": train_player,
     "measure-players": measure_players,
 }
 
@@ -417,13 +399,13 @@ def _hyperparameters(config, state: LeagueState, player: str) -> dict:
 def run_generation(
     config, previous: LeagueState, generation: int, runner, pool=None, run_started: float = 0.0
 ) -> tuple[GenerationRecord, LeagueState]:
-    """Every learner of the generation submitted at once with its collector, then the league's
+    """Every learner of the generation submitted at once, then the league's
     update, then the main agents measured. `previous` is left as it was."""
     began = time.perf_counter()
     game = psro_game_of(config)
     state = previous.copy()
     matchups = [Matchup.of(state, game, player) for player in state.league.players]
-    learners, collectors = [], []
+    learners = []
     for matchup in matchups:
         shared = runner.share(matchup)
         by_role = []
@@ -431,12 +413,9 @@ def run_generation(
             learner = runner.submit(
                 "train-player", config, shared, r, runner.share(state.trainers[matchup.player][r]), generation, pool
             )
-            collectors.append(runner.submit_beside(learner, "collect-experience", config, shared, r, generation, pool))
             by_role.append(learner)
         learners.append(by_role)
     responses = [[runner.result(learner) for learner in by_role] for by_role in learners]
-    for collector in collectors:
-        runner.result(collector)
     snapshots, resets = update_league(config, state, matchups, responses, generation)
     lineage = exploit_players(config, state, generation)
     mains = {p.id: state.members[p.id] for p in state.league.of_kind(MAIN_AGENT)}

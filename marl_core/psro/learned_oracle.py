@@ -1,23 +1,20 @@
 """Best responses learned by reinforcement learning (DQN, PPO) against the opponents' mixture,
 on any environment the rollout workers can step.
 
-MALib's split into a training manager and a rollout manager, talking through the pool's weight
-store (`marl_core.rollout.weight_store`): the learner's weights go there for the workers, and its
-asks and the collector's answers through an experience stream's mailbox there
-(`marl_core.rollout.experience_stream`). One round:
+MALib's split of training and rollout: the learner trains in its own task, the rollout workers
+(Ray actors) play, and the pool's weight store (`marl_core.rollout.weight_store`) carries the
+learner's weights to them. One round:
 
-1. the learner (`learn_best_response`) pushes its weights to the store and asks for the round;
-2. the collector (`collect_experience`) builds the round's requests, one per rollout worker,
-   each worker plays its share of the episodes (the learner's network on every agent of its
-   role, on every other role a population member drawn by its meta-strategy at the start of
-   each episode), and the collector answers with the round's experience, returns and steps;
-3. the learner learns from it, and asks for the next round.
+1. the learner pushes its weights to the store;
+2. it hands each rollout worker its share of the round's episodes (the learner's network on
+   every agent of its role, on every other role a population member drawn by its meta-strategy
+   at the start of each episode), and the workers play them in parallel;
+3. it learns from the round's experience, and plays the next round.
 
-In a run the two halves are two tasks, `train-best-response` and `collect-experience`
-(`marl_core.psro.steps`); anywhere else (`approximate-best-response`, a direct call) the
-collector runs in a thread beside the learner. A round is defined by its index alone (its
-episodes, seeds and split over the workers), so the collector serves whatever round it is asked
-for, a retried learner included, and the results are those of a loop that did both in turn.
+Each round is played by the weights the round before it learned, so nothing could overlap a
+collector beside the learner: the learner drives the workers itself, in one task (a response is
+one Prefect task, and one process). A round is defined by its index alone (its episodes, seeds
+and split over the workers), so a retried response learns what its failed attempt would have.
 
 The network joins its population as a `NeuralPolicy`. Where the game tree fits (and the config
 asks for it) it also carries its table, the action distribution its network gives at every
@@ -31,7 +28,6 @@ import dataclasses
 import math
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -41,7 +37,6 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.psro.oracle_call import BestResponse, OracleCall, TrainingGames
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rl.optimizers import load_keeping_hyperparameters
-from marl_core.rollout.experience_stream import COLLECTOR, LEARNER, ExperienceStream, StreamError, StreamTimeouts
 from marl_core.rollout.progress import Work
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest, RolloutResult
 
@@ -59,7 +54,7 @@ def mixtures(populations, meta_strategy, game: PSROGame, skip: int | None = None
 class Rounds:
     """A response's training rounds, as both halves of the loop derive them from its call."""
 
-    stream: str  # the response's mailbox in the store: its iteration (or generation), role and seed key
+    name: str  # the response's stage, iteration, role and seed key: its progress and its weights' key
     label: str  # what its progress is shown as
     game: PSROGame
     role: str
@@ -75,7 +70,7 @@ class Rounds:
         game = psro_game_of(config)
         role = game.roles[call.role]
         return cls(
-            stream="/".join(map(str, (call.stage, call.iteration, role, *call.seed_key))),
+            name="/".join(map(str, (call.stage, call.iteration, role, *call.seed_key))),
             label=f"{call.purpose} {role} ({call.stage} {call.iteration})",
             game=game,
             role=role,
@@ -88,8 +83,8 @@ class Rounds:
 
     @property
     def work(self) -> Work:
-        """The response's training episodes as progress, under its stream's name."""
-        return Work(self.stream, self.label, self.budget, "episodes")
+        """The response's training episodes as progress, under its name."""
+        return Work(self.name, self.label, self.budget, "episodes")
 
     @property
     def count(self) -> int:
@@ -99,7 +94,7 @@ class Rounds:
         """Round `round_index`'s episodes split over `workers`, each share seeded by its round and worker."""
         if not 0 <= round_index < self.count:
             raise ValueError(
-                f"{self.stream}: round {round_index} asked for, the response has rounds 0 to {self.count - 1}"
+                f"{self.name}: round {round_index} asked for, the response has rounds 0 to {self.count - 1}"
             )
         shares = np.array_split(np.arange(min(self.per_round, self.budget - round_index * self.per_round)), workers)
         return [
@@ -118,21 +113,13 @@ class Rounds:
 
 
 @dataclasses.dataclass(frozen=True)
-class RoundAsk:
-    """The learner's ask: play round `round` with the weights it pushed under `learner.key`."""
-
-    round: int
-    learner: LearnerSpec
-
-
-@dataclasses.dataclass(frozen=True)
 class RoundExperience:
-    """The collector's answer: the round's transitions, the learner role's return per episode,
+    """A round as the workers played it: its transitions, the learner role's return per episode,
     each episode's draws from the opponents' mixtures and every agent's return (each one entry
     per request, in request order), and the environment steps taken.
 
-    The learner concatenates the transitions itself: on Ray they reach it through the object
-    store as read-only arrays, and its concatenation is the writable batch a trainer expects."""
+    The transitions stay one array per request: on Ray they arrive from the object store as
+    read-only arrays, and their concatenation is the writable batch a trainer expects."""
 
     experience: list[Experience]
     returns: list[np.ndarray]
@@ -151,29 +138,15 @@ class RoundExperience:
         )
 
 
-# --- the two halves of the loop --------------------------------------------------------------
-
-
-def collect_experience(call: OracleCall, timeouts: StreamTimeouts = StreamTimeouts()) -> int:
-    """Serve the learner of `call` round by round until it stops; returns the rounds served."""
-    torch.set_num_threads(1)  # workers of a local pool act in this thread
-    rounds, pool = Rounds.of(call), call.pool
-    served = 0
-    with ExperienceStream(pool.store, rounds.stream, COLLECTOR, timeouts) as stream:
-        while (asked := stream.next_ask()) is not None:
-            number, ask = asked
-            results = pool.collect(rounds.requests(ask.learner, ask.round, pool.size), progress=rounds.stream)
-            stream.answer(number, RoundExperience.of(results, rounds))
-            served += 1
-    return served
+# --- the learner ------------------------------------------------------------------------------
 
 
 class ResponseLearner:
     """A learned response in progress: its trainer, and what the rounds it learned from gave.
 
-    The sequential oracle (`learn_best_response`) feeds it every round of one response; Pipeline
+    The sequential oracle (`train_best_response`) plays it every round of one response; Pipeline
     PSRO (`marl_core.psro.pipeline`) keeps one per active level and role, feeding it rounds
-    window by window against a mixture that changes between windows. Both ask the rounds by
+    window by window against a mixture that changes between windows. Both play the rounds by
     index, so a response learned in one go or in windows against the same mixture is the same.
     """
 
@@ -197,7 +170,7 @@ class ResponseLearner:
         # Weights under a key of this attempt's own: a worker keeps the newest version of a key it
         # has seen, so a retried attempt's round 0 must not look older than the failed one's round 3.
         self.spec = LearnerSpec(
-            key=f"{self.rounds.stream}/{uuid.uuid4().hex[:8]}",
+            key=f"{self.rounds.name}/{uuid.uuid4().hex[:8]}",
             build=AlgorithmPolicy(config.oracle, self.algorithm_config),
         )
         self.rounds_learned = self.episodes = self.env_steps = 0
@@ -207,11 +180,6 @@ class ResponseLearner:
     def done(self) -> bool:
         """Every round of its budget learned."""
         return self.rounds_learned >= self.rounds.count
-
-    def push(self, pool) -> RoundAsk:
-        """Publish the weights that play the next round; the ask for that round."""
-        pool.push(self.spec.key, self.rounds_learned, self.trainer.policy.get_weights())
-        return RoundAsk(self.rounds_learned, self.spec)
 
     def learn(self, batch: RoundExperience) -> None:
         self.trainer.learn(Experience.concat(batch.experience))
@@ -223,11 +191,11 @@ class ResponseLearner:
         self.episode_returns.extend(batch.episode_returns)
 
     def play_and_learn(self, pool, rounds: Rounds) -> None:
-        """One round played by the pool's workers straight from here (no collector between),
-        against `rounds`' mixture."""
-        ask = self.push(pool)
-        results = pool.collect(rounds.requests(ask.learner, ask.round, pool.size), progress=rounds.stream)
-        self.learn(RoundExperience.of(results, rounds))
+        """Publish the weights that play the next round, have the pool's workers play it against
+        `rounds`' mixture, and learn from it."""
+        pool.push(self.spec.key, self.rounds_learned, self.trainer.policy.get_weights())
+        requests = rounds.requests(self.spec, self.rounds_learned, pool.size)
+        self.learn(RoundExperience.of(pool.collect(requests, progress=rounds.name), rounds))
 
     def recent_return(self) -> float:
         """The mean return over the last tenth of its training."""
@@ -260,37 +228,16 @@ class ResponseLearner:
         return BestResponse(call.role, member, value, metrics, trainer_state=self.trainer.state_dict(), games=games)
 
 
-def learn_best_response(call: OracleCall, timeouts: StreamTimeouts = StreamTimeouts()) -> BestResponse:
-    """Train a network round by round on the experience its collector answers with."""
+def train_best_response(call: OracleCall) -> BestResponse:
+    """The learned oracle: a network trained round by round on what the pool's workers play."""
     learner, pool = ResponseLearner(call), call.pool
     try:
-        with (
-            pool.tracking(learner.rounds.work),
-            ExperienceStream(pool.store, learner.rounds.stream, LEARNER, timeouts) as stream,
-        ):
+        with pool.tracking(learner.rounds.work):
             while not learner.done:
-                learner.learn(stream.request(learner.push(pool)))
+                learner.play_and_learn(pool, learner.rounds)
     finally:
         pool.drop(learner.spec.key)
     return learner.response()
-
-
-def train_best_response(call: OracleCall) -> BestResponse:
-    """The learned oracle: the learner, served by a `collect-experience` step where the call
-    says one runs beside it, else by a collector in a thread of this process."""
-    if call.collector_step:
-        return learn_best_response(call)
-    # The collector in the thread ends with the learner: it waits for no retry of it.
-    in_task = StreamTimeouts(retry=0.0)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collect-experience") as thread:
-        collector = thread.submit(collect_experience, call, in_task)
-        try:
-            response = learn_best_response(call, in_task)
-        except StreamError:
-            collector.result()  # raise the collector's own failure (Ray's errors stay retryable)
-            raise
-        collector.result()
-    return response
 
 
 def role_returns(episode_returns: np.ndarray, game: PSROGame, role: str) -> np.ndarray:

@@ -41,9 +41,7 @@ class OracleCall:
     """Everything an oracle may use. `budget` is the training episodes of a learned response (the
     run's `best_response.episodes`, or the approximate-exploitability budget); `pool` holds the
     rollout workers of learned oracles; `seed_key` makes each response's randomness its own;
-    `collector_step` says that a `collect-experience` step runs beside the learner and plays its
-    rounds (else the learned oracle plays them from a thread of its own); `opponent_epsilon` makes
-    the opponents tremble while a learned response trains (the run's responses do, the
+    `opponent_epsilon` makes the opponents tremble while a learned response trains (the run's responses do, the
     approximate-exploitability ones train against the mixture as it is); `purpose` names the
     response where its progress is shown, and `stage` what `iteration` counts.
 
@@ -59,7 +57,6 @@ class OracleCall:
     pool: Any = None
     budget: int | None = None
     seed_key: tuple[int, ...] = ()
-    collector_step: bool = False
     opponent_epsilon: float = 0.0
     purpose: str = "best response"
     stage: str = "iteration"

@@ -3,8 +3,7 @@
 One iteration is three named steps, as in OpenSpiel's abstract meta-trainer:
 
 1. ``best_response``: each role's oracle answers the other roles' current meta-strategy mixture;
-   a learned oracle's learner (``train-best-response``) is served its experience by a collector
-   that runs beside it (``collect-experience``), driving the rollout workers round by round;
+   a learned oracle's learner (``train-best-response``) plays its rounds on the rollout workers;
 2. ``evaluate_payoffs``: the answers join their populations (``expand_population``) and only the
    new profiles of the payoff table are evaluated;
 3. ``solve_meta_game``: the new entries are recorded and the meta-solver turns the table into
@@ -176,10 +175,7 @@ def initial_state(config: PSROConfig) -> PSROState:
     return PSROState(populations, PayoffTable(len(populations)), meta_strategy=[])
 
 
-def best_response(
-    config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool=None, collector_step: bool = False
-) -> BestResponse:
-    """`collector_step`: a learned oracle's rounds are played by `collect_experience`, run beside this."""
+def best_response(config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool=None) -> BestResponse:
     call = OracleCall(
         config,
         role,
@@ -187,27 +183,9 @@ def best_response(
         meta_strategy,
         iteration,
         pool,
-        collector_step=collector_step,
         opponent_epsilon=config.best_response.opponent_epsilon,
     )
     return get_oracle(config.oracle).compute(call)
-
-
-def collect_experience(config: PSROConfig, role: int, populations, meta_strategy, iteration: int, pool) -> int:
-    """Play the rounds that role `role`'s learned best response asks for, until it is done;
-    returns the rounds played (a retried learner's included)."""
-    from marl_core.psro.learned_oracle import collect_experience
-
-    call = OracleCall(
-        config,
-        role,
-        populations,
-        meta_strategy,
-        iteration,
-        pool,
-        opponent_epsilon=config.best_response.opponent_epsilon,
-    )
-    return collect_experience(call)
 
 
 def expand_population(populations: list[Population], responses: list[BestResponse]) -> list[Population]:
@@ -367,10 +345,6 @@ def rollout_pool_config(config: PSROConfig):
 # --- one iteration, wired once ---------------------------------------------------------------
 
 
-def _learn_beside_collector(config, role, populations, meta_strategy, iteration, pool=None) -> BestResponse:
-    return best_response(config, role, populations, meta_strategy, iteration, pool, collector_step=True)
-
-
 def _evaluate_new_profiles(config, populations, responses, profiles, pool=None, progress=None) -> ProfilePayoffs:
     """`responses` join `populations` in the step that first needs them: a step of its own would
     add a round trip to every iteration for a concatenation."""
@@ -388,8 +362,7 @@ def _approximate(config, role, populations, responses, meta_game, iteration, poo
 
 
 STEPS: dict[str, Callable] = {
-    "train-best-response": _learn_beside_collector,
-    "collect-experience": collect_experience,
+    "train-best-response": best_response,
     "evaluate-payoffs": _evaluate_new_profiles,
     "solve-meta-game": solve_meta_game,
     "measure-exploitability": _measure_exactly,
@@ -415,7 +388,7 @@ def run_iteration(
     state = dataclasses.replace(previous, payoffs=previous.payoffs.copy())
     sizes = [size + (iteration > 0) for size in state.population_sizes]
     populations = runner.share(state.populations)
-    responses, collectors = [], []
+    responses = []
     with contextlib.ExitStack() as shown:  # long work in progress, from the moment it is asked for
         if given is not None:
             responses = runner.share(given)
@@ -427,13 +400,6 @@ def run_iteration(
                 runner.submit("train-best-response", config, r, populations, meta_strategy, iteration, pool)
                 for r in range(game.num_roles)
             ]
-            if get_oracle(config.oracle).learns:
-                collectors = [
-                    runner.submit_beside(
-                        response, "collect-experience", config, r, populations, meta_strategy, iteration, pool
-                    )
-                    for r, response in enumerate(responses)
-                ]
         chunks = plan_evaluation(state.payoffs, sizes, 1 if config.eval == "exact" else runner.parallelism())
         progress = None
         if pool is not None and (evaluating := evaluation_work(config, iteration, chunks)) is not None:
@@ -467,8 +433,6 @@ def run_iteration(
     if approx:
         approximate = approx_nash_conv(state.payoffs, state.meta_strategy, [runner.result(a) for a in approx])
         clock.lap("approx_exploitability")
-    for collector in collectors:  # they end with their learners; a collector that failed has failed its learner above
-        runner.result(collector)
     state.iteration = iteration
     now = time.perf_counter()
     record = IterationRecord(

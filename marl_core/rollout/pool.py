@@ -6,15 +6,12 @@ learned response sends one per worker; a sampled evaluation one per profile). No
 waits on the learner per step. A request is answered the same by any worker, so results never
 depend on the pool's size.
 
-The store (`marl_core.rollout.weight_store`) also keeps a mailbox per learned response through
-which its learner and its collector talk (`marl_core.rollout.experience_stream`), and the progress
-of the run's long work, counted here as each request's rollouts come back
-(`marl_core.rollout.progress`).
+The store (`marl_core.rollout.weight_store`) also keeps the progress of the run's long work,
+counted here as each request's rollouts come back (`marl_core.rollout.progress`).
 
 On Ray the workers reserve no CPU slot (``num_cpus=0`` by default). The learner runs in a task
 that holds a slot; on a 2-core machine, workers that each reserved a core would leave no slot
-for that task and the run would hang (MALib's PSRO example does). The collector's task holds
-none either, so it starts beside its learner at once.
+for that task and the run would hang (MALib's PSRO example does).
 A worker that dies is restarted by Ray and its request replayed: requests are deterministic
 and return whole episodes, so nothing is lost or counted twice.
 """
@@ -72,8 +69,8 @@ class WorkerPool:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.store_name = store_name = f"weight-store-{uuid.uuid4().hex}"
-        # Threads for the waits of every stream at once (two per learned response), with room
-        # left for the workers' pulls; each wait holds a thread for one `StreamTimeouts.poll`.
+        # Threads enough that no call waits behind another: every worker's pull, the learners'
+        # pushes and the progress readers at once.
         self.store_handle = (
             ray.remote(num_cpus=0, max_concurrency=64)(WeightStore).options(name=store_name).remote(preload=("torch",))
         )
@@ -209,3 +206,17 @@ def pool_or_local(pool, env: EnvSource, envs_per_worker: int = 32):
         yield local
     finally:
         local.close()
+
+
+def is_transient(error: BaseException) -> bool:
+    """A failure Ray could not hide (a rollout actor out of restarts, a lost object, a dropped
+    connection): a retry may succeed. The tasks are retried for exactly these (`tasks/psro_tasks.py`)."""
+    import ray.exceptions
+
+    transient = (
+        ray.exceptions.RayActorError,
+        ray.exceptions.ObjectLostError,
+        ray.exceptions.WorkerCrashedError,
+        ConnectionError,
+    )
+    return isinstance(error, transient)

@@ -6,10 +6,9 @@ Not to be confused with the parameter server of asynchronous learners
 optimizer and applies the gradients learners push: the weight store only keeps what a learner
 published, for the workers to act with.
 
-The same actor keeps two other things the pool's users share: the experience streams' mailboxes
-(`marl_core.rollout.experience_stream`), through which a learned response's learner and its
-collector talk, and the progress of the run's long work (`marl_core.rollout.progress`). So a pool
-on Ray starts one store actor beside its workers, and every side finds it by name.
+The same actor keeps the progress of the run's long work (`marl_core.rollout.progress`), which
+the pool's users share. So a pool on Ray starts one store actor beside its workers, and every
+side finds it by name.
 """
 
 from __future__ import annotations
@@ -20,14 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from marl_core.rollout.experience_stream import Ending, StreamMailboxes
 from marl_core.rollout.progress import Progress, ProgressBoard, Work
 
 
 class WeightStore:
     """The newest weights of each learner, by key, with a version number; beside them the
-    experience streams' mailboxes and the progress board, each behind a lock of its own, so a
-    worker's `pull` never waits on a stream or a progress reader."""
+    progress board, behind a lock of its own, so a worker's `pull` never waits on a progress
+    reader."""
 
     def __init__(self, preload: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic):
         # A store actor deserializes what learners push: importing torch on the first push would
@@ -36,7 +34,6 @@ class WeightStore:
             importlib.import_module(module)
         self._weights: dict[str, tuple[int, Any]] = {}
         self._lock = threading.Lock()
-        self._streams = StreamMailboxes()
         self._progress = ProgressBoard(clock)
 
     # --- weights ---------------------------------------------------------------------------
@@ -71,26 +68,6 @@ class WeightStore:
     def progress(self) -> list[Progress]:
         return self._progress.read()
 
-    # --- experience streams: one learner asks, one collector answers --------------------------
-
-    def open(self, stream: str, side: str) -> None:
-        self._streams.open(stream, side)
-
-    def ask(self, stream: str, ask) -> int:
-        return self._streams.ask(stream, ask)
-
-    def next_ask(self, stream: str, timeout: float) -> tuple[int, Any] | Ending | None:
-        return self._streams.next_ask(stream, timeout)
-
-    def answer(self, stream: str, number: int, answer) -> None:
-        self._streams.answer(stream, number, answer)
-
-    def take(self, stream: str, number: int, timeout: float) -> Any | Ending | None:
-        return self._streams.take(stream, number, timeout)
-
-    def end(self, stream: str, ending: Ending) -> None:
-        self._streams.end(stream, ending)
-
 
 class WeightStoreClient:
     """The store actor seen as a `WeightStore`: the same methods, each one call over Ray.
@@ -114,24 +91,6 @@ class WeightStoreClient:
 
     def pull(self, key: str, have_version: int):
         return self._call("pull", key, have_version)
-
-    def open(self, stream: str, side: str) -> None:
-        self._call("open", stream, side)
-
-    def ask(self, stream: str, ask) -> int:
-        return self._call("ask", stream, ask)
-
-    def next_ask(self, stream: str, timeout: float):
-        return self._call("next_ask", stream, timeout)
-
-    def answer(self, stream: str, number: int, answer) -> None:
-        self._call("answer", stream, number, answer)
-
-    def take(self, stream: str, number: int, timeout: float):
-        return self._call("take", stream, number, timeout)
-
-    def end(self, stream: str, ending: Ending) -> None:
-        self._call("end", stream, ending)
 
     def begin(self, work: Work) -> None:
         self._call("begin", work)
