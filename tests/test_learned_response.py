@@ -1,7 +1,8 @@
 """A learned best response: the learner pushes its weights, the pool's rollout workers play the
 round, the learner learns, round after round. It learns exactly what one loop written out from
 that definition learns, in this process and as Ray tasks on two CPUs, and a failure of a round
-fails the response with the round's own error (so Ray's failures stay retryable)."""
+fails the response with the round's own error (so Ray's failures stay retryable). The weights
+cross the store actor as arrays and come back as the tensors pushed."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from marl_core.psro.oracles import OracleCall
 from marl_core.psro.steps import initial_populations
 from marl_core.rl import ALGORITHMS, Experience
 from marl_core.rollout.pool import PoolConfig, WorkerPool, is_transient
+from marl_core.rollout.weight_store import WeightStore, WeightStoreClient
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, RolloutRequest
 
 torch.set_num_threads(1)  # as the learner and the workers act: the one loop below must do the same arithmetic
@@ -151,3 +153,46 @@ def test_two_responses_run_at_once_on_two_cpus_and_each_learns_what_one_loop_lea
         pool.close()
     for role, response in enumerate(responses):
         _assert_learned_the_same(response, _one_loop(_call(role, _pool())))
+
+
+class _StoreProbe(WeightStore):
+    def imported(self, module: str) -> bool:
+        return module in sys.modules
+
+
+def _assert_same(pulled, pushed) -> None:
+    assert type(pulled) is type(pushed)
+    if isinstance(pushed, torch.Tensor):
+        assert pulled.dtype == pushed.dtype and torch.equal(pulled, pushed)
+    elif isinstance(pushed, dict):
+        assert list(pulled) == list(pushed)
+        for key in pushed:
+            _assert_same(pulled[key], pushed[key])
+    elif isinstance(pushed, (list, tuple)):
+        assert len(pulled) == len(pushed)
+        for a, b in zip(pulled, pushed):
+            _assert_same(a, b)
+    else:
+        assert pulled == pushed
+
+
+@pytest.mark.slow
+def test_weights_cross_the_store_actor_as_arrays_and_come_back_as_the_tensors_pushed(local_ray):
+    """What a worker pulls is what was pushed, nesting and dtypes too (a network's and an
+    optimizer's state dicts, as the asynchronous learners push theirs), while the store's own
+    process never imports torch."""
+    network = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(network.parameters())
+    network(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    pushed = {"network": network.state_dict(), "optimizer": optimizer.state_dict(), "rounds": [torch.arange(3), 7]}
+    handle = ray.remote(num_cpus=0)(_StoreProbe).remote()
+    store = WeightStoreClient(handle)
+    store.push("learner", 3, pushed)
+    version, pulled = store.pull("learner", 2)
+    assert version == 3 and store.pull("learner", 3) is None
+    _assert_same(pulled, pushed)
+    assert not ray.get(handle.imported.remote("torch"))
+    half = torch.ones(2, dtype=torch.bfloat16)  # a dtype numpy lacks travels as a tensor
+    store.push("half", 0, {"weight": half})
+    _assert_same(store.pull("half", -1)[1], {"weight": half})

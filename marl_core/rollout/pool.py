@@ -71,9 +71,7 @@ class WorkerPool:
         self.store_name = store_name = f"weight-store-{uuid.uuid4().hex}"
         # Threads enough that no call waits behind another: every worker's pull, the learners'
         # pushes and the progress readers at once.
-        self.store_handle = (
-            ray.remote(num_cpus=0, max_concurrency=64)(WeightStore).options(name=store_name).remote(preload=("torch",))
-        )
+        self.store_handle = ray.remote(num_cpus=0, max_concurrency=64)(WeightStore).options(name=store_name).remote()
         self.store = WeightStoreClient(self.store_handle)
         actor = ray.remote(
             num_cpus=config.worker_cpus, memory=1024**2, max_restarts=max_restarts, max_task_retries=max_restarts

@@ -9,15 +9,23 @@ published, for the workers to act with.
 The same actor keeps the progress of the run's long work (`marl_core.rollout.progress`), which
 the pool's users share. So a pool on Ray starts one store actor beside its workers, and every
 side finds it by name.
+
+Over Ray, weights travel through the actor as numpy arrays (`WeightStoreClient`): the store only
+keeps and hands back what it is given, and holding no tensor it never imports torch, which cost
+every run's store process more than everything else it did.
 """
 
 from __future__ import annotations
 
-import importlib
+import collections
+import dataclasses
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from marl_core.rollout.progress import Progress, ProgressBoard, Work
 
@@ -27,11 +35,7 @@ class WeightStore:
     progress board, behind a lock of its own, so a worker's `pull` never waits on a progress
     reader."""
 
-    def __init__(self, preload: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic):
-        # A store actor deserializes what learners push: importing torch on the first push would
-        # make that learner wait for it, so a pool on Ray has its store import it when it starts.
-        for module in preload:
-            importlib.import_module(module)
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._weights: dict[str, tuple[int, Any]] = {}
         self._lock = threading.Lock()
         self._progress = ProgressBoard(clock)
@@ -87,10 +91,11 @@ class WeightStoreClient:
         return ray.get(getattr(self.handle, method).remote(*args))
 
     def push(self, key: str, version: int, weights) -> None:
-        self._call("push", key, version, weights)
+        self._call("push", key, version, _tensors_as_arrays(weights))
 
     def pull(self, key: str, have_version: int):
-        return self._call("pull", key, have_version)
+        pulled = self._call("pull", key, have_version)
+        return None if pulled is None else (pulled[0], _arrays_as_tensors(pulled[1]))
 
     def begin(self, work: Work) -> None:
         self._call("begin", work)
@@ -103,3 +108,53 @@ class WeightStoreClient:
 
     def progress(self) -> list[Progress]:
         return self._call("progress")
+
+
+# --- weights over Ray, as arrays ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorValues:
+    """A tensor's values on their way through the store actor."""
+
+    values: np.ndarray
+
+
+def _tensors_as_arrays(value):
+    """`value` with every tensor in it (in dicts, lists and tuples, as state dicts nest them)
+    replaced by its values; one of a dtype numpy lacks (bfloat16) travels as it is."""
+    torch = sys.modules.get("torch")
+    if torch is None:  # nothing in this process made a tensor
+        return value
+
+    def convert(item):
+        if isinstance(item, torch.Tensor):
+            try:
+                return _TensorValues(item.detach().cpu().numpy())
+            except TypeError:
+                return item
+        return _map_containers(item, convert)
+
+    return convert(value)
+
+
+def _arrays_as_tensors(value):
+    """The inverse of `_tensors_as_arrays`; each tensor gets its own copy of the values (those
+    from Ray's object store are read-only)."""
+
+    def convert(item):
+        if isinstance(item, _TensorValues):
+            import torch
+
+            return torch.from_numpy(item.values.copy())
+        return _map_containers(item, convert)
+
+    return convert(value)
+
+
+def _map_containers(item, convert):
+    if type(item) in (dict, collections.OrderedDict):
+        return type(item)((key, convert(value)) for key, value in item.items())
+    if type(item) in (list, tuple):
+        return type(item)(convert(value) for value in item)
+    return item
