@@ -5,13 +5,15 @@ PREFECT_HOME or RAY_TMPDIR) instead of matching process names."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import os
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -63,6 +65,22 @@ def start_bare_ray(temp_dir: Path) -> None:
             _temp_dir=str(temp_dir),
             log_to_driver=False,
         )
+
+
+@contextlib.contextmanager
+def bare_ray_shipping(module: str, temp_dir: Path) -> Iterator[None]:
+    """`start_bare_ray`, with test module `module` sent to Ray's workers by value (they cannot
+    import a test module, and its classes and functions run there); stopped on exit."""
+    import ray
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[module])
+    start_bare_ray(temp_dir)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[module])
 
 
 def assert_all_exited(entry: str, timeout: float = 30) -> None:

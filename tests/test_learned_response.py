@@ -11,9 +11,8 @@ import sys
 import numpy as np
 import pytest
 import ray
-import ray.cloudpickle
 import torch
-from processes import start_bare_ray
+from processes import bare_ray_shipping
 
 from marl_core.psro.config import build_config
 from marl_core.psro.learned_oracle import mixtures, train_best_response
@@ -127,11 +126,8 @@ def test_a_failed_round_fails_the_response_with_its_own_error(error, retried):
 
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    start_bare_ray(tmp_path_factory.mktemp("ray"))
-    yield
-    ray.shutdown()
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    with bare_ray_shipping(__name__, tmp_path_factory.mktemp("ray")):
+        yield
 
 
 @ray.remote(num_cpus=1)  # the flow's placement (flows/task_steps.py): a response holds a CPU slot

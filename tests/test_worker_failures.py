@@ -12,14 +12,12 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
-import ray.cloudpickle
-from processes import start_bare_ray
+from processes import bare_ray_shipping
 
 from marl_core.envs import OpenSpielEnv, one_population_per_agent
 from marl_core.games.tree import build_tree
@@ -73,13 +71,8 @@ class FailsEveryStep(OpenSpielEnv):
 
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
-    # The environments above live in this test module, which Ray's workers cannot import:
-    # ship them by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    start_bare_ray(tmp_path_factory.mktemp("ray"))
-    yield
-    ray.shutdown()
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    with bare_ray_shipping(__name__, tmp_path_factory.mktemp("ray")):  # the environments above go by value
+        yield
 
 
 def _requests(episodes: int) -> list[RolloutRequest]:
