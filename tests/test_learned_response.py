@@ -84,7 +84,7 @@ class FailingPool:
 
     def __init__(self, pool, at: int, error: BaseException):
         self.pool, self.at, self.error, self.calls = pool, at, error, 0
-        self.store, self.size = pool.store, pool.size
+        self.size = pool.size
 
     def push(self, key: str, version: int, weights) -> None:
         self.pool.push(key, version, weights)
