@@ -40,7 +40,7 @@ def run_sync(config) -> tuple[list[tuple[float, int, float]], float]:
     """[(seconds, joint steps, greedy return)] at each evaluation, and samples per second."""
     import ray
 
-    from flows.services import ray_session
+    from flows.services.ray_session import ray_session
     from marl_core.marl.config import pool_config
     from marl_core.marl.rounds import iterate_marl_local
     from marl_core.rollout.pool import WorkerPool
@@ -59,7 +59,7 @@ def run_sync(config) -> tuple[list[tuple[float, int, float]], float]:
 def run_async(config, target: float) -> tuple[list[tuple[float, int, float]], float, dict]:
     import ray
 
-    from flows.services import ray_session
+    from flows.services.ray_session import ray_session
     from marl_core.marl import rounds
     from marl_core.marl.async_learners import RayAsyncLearners
     from marl_core.marl.config import layout_and_spec, pool_config

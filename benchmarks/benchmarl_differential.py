@@ -172,8 +172,8 @@ def compare(theirs: dict, ours: dict) -> tuple[bool, str]:
 
 
 def check(tasks: list[str], python: Path, seed: int = 0, episodes: int = 3) -> bool:
-    """Plays each MPE task of `marl_vs_benchmarl.TASKS` on both sides; prints a line per task."""
-    from marl_vs_benchmarl import TASKS
+    """Plays each MPE task of `benchmarl_tasks.TASKS` on both sides; prints a line per task."""
+    from benchmarl_tasks import TASKS
 
     passed = True
     for name in tasks:

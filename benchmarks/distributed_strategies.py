@@ -27,7 +27,7 @@ PPO = {"lr": 2.5e-4, "epochs": 4, "minibatch_size": 128, "entropy_coef": 0.01}
 def train(strategy: str, seed: int, max_steps: int, eval_every: int) -> dict:
     import ray
 
-    from flows.services import ray_session
+    from flows.services.ray_session import ray_session
     from marl_core.marl import rounds
     from marl_core.marl.async_learners import RayAsyncLearners
     from marl_core.marl.config import MARLConfig, layout_and_spec, pool_config

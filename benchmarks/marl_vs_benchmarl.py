@@ -92,26 +92,8 @@ HERE = ROOT / "benchmarks"
 sys.path.insert(0, str(HERE))
 CONFIGS = ROOT / "configs" / "marl"
 
+from benchmarl_tasks import TASKS  # noqa: E402 (the folder is put on the path just above)
 
-@dataclasses.dataclass(frozen=True)
-class Task:
-    benchmarl: str  # BenchMARL's <environment>/<task>
-    max_steps: int  # episode length on both sides
-    ours: str | None  # this project's environment name; None: written from BenchMARL's task yaml (VMAS)
-
-    @property
-    def family(self) -> str:
-        return self.benchmarl.split("/")[0]
-
-
-TASKS = {
-    "simple_spread": Task("pettingzoo/simple_spread", 25, "pettingzoo:mpe2.simple_spread_v3"),
-    "simple_speaker_listener": Task(
-        "pettingzoo/simple_speaker_listener", 25, "pettingzoo:mpe2.simple_speaker_listener_v4"
-    ),
-    "navigation": Task("vmas/navigation", 100, None),
-    "balance": Task("vmas/balance", 100, None),
-}
 ALGORITHMS = ["mappo", "ippo", "qmix"]
 DEFAULT_PAIRS = [(a, t) for a in ("mappo", "ippo") for t in TASKS] + [("qmix", "simple_spread")]
 EXPERIMENT = "marl-vs-benchmarl"  # MLflow's

@@ -130,7 +130,7 @@ def _ray_workers(config):
         return
     import ray
 
-    from flows.services import ray_session
+    from flows.services.ray_session import ray_session
     from marl_core.marl.config import pool_config
     from marl_core.rollout.pool import WorkerPool
 

@@ -1,6 +1,6 @@
 """Resident memory over a long PSRO run through the real flow, and what the run leaves behind.
 
-One process runs `flows.entrypoints.run_scenario` (its own Prefect server, local Ray, an MLflow SQLite
+One process runs `flows.deployments.entrypoints.run_scenario` (its own Prefect server, local Ray, an MLflow SQLite
 store, every member registered) and records, at every iteration, the resident memory of this
 driver and of every process the run started, grouped by kind. Started processes are found by an
 environment variable the script sets before anything starts (`PSRO_RUN_MARKER`): the Prefect
@@ -59,7 +59,7 @@ def marked_processes(value: str) -> dict[int, str]:
 def kind(command: str) -> str:
     if command.startswith("ray::"):
         return "ray_worker"  # Ray renames its workers ray::IDLE, ray::<task name>
-    if "flows.patched_prefect_server" in command:
+    if "flows.services.patched_prefect_server" in command:
         return "prefect_server"
     if "ray" in command:  # raylet, gcs_server, the log monitor, the dashboard agents
         return "ray_system"
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         import tracemalloc
 
         tracemalloc.start(12)
-    from flows.entrypoints import run_scenario
+    from flows.deployments.entrypoints import run_scenario
     from flows.scenarios.psro import PSRO  # after the environment is set: Prefect reads it on import
     from marl_core.psro.config import build_config
 

@@ -4,7 +4,7 @@ The same PSRO run (exact oracle, `nash`) is run twice in one process:
 
 1. the in-process loop (`marl_core.psro.steps.iterate_psro_local`): the floor, pure computation, whose
    per-stage seconds are the compute time of each stage;
-2. `psro run`'s path (`flows.entrypoints.run_scenario`): Prefect server, Ray, MLflow, one Prefect
+2. `psro run`'s path (`flows.deployments.entrypoints.run_scenario`): Prefect server, Ray, MLflow, one Prefect
    subflow per iteration whose tasks run on Ray.
 
 Both compute the same iterations (tests/test_flow_matches_local.py), so for each iteration the
@@ -65,8 +65,8 @@ class DriverProbe:
         import httpx
         from prefect.tasks import Task
 
-        import flows.entrypoints as entrypoints
-        import flows.runtime as runtime
+        import flows.deployments.entrypoints as entrypoints
+        import flows.runtime.run as runtime
         from flows.tracking.psro_tracker import PSROTracker
         from marl_core.psro.steps import IterationRecord, StageClock
 
@@ -164,13 +164,13 @@ def run_local(args):
 
 
 def run_flow(args, probe: DriverProbe):
-    from flows.services import prefect_api
+    from flows.services.prefect_server import prefect_api
 
     records, seen = [], []
     with tempfile.TemporaryDirectory() as tracking_dir:
         started = time.perf_counter()
         with prefect_api():
-            from flows.entrypoints import run_scenario
+            from flows.deployments.entrypoints import run_scenario
             from flows.scenarios.psro import PSRO
 
             probe.install()

@@ -40,7 +40,7 @@ def first_times(records: list[tuple[float, float]], thresholds) -> dict[float, f
 def run_here(settings: dict, time_cap: float) -> None:
     """Child process: one run; prints a JSON line per iteration."""
     started = time.perf_counter()
-    from flows.services import services_starting
+    from flows.services.run_services import services_starting
 
     def on_iteration(record, state) -> None:
         seconds = time.perf_counter() - started
@@ -60,7 +60,7 @@ def run_here(settings: dict, time_cap: float) -> None:
             raise TimeoutError
 
     with tempfile.TemporaryDirectory() as tracking_dir, services_starting(None, None, settings["game"]) as services:
-        from flows.entrypoints import run_scenario
+        from flows.deployments.entrypoints import run_scenario
         from flows.scenarios.psro import PSRO
         from marl_core.psro.config import build_config
 

@@ -4,7 +4,7 @@
 
 Each PSRO iteration is a Prefect flow run, so the server's answers bound how fast iterations can
 follow each other however well the driver overlaps them (docs/performance.md, "Where an
-iteration's time goes"). This starts the server `psro run` starts (`flows.services.LocalPrefectServer`,
+iteration's time goes"). This starts the server `psro run` starts (`flows.services.prefect_server.LocalPrefectServer`,
 one-run services off) in a temporary Prefect home and times, one after another, the calls of a
 flow run's life: create it, read it back, propose Running, propose Completed. It prints the
 median and mean of each (the first 10 rounds, the server's warm-up, left out) and the load
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=60, help="flow runs to time (each makes one call of every kind)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from flows.services import LocalPrefectServer
+    from flows.services.prefect_server import LocalPrefectServer
 
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as home:

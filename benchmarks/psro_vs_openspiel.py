@@ -49,7 +49,7 @@ def load() -> str:
 
 def prepare_prefect_database() -> None:
     """Run Prefect's one-time database migrations outside the clock."""
-    from flows.services import prefect_api
+    from flows.services.prefect_server import prefect_api
 
     if not (Path.home() / ".prefect" / "prefect.db").exists():
         print("preparing Prefect's database (one-time migrations, not timed)", flush=True)
@@ -73,7 +73,7 @@ def run_floor(game: str, stop: float, time_cap: float) -> list[tuple[float, floa
 def run_ours_here(game: str, stop: float, time_cap: float) -> None:
     """Child process: one `psro run`-path run; prints a JSON line per iteration."""
     started = time.perf_counter()  # the same order as `psro run`: server and Ray first, then imports
-    from flows.services import services_starting
+    from flows.services.run_services import services_starting
 
     def on_iteration(record, state) -> None:
         seconds = time.perf_counter() - started
@@ -87,7 +87,7 @@ def run_ours_here(game: str, stop: float, time_cap: float) -> None:
             raise TimeoutError
 
     with tempfile.TemporaryDirectory() as tracking_dir, services_starting(None, None, game) as services:
-        from flows.entrypoints import run_scenario
+        from flows.deployments.entrypoints import run_scenario
         from flows.scenarios.psro import PSRO
         from marl_core.psro.config import PSROConfig
 
@@ -127,7 +127,7 @@ class PsroServer:
     """A `psro server` in a child process, for the warm runs; stopped with SIGTERM."""
 
     def __enter__(self):
-        from flows.services import find_running_server
+        from flows.services.prefect_server import find_running_server
 
         if find_running_server():
             raise RuntimeError("a psro server is already running; stop it so the cold run starts its own")

@@ -3,7 +3,7 @@
 Every scenario wires its step once, as calls on a runner (`marl_core.psro.steps.run_iteration`,
 `marl_core.marl.rounds.run_round`, `marl_core.league.generation.run_generation`). `LocalRunner`
 runs them in this process, the reference for what a flow computes; the flows' runner
-(`flows.task_steps.RayTaskSteps`) submits each as the Prefect task of the same name on Ray. So
+(`flows.runtime.task_steps.RayTaskSteps`) submits each as the Prefect task of the same name on Ray. So
 a flow run and a local run compute the same thing by construction.
 """
 

@@ -51,10 +51,10 @@ def processes_with_env(entry: str) -> list[str]:
 
 def start_bare_ray(temp_dir: Path) -> None:
     """A local Ray for tests that need Ray without a run, started as a run starts its own
-    (`flows.services.start_ray`: no cluster services), with its files in ``temp_dir``."""
+    (`flows.services.ray_session.start_ray`: no cluster services), with its files in ``temp_dir``."""
     import ray
 
-    from flows.patches import ray_without_cluster_services
+    from flows.services.patches import ray_without_cluster_services
 
     with ray_without_cluster_services():
         ray.init(
@@ -160,7 +160,7 @@ class Prefect:
 @functools.cache
 def _migrated_prefect_home() -> Path:
     """Made once per test process, by a real server start; removed when the process exits."""
-    from flows.services import LocalPrefectServer
+    from flows.services.prefect_server import LocalPrefectServer
 
     template = Path(tempfile.mkdtemp(prefix="prefect-home-"))
     atexit.register(shutil.rmtree, template, True)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from matplotlib.container import ErrorbarContainer
 
-from flows.runtime import load_resumed
+from flows.runtime.run import load_resumed
 from flows.scenarios.psro import PSRO
 from flows.tracking import layout, plots
 from flows.tracking.psro_tracker import PSROTracker, running_seconds

@@ -30,7 +30,7 @@ import pytest
 from pettingzoo import ParallelEnv
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli.app import app
 
 pytestmark = pytest.mark.timeout(180)  # a row that slipped through would start a whole run
 
@@ -196,7 +196,7 @@ ROWS = [
         "lr, gamma, gae_lambda, entropy_coef, value_coef, max_grad_norm, normalize_advantages, seed",
         config="a2c: {learning_rate: 0.1}\n",
     ),
-    # the outside world (flows/preflight.py)
+    # the outside world (flows/services/preflight.py)
     Row(
         "Ray address refused",
         ("--ray-address", "127.0.0.1:1"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli.app import app
 
 CASES = [
     (["--game", "no_such_game"], "unknown game 'no_such_game'; run `psro games` to list games"),
@@ -80,7 +80,8 @@ def test_missing_config_file(workdir):
 
 
 def test_listings_name_every_registered_entry(monkeypatch):
-    from flows import cli, scenario_cli
+    from flows.cli import app as cli
+    from flows.cli import scenario_commands as scenario_cli
     from marl_core.empirical_game.meta_solvers import META_SOLVERS
     from marl_core.marl import MARL_ALGORITHMS
     from marl_core.psro.oracles import ORACLES

@@ -17,7 +17,7 @@ loopback. The cluster runs in a child process (this file run as a script) with i
 so stopping it and checking for leftovers touches no other Ray on the machine.
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is Ray's switch for "local addresses stay local"; the cluster's
 process needs it. `psro run` gets none: it joins --ray-address 127.0.0.1:PORT on loopback by
-itself (`flows.patches.ray_on_loopback`), where Ray would rewrite it to the network address.
+itself (`flows.services.patches.ray_on_loopback`), where Ray would rewrite it to the network address.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def serve_cluster(gcs_port: int) -> None:
 
 @pytest.fixture
 def two_node_cluster():
-    from flows.services import free_port
+    from flows.services.prefect_server import free_port
 
     ray_tmp = tempfile.mkdtemp(prefix="psro-ray-", dir="/tmp")  # short: Ray's socket paths live here
     marker = f"RAY_TMPDIR={ray_tmp}"
@@ -105,7 +105,7 @@ def _nodes_of_tasks(api_url: str) -> dict[str, set[str]]:
 def prefect_server(tmp_path):
     """A Prefect server that outlives the run, so its task logs can be read; it boots while the
     cluster starts (request this fixture first)."""
-    from flows.services import LocalPrefectServer
+    from flows.services.prefect_server import LocalPrefectServer
 
     server = LocalPrefectServer(prefect_home(tmp_path / "prefect-home"))
     try:
@@ -177,11 +177,12 @@ def test_ray_address_comes_from_the_environment(monkeypatch):
     """RAY_ADDRESS is the same as --ray-address (the flag wins when both are given)."""
     from typer.testing import CliRunner
 
-    from flows import cli, scenario_cli
+    from flows.cli import app as cli
+    from flows.cli import scenario_commands as scenario_cli
 
     seen = []
     monkeypatch.setattr(scenario_cli, "start", lambda scenario, config, resume_run_id: seen.append(config))
-    monkeypatch.setattr("flows.preflight.preflight", lambda config: None)  # no cluster listens here
+    monkeypatch.setattr("flows.services.preflight.preflight", lambda config: None)  # no cluster listens here
     runner = CliRunner()
     assert runner.invoke(cli.app, ["run"], env={"RAY_ADDRESS": "127.0.0.1:6379"}).exit_code == 0
     assert (

@@ -42,7 +42,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from flows.services import LocalPrefectServer
+    from flows.services.prefect_server import LocalPrefectServer
 
     work = tmp_path_factory.mktemp("deployments")
     home = work / "prefect-home"
@@ -163,7 +163,7 @@ def test_psro_serve_serves_every_deployment_of_prefect_yaml(served):
 def test_bad_deployment_names_fail_with_one_line():
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.app import app
 
     result = CliRunner().invoke(app, ["serve", "--deployment", "nightly", "--prefect-yaml", str(ROOT / "prefect.yaml")])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
@@ -177,7 +177,7 @@ def test_bad_deployment_names_fail_with_one_line():
 
 
 def test_entrypoints_import_the_flow_as_part_of_the_package():
-    """A file-path entrypoint (flows/entrypoints.py:psro) makes Prefect load the file as a
+    """A file-path entrypoint (flows/deployments/entrypoints.py:psro) makes Prefect load the file as a
     top-level module `entrypoints`; Ray workers cannot import that, and every worker-pool run fails.
     Every scenario has a deployment."""
     from prefect.flows import load_flow_from_entrypoint
@@ -188,6 +188,6 @@ def test_entrypoints_import_the_flow_as_part_of_the_package():
     for deployment in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
         flow = load_flow_from_entrypoint(deployment["entrypoint"])
         module, _, name = deployment["entrypoint"].rpartition(".")
-        assert flow.name == name and flow.fn.__module__ == module == "flows.entrypoints", deployment["name"]
+        assert flow.name == name and flow.fn.__module__ == module == "flows.deployments.entrypoints", deployment["name"]
         scenarios.add(flow.scenario.name)
     assert scenarios == set(SCENARIOS)

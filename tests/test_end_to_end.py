@@ -82,7 +82,7 @@ def finished_run(tmp_path_factory):
 def served(finished_run):
     """Prefect's server (API and UI) on the run's home and `mlflow ui` on its store, both booting
     at once; yields their addresses."""
-    from flows.services import LocalPrefectServer, free_port, healthy
+    from flows.services.prefect_server import LocalPrefectServer, free_port, healthy
 
     work = finished_run[0]
     home = work / "prefect-home"

@@ -71,7 +71,7 @@ def _task_runs(api_url: str, flow_run_ids) -> list:
 def services(tmp_path_factory):
     """One real Prefect server for this module's own home (Prefect's clients in this process keep
     the first server they talk to), and an MLflow store in the module's folder."""
-    from flows.services import prefect_api
+    from flows.services.prefect_server import prefect_api
 
     work = tmp_path_factory.mktemp("flow-vs-local")
     with pytest.MonkeyPatch.context() as patch:
@@ -102,7 +102,7 @@ def services(tmp_path_factory):
     ids=["exact-stops-early", "sampled", "learned"],
 )
 def test_flow_and_local_loop_agree(services, settings):
-    from flows.entrypoints import run_scenario
+    from flows.deployments.entrypoints import run_scenario
     from flows.scenarios.psro import PSRO
 
     api, tracking_uri = services
@@ -152,7 +152,7 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
     import mlflow
     import torch
 
-    from flows.entrypoints import run_scenario
+    from flows.deployments.entrypoints import run_scenario
     from flows.scenarios.marl import MARL
     from flows.tracking import layout
     from marl_core.marl.config import MARLConfig
@@ -201,7 +201,7 @@ def test_marl_flow_and_local_loop_agree(services, tmp_path):
 def test_pipeline_flow_and_local_loop_agree(services):
     """Pipeline PSRO's flow (levels as Ray actors, a `train-levels` task per freeze) computes
     what its in-process loop computes, freeze for freeze."""
-    from flows.entrypoints import run_scenario
+    from flows.deployments.entrypoints import run_scenario
     from flows.scenarios.psro import PSRO
     from marl_core.psro.pipeline import iterate_pipeline_local
 

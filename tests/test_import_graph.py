@@ -16,6 +16,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("marl_core", "tasks", "flows")
+# Folders of scripts run as files: their modules import each other by bare name (`from
+# benchmarl_peer import load_task`), Python putting the script's own folder on the path.
+SCRIPT_FOLDERS = ("benchmarks", "scripts", "tests")
 
 
 def _module_name(path: Path) -> str:
@@ -24,15 +27,25 @@ def _module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    return {_module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+    folders = PACKAGES + SCRIPT_FOLDERS
+    return {_module_name(path): path for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))}
+
+
+def _in_script_folder(importer: str, name: str, modules: dict[str, Path]) -> str:
+    """A bare import from a script folder names its sibling module there, if there is one."""
+    folder = importer.rpartition(".")[0]
+    if folder in SCRIPT_FOLDERS and f"{folder}.{name}" in modules:
+        return f"{folder}.{name}"
+    return name
 
 
 def _imported(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
     """The project modules one import statement names: `import a.b` names `a.b`; `from a import
     b` names `a.b` when that is a module, else `a`."""
     if isinstance(node, ast.Import):
-        return {alias.name for alias in node.names if alias.name in modules}
-    base = node.module or ""
+        names = (_in_script_folder(importer, alias.name, modules) for alias in node.names)
+        return {name for name in names if name in modules}
+    base = _in_script_folder(importer, node.module, modules) if node.module and not node.level else node.module or ""
     if node.level:  # relative: from the importer's package, one level up per extra dot
         package = importer.split(".") if is_package else importer.split(".")[:-1]
         package = package[: len(package) - (node.level - 1)]
@@ -102,10 +115,10 @@ def test_the_graph_sees_imports_everywhere_in_a_module():
     """The parser itself: a function-level `from pkg import module` is an edge to that module,
     `from pkg import name` one to the package, and a two-module loop is reported."""
     modules = project_modules()
-    assert {"flows.cli", "flows.scenario_cli", "marl_core.psro.config", "tasks"} <= set(modules)
+    assert {"flows.cli.app", "flows.cli.scenario_commands", "marl_core.psro.config", "tasks"} <= set(modules)
     graph = import_graph()
-    assert "flows.preflight" in graph["flows.cli"]  # imported inside `run`
-    assert "marl_core.psro.config" in graph["flows.cli"]
+    assert "flows.services.preflight" in graph["flows.cli.app"]  # imported inside `run`
+    assert "marl_core.psro.config" in graph["flows.cli.app"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
 
 
@@ -174,6 +187,27 @@ def test_the_library_imports_neither_prefect_nor_mlflow():
 def test_the_marl_command_module_imports_on_its_own():
     """A fresh interpreter, so nothing imported earlier in the suite hides an import-order bug."""
     result = subprocess.run(
-        [sys.executable, "-c", "import flows.scenario_cli"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-c", "import flows.cli.scenario_commands"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+# `flows/`'s folders are the layers of docs/architecture.md, bottom-up: each imports only the
+# folders before it (and `marl_core`, `tasks`), so each layer reads without the ones above it.
+FLOWS_LAYERS = ("tracking", "services", "runtime", "scenarios", "deployments", "cli")
+
+
+def test_flows_folders_are_its_layers_and_import_only_downwards():
+    flows = ROOT / "flows"
+    root_modules = sorted(p.name for p in flows.glob("*.py"))
+    assert root_modules == ["__init__.py"], f"modules at flows/'s root, in no layer: {root_modules}"
+    assert sorted(p.name for p in flows.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(FLOWS_LAYERS)
+    rank = {layer: k for k, layer in enumerate(FLOWS_LAYERS)}
+    upward = [
+        f"{module} -> {target}"
+        for module, imported in sorted(import_graph().items())
+        if module.startswith("flows.")
+        for target in sorted(imported)
+        if target.startswith("flows.") and rank[target.split(".")[1]] > rank[module.split(".")[1]]
+    ]
+    assert not upward, "imports from a lower layer of flows/ into a higher one:\n" + "\n".join(upward)

@@ -130,7 +130,7 @@ def local_ray(tmp_path_factory):
         yield
 
 
-@ray.remote(num_cpus=1)  # the flow's placement (flows/task_steps.py): a response holds a CPU slot
+@ray.remote(num_cpus=1)  # the flow's placement (flows/runtime/task_steps.py): a response holds a CPU slot
 def _response_task(call: OracleCall):
     return train_best_response(call)
 

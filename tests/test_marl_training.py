@@ -12,7 +12,7 @@ import torch
 from joint_rollouts import JointRollouts
 from typer.testing import CliRunner
 
-from flows import cli
+from flows.cli import app as cli
 from marl_core.marl import MARL_ALGORITHMS
 from marl_core.marl.config import MARLConfig, make_learner
 from marl_core.marl.rounds import iterate_marl_local

@@ -1,7 +1,7 @@
 """A long run keeps its memory flat, and no run, finished or failed, leaves a process behind.
 
 Both tests run `benchmarks/memory_long_run.py` as a subprocess: one driver process runs the real
-flow (`flows.entrypoints.run_scenario`: its own Prefect server, local Ray, an MLflow SQLite store with
+flow (`flows.deployments.entrypoints.run_scenario`: its own Prefect server, local Ray, an MLflow SQLite store with
 every member registered) with a temporary PREFECT_HOME and store, and samples resident memory at
 every iteration. Every process the run starts inherits an environment marker from the driver, so
 "left behind" is checked exactly, even on a machine where other runs have their own Ray and
@@ -96,7 +96,7 @@ def test_a_subflow_starting_after_its_run_stopped_ray_starts_no_ray_of_its_own()
     found still starting when a failed run returned). The project's runner refuses instead."""
     import ray
 
-    from flows.ray_runner import FastRayTaskRunner
+    from flows.runtime.ray_runner import FastRayTaskRunner
 
     assert not ray.is_initialized()
     with pytest.raises(RuntimeError, match="^Ray is not running"):

@@ -1,15 +1,15 @@
 """Canaries for the private code this project patches or leans on: one per patch.
 
-flows/patches.py applies every patch (`apply_patches()`): it memoizes Prefect's
+flows/services/patches.py applies every patch (`apply_patches()`): it memoizes Prefect's
 SettingsContext.serialize, shares one SSL context among Prefect's API clients, lets a new client
 retry a refused connection to a server this process has reached, skips two reads in
 Prefect's subflow engine, begins the SQLite server's write transactions IMMEDIATE, quiets two
 of Ray's private loggers, keeps a Ray on this machine on loopback, and starts a run's own Ray
 without Ray's cluster services. Beside that,
-flows/ray_runner.py overrides prefect-ray's RayTaskRunner.submit and _run_prefect_task and
-swaps the flow in Prefect's serialized context; flows/services.py drains Prefect's log and event
+flows/runtime/ray_runner.py overrides prefect-ray's RayTaskRunner.submit and _run_prefect_task and
+swaps the flow in Prefect's serialized context; flows/services/ drains Prefect's log and event
 workers, sets the task-run recorder's batch settings, and calls Ray's private token loader;
-flows/cli_errors.py catches the exceptions of the click that typer bundles (typer._click).
+flows/cli/errors.py catches the exceptions of the click that typer bundles (typer._click).
 None of that is public API, so pyproject.toml pins those packages. An upgrade changes the pin;
 these tests then say which patch no longer holds, before a PSRO run finds out the slow way (a
 patch that stops applying fails silently: runs just get slower, or chattier).
@@ -37,10 +37,10 @@ from processes import assert_all_exited, command_line, pids_with_env
 ROOT = Path(__file__).resolve().parents[1]
 # package -> the files whose patches rely on its internals
 PATCHED = {
-    "prefect": "flows/patches.py, flows/ray_runner.py, flows/services.py",
-    "prefect-ray": "flows/ray_runner.py",
-    "ray": "flows/patches.py, flows/services.py",
-    "typer": "flows/cli_errors.py",
+    "prefect": "flows/services/patches.py, flows/runtime/ray_runner.py, flows/services/",
+    "prefect-ray": "flows/runtime/ray_runner.py",
+    "ray": "flows/services/patches.py, flows/services/",
+    "typer": "flows/cli/errors.py",
 }
 
 
@@ -64,11 +64,11 @@ def test_each_patched_package_is_pinned_and_installed_at_its_pin(package):
     )
 
 
-# --- flows/patches.py -------------------------------------------------------------------------
+# --- flows/services/patches.py -------------------------------------------------------------------------
 
 
 def test_applying_the_patches_again_wraps_nothing_twice():
-    """The patches are applied wherever flows/ray_runner.py is imported, in every Prefect server
+    """The patches are applied wherever flows/runtime/ray_runner.py is imported, in every Prefect server
     and wherever Ray starts: a second call must leave each patched function wrapping Prefect's
     own, once, and Ray's logger with one filter."""
     import logging
@@ -80,7 +80,7 @@ def test_applying_the_patches_again_wraps_nothing_twice():
     from prefect.server.database.configurations import AioSqliteConfiguration
     from prefect.server.services import task_run_recorder
 
-    from flows.patches import RAY_WORKER_LOGGER, apply_patches, apply_server_patches, quiet_ray_notices
+    from flows.services.patches import RAY_WORKER_LOGGER, apply_patches, apply_server_patches, quiet_ray_notices
 
     def apply_all() -> None:
         apply_patches()
@@ -121,21 +121,21 @@ def test_settings_serialization_is_memoized_on_prefects_own_path():
     from prefect.context import SettingsContext, serialize_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.patches import apply_patches
+    from flows.services.patches import apply_patches
 
     apply_patches()
 
     patched = SettingsContext.serialize
-    assert getattr(patched, "_memoized", False), "flows/patches.py no longer patches SettingsContext.serialize"
+    assert getattr(patched, "_memoized", False), "flows/services/patches.py no longer patches SettingsContext.serialize"
     parameters = inspect.signature(patched.__wrapped__).parameters
     assert list(parameters) == ["self", "include_secrets"] and parameters["include_secrets"].default is True, (
         f"prefect changed SettingsContext.serialize to {inspect.signature(patched.__wrapped__)}; "
-        "flows/patches.py's memoized serialize passes (self, include_secrets) only"
+        "flows/services/patches.py's memoized serialize passes (self, include_secrets) only"
     )
     first, second = serialize_context()["settings_context"], serialize_context()["settings_context"]
     assert first is second, (
         "serialize_context() no longer goes through SettingsContext.serialize: "
-        "the memo in flows/patches.py has no effect"
+        "the memo in flows/services/patches.py has no effect"
     )
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:1/api"}):
         changed = serialize_context()["settings_context"]
@@ -152,18 +152,18 @@ def test_prefect_clients_share_one_tls_context_and_keep_one_they_are_given():
 
     from prefect.client.orchestration import PrefectClient, SyncPrefectClient
 
-    from flows.patches import apply_patches
+    from flows.services.patches import apply_patches
 
     apply_patches()
 
     for client_class in (PrefectClient, SyncPrefectClient):
         patched = client_class.__init__
         assert getattr(patched, "_shared_tls", False), (
-            f"flows/patches.py no longer patches {client_class.__name__}.__init__"
+            f"flows/services/patches.py no longer patches {client_class.__name__}.__init__"
         )
         assert "httpx_settings" in inspect.signature(patched.__wrapped__).parameters, (
             f"{client_class.__name__}.__init__ no longer takes httpx_settings: "
-            "flows/patches.py passes the shared context there"
+            "flows/services/patches.py passes the shared context there"
         )
         source = inspect.getsource(patched.__wrapped__)
         assert 'httpx_settings.get("verify")' in source and "isinstance(tls_verify, ssl.SSLContext)" in source, (
@@ -196,8 +196,8 @@ def test_a_new_prefect_client_retries_a_refused_connection_to_a_server_this_proc
     import httpx
     from prefect.client.base import PrefectHttpxAsyncClient, PrefectHttpxSyncClient
 
-    from flows.patches import apply_patches
-    from flows.services import free_port
+    from flows.services.patches import apply_patches
+    from flows.services.prefect_server import free_port
 
     apply_patches()
     for client_class in (PrefectHttpxAsyncClient, PrefectHttpxSyncClient):
@@ -246,7 +246,7 @@ def test_the_patched_engine_methods_keep_prefects_signatures():
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.flow_engine import FlowRunEngine
 
-    from flows.patches import apply_patches
+    from flows.services.patches import apply_patches
 
     apply_patches()
 
@@ -257,15 +257,17 @@ def test_the_patched_engine_methods_keep_prefects_signatures():
     }
     for (owner, name), parameters in expected.items():
         patched = getattr(owner, name)
-        assert getattr(patched, "_fresh_aware", False), f"flows/patches.py no longer patches {owner.__name__}.{name}"
+        assert getattr(patched, "_fresh_aware", False), (
+            f"flows/services/patches.py no longer patches {owner.__name__}.{name}"
+        )
         assert list(inspect.signature(patched.__wrapped__).parameters) == parameters, (
             f"prefect changed {owner.__name__}.{name}{inspect.signature(patched.__wrapped__)}; "
-            f"flows/patches.py passes {parameters}"
+            f"flows/services/patches.py passes {parameters}"
         )
     engine_source = inspect.getsource(importlib.import_module("prefect.flow_engine"))
     assert "self.flow_run = client.read_flow_run(self.flow_run.id)" in engine_source, (
         "prefect's subflow engine no longer reads back the flow run it created: "
-        "flows/patches.py's read skip may be obsolete"
+        "flows/services/patches.py's read skip may be obsolete"
     )
     assert "if subflow_run := self.load_subflow_run(" in engine_source
 
@@ -280,8 +282,8 @@ def test_a_fresh_subflow_skips_both_reads_and_still_nests_under_its_parent(tmp_p
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.patches import fresh_every_call
-    from flows.services import LocalPrefectServer, _flush_prefect_clients
+    from flows.services.patches import fresh_every_call
+    from flows.services.prefect_server import LocalPrefectServer, _flush_prefect_clients
 
     calls: list[str] = []
     send = PrefectHttpxSyncClient.send
@@ -361,7 +363,7 @@ def _sqlite_statements(tmp_path: Path) -> list[str]:
 def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch):
     from prefect.server.database import configurations, interface
 
-    from flows.patches import _begin_write_transactions_immediate
+    from flows.services.patches import _begin_write_transactions_immediate
 
     sqlite = configurations.AioSqliteConfiguration
     prefects_own = sqlite.begin_transaction
@@ -372,14 +374,14 @@ def test_prefect_server_write_transactions_begin_immediate(tmp_path, monkeypatch
         interface.PrefectDBInterface.session_context
     ), (
         "prefect's server no longer opens transactions through database_config.begin_transaction: "
-        "flows/patches.py's patch is bypassed"
+        "flows/services/patches.py's patch is bypassed"
     )
     assert _sqlite_statements(tmp_path / "before")[0] == "BEGIN DEFERRED", (
-        "prefect now begins SQLite write transactions some other way: flows/patches.py's patch may be obsolete"
+        "prefect now begins SQLite write transactions some other way: flows/services/patches.py's patch may be obsolete"
     )
     _begin_write_transactions_immediate()
     assert _sqlite_statements(tmp_path / "after")[0] == "BEGIN IMMEDIATE", (
-        "flows/patches.py's patch no longer makes prefect's SQLite write transactions BEGIN IMMEDIATE"
+        "flows/services/patches.py's patch no longer makes prefect's SQLite write transactions BEGIN IMMEDIATE"
     )
 
 
@@ -393,14 +395,15 @@ def test_the_prefect_server_answers_503_when_its_database_cannot_be_reached(monk
     import sqlalchemy.exc
     from prefect.server.api import server
 
-    from flows.patches import _retry_an_unreachable_database
+    from flows.services.patches import _retry_an_unreachable_database
 
     prefects_own = server.is_client_retryable_exception
     if getattr(prefects_own, "_unreachable_database", False):  # patched by an earlier test
         prefects_own = prefects_own.__wrapped__
     monkeypatch.setattr(server, "is_client_retryable_exception", prefects_own)
     assert "is_client_retryable_exception(exc)" in inspect.getsource(server.custom_internal_exception_handler), (
-        "prefect's API handler no longer asks is_client_retryable_exception: flows/patches.py's patch is bypassed"
+        "prefect's API handler no longer asks is_client_retryable_exception: "
+        "flows/services/patches.py's patch is bypassed"
     )
     refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
     unreachable = [refused, TimeoutError(), socket.gaierror(-2, "Name or service not known")]
@@ -410,7 +413,7 @@ def test_the_prefect_server_answers_503_when_its_database_cannot_be_reached(monk
         return asyncio.run(server.custom_internal_exception_handler(None, exc)).status_code
 
     assert [status(exc) for exc in unreachable] == [500, 500, 500], (
-        "prefect now retries an unreachable database itself: flows/patches.py's patch may be obsolete"
+        "prefect now retries an unreachable database itself: flows/services/patches.py's patch may be obsolete"
     )
     assert status(dropped) == 503
     _retry_an_unreachable_database()
@@ -426,12 +429,12 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
     closes (tests/test_stack.py meets it on a real PostgreSQL)."""
     from prefect.server.services import task_run_recorder as recorder
 
-    import flows.patches
-    from flows.patches import _record_task_runs_through_a_database_outage
+    import flows.services.patches
+    from flows.services.patches import _record_task_runs_through_a_database_outage
 
     assert "await record_bulk_task_run_events(" in inspect.getsource(recorder.consumer), (
         "prefect's task-run recorder no longer writes through record_bulk_task_run_events: "
-        "flows/patches.py's patch is bypassed"
+        "flows/services/patches.py's patch is bypassed"
     )
     assert "async with consumer(" in inspect.getsource(recorder.TaskRunRecorder.start), (
         "prefect's task-run recorder no longer enters its consumer by name: its last flush would wait for the database"
@@ -443,7 +446,7 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
         try:
             yield "handler"
         finally:  # where Prefect's consumer makes its last flush
-            closing.append(flows.patches._closing_recorder.get())
+            closing.append(flows.services.patches._closing_recorder.get())
 
     async def write(events) -> None:
         written.append(list(events))
@@ -455,7 +458,7 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
 
     monkeypatch.setattr(recorder, "record_bulk_task_run_events", write)
     monkeypatch.setattr(recorder, "consumer", prefects_consumer)
-    monkeypatch.setattr(flows.patches, "_database_answers", database_answers)
+    monkeypatch.setattr(flows.services.patches, "_database_answers", database_answers)
     _record_task_runs_through_a_database_outage()
     patient = recorder.record_bulk_task_run_events
     assert patient is not write and patient.__wrapped__ is write
@@ -472,7 +475,7 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
 
     async def close_and_flush() -> None:
         async with recorder.consumer() as handler:
-            assert handler == "handler" and not flows.patches._closing_recorder.get()
+            assert handler == "handler" and not flows.services.patches._closing_recorder.get()
         await patient(["event"])  # the last flush, as the server stops: refused, and not waited out
 
     written.clear()
@@ -484,12 +487,13 @@ def test_the_task_run_recorder_keeps_what_it_cannot_write_while_the_database_doe
 
 def test_rays_token_notice_logger_still_has_the_quieted_name():
     """Read, not imported: importing a piece of ray._private on its own upsets ray's exit hook."""
-    from flows.patches import RAY_TOKEN_NOTICE_LOGGER
+    from flows.services.patches import RAY_TOKEN_NOTICE_LOGGER
 
     package, *modules = RAY_TOKEN_NOTICE_LOGGER.split(".")
     source = Path(importlib.util.find_spec(package).origin).parent.joinpath(*modules).with_suffix(".py")
     assert source.is_file() and "logging.getLogger(__name__)" in source.read_text(), (
-        f"{RAY_TOKEN_NOTICE_LOGGER} no longer logs under its module name: flows/patches.py quiets a logger nothing uses"
+        f"{RAY_TOKEN_NOTICE_LOGGER} no longer logs under its module name: "
+        "flows/services/patches.py quiets a logger nothing uses"
     )
 
 
@@ -500,7 +504,7 @@ def test_every_flow_run_enters_the_sigterm_swap_a_driver_turns_off(monkeypatch):
     from prefect import flow_engine
     from prefect.utilities import engine
 
-    from flows.patches import driver_keeps_sigterm
+    from flows.services.patches import driver_keeps_sigterm
 
     assert inspect.getsource(flow_engine).count("with capture_sigterm():") == 2, (
         "prefect's flow engine no longer enters capture_sigterm() around its sync and async runs: "
@@ -524,14 +528,14 @@ def test_every_flow_run_enters_the_sigterm_swap_a_driver_turns_off(monkeypatch):
 
 def test_rays_notice_of_no_sigterm_handler_is_the_one_quieted():
     """`ray.init` off the main thread (`psro run` starts Ray on a thread) warns that it set no
-    SIGTERM handler; flows/patches.py filters exactly that warning out of the logger it goes to."""
+    SIGTERM handler; flows/services/patches.py filters exactly that warning out of the logger it goes to."""
     import ast
     import logging
     import textwrap
 
     import ray
 
-    from flows.patches import RAY_WORKER_LOGGER, quiet_ray_notices
+    from flows.services.patches import RAY_WORKER_LOGGER, quiet_ray_notices
 
     init = inspect.unwrap(ray.init)
     warnings = [
@@ -544,20 +548,23 @@ def test_rays_notice_of_no_sigterm_handler_is_the_one_quieted():
         and "SIGTERM" in str(node.args[0].value)
     ]
     assert len(warnings) == 1, (
-        f"ray.init's warnings about SIGTERM are now {warnings}: flows/patches.py filters one that is gone"
+        f"ray.init's warnings about SIGTERM are now {warnings}: flows/services/patches.py filters one that is gone"
     )
     assert init.__module__ == RAY_WORKER_LOGGER and "logger = logging.getLogger(__name__)" in inspect.getsource(
         sys.modules[init.__module__]
-    ), f"ray.init now lives in {init.__module__} or logs elsewhere: flows/patches.py filters {RAY_WORKER_LOGGER}"
+    ), (
+        f"ray.init now lives in {init.__module__} or logs elsewhere: "
+        f"flows/services/patches.py filters {RAY_WORKER_LOGGER}"
+    )
     quiet_ray_notices()
     logger = logging.getLogger(RAY_WORKER_LOGGER)
     notice = logger.makeRecord(logger.name, logging.WARNING, "worker.py", 0, warnings[0], (), None)
     other = logger.makeRecord(logger.name, logging.WARNING, "worker.py", 0, "something else went wrong", (), None)
-    assert not logger.filter(notice), f"flows/patches.py no longer filters Ray's notice {warnings[0]!r}"
-    assert logger.filter(other), "flows/patches.py filters Ray's other warnings too"
+    assert not logger.filter(notice), f"flows/services/patches.py no longer filters Ray's notice {warnings[0]!r}"
+    assert logger.filter(other), "flows/services/patches.py filters Ray's other warnings too"
 
 
-# --- flows/ray_runner.py ----------------------------------------------------------------------
+# --- flows/runtime/ray_runner.py ----------------------------------------------------------------------
 
 
 def test_a_worker_takes_a_settings_instance_where_prefect_sends_a_dict():
@@ -566,22 +573,22 @@ def test_a_worker_takes_a_settings_instance_where_prefect_sends_a_dict():
     from prefect.context import SettingsContext, hydrated_context, serialize_context
     from prefect.settings import Settings
 
-    from flows.ray_runner import _with_cached_settings
+    from flows.runtime.ray_runner import _with_cached_settings
 
     serialized = serialize_context()
     assert isinstance(serialized["settings_context"].get("settings"), dict), (
         "prefect's serialized context no longer carries settings as a dict under settings_context: "
-        "flows/ray_runner.py's _with_cached_settings leaves it alone"
+        "flows/runtime/ray_runner.py's _with_cached_settings leaves it alone"
     )
     context = _with_cached_settings(serialized)
     settings = context["settings_context"]["settings"]
     assert isinstance(settings, Settings), (
-        "flows/ray_runner.py's _with_cached_settings no longer builds a Settings instance"
+        "flows/runtime/ray_runner.py's _with_cached_settings no longer builds a Settings instance"
     )
     with hydrated_context(context, client=object()):  # no flow run in the context: the client goes unused
         assert SettingsContext.get().settings is settings, (
             "prefect's hydrated_context rebuilt the settings: "
-            "flows/ray_runner.py's per-worker cache no longer saves anything"
+            "flows/runtime/ray_runner.py's per-worker cache no longer saves anything"
         )
 
 
@@ -591,7 +598,7 @@ def test_prefect_ray_still_calls_the_overridden_task_function():
     constructor argument (it rebuilds the runner from address and init_kwargs)."""
     from prefect_ray import RayTaskRunner
 
-    from flows.ray_runner import FastRayTaskRunner
+    from flows.runtime.ray_runner import FastRayTaskRunner
 
     assert isinstance(inspect.getattr_static(RayTaskRunner, "_run_prefect_task"), staticmethod), (
         "prefect-ray's RayTaskRunner._run_prefect_task is no longer a staticmethod; "
@@ -599,7 +606,8 @@ def test_prefect_ray_still_calls_the_overridden_task_function():
     )
     parameters = inspect.signature(RayTaskRunner._run_prefect_task).parameters
     assert next(iter(parameters.values())).kind is inspect.Parameter.VAR_POSITIONAL, (
-        "prefect-ray's _run_prefect_task no longer takes upstream refs first; flows/ray_runner.py forwards them so"
+        "prefect-ray's _run_prefect_task no longer takes upstream refs first; "
+        "flows/runtime/ray_runner.py forwards them so"
     )
     assert parameters["context"].kind is inspect.Parameter.KEYWORD_ONLY
     assert "self._run_prefect_task" in inspect.getsource(RayTaskRunner.submit), (
@@ -631,7 +639,7 @@ def test_prefect_rays_submit_is_the_one_fast_submit_re_states():
 
     digest = hashlib.sha256(inspect.getsource(RayTaskRunner.submit).encode()).hexdigest()[:16]
     assert digest == PREFECT_RAY_SUBMIT_SHA256, (
-        "prefect-ray's RayTaskRunner.submit changed: carry the change into flows/ray_runner.py's "
+        "prefect-ray's RayTaskRunner.submit changed: carry the change into flows/runtime/ray_runner.py's "
         "FastRayTaskRunner.submit, then update PREFECT_RAY_SUBMIT_SHA256"
     )
     assert "asset_ctx_kwargs" in inspect.signature(serialize_context).parameters
@@ -647,7 +655,7 @@ def test_the_worker_client_context_is_the_one_prefects_engine_uses():
 
     assert "SyncClientContext.get_or_create()" in inspect.getsource(importlib.import_module("prefect.task_engine")), (
         "prefect's task engine no longer gets its client from SyncClientContext.get_or_create(): "
-        "the per-worker client in flows/ray_runner.py is bypassed"
+        "the per-worker client in flows/runtime/ray_runner.py is bypassed"
     )
     mine = SyncClientContext.model_construct()
     token = SyncClientContext.__var__.set(mine)
@@ -664,8 +672,8 @@ def test_module_level_tasks_and_flows_travel_by_name_and_others_whole():
     """A `@task` or `@flow` at module level is bound to its function's name, so the worker can
     import it; one made by `with_options` (not bound anywhere) must travel as itself."""
     import tasks
-    from flows.entrypoints import psro_iteration
-    from flows.ray_runner import _by_reference, _loaded, _ModuleAttribute
+    from flows.deployments.entrypoints import psro_iteration
+    from flows.runtime.ray_runner import _by_reference, _loaded, _ModuleAttribute
 
     for task_or_flow in (tasks.TASKS["solve-meta-game"], psro_iteration):
         reference = _by_reference(task_or_flow)
@@ -680,18 +688,18 @@ def test_the_serialized_context_carries_its_flow_where_the_runner_swaps_it():
     hydrated_context must read it from there; anywhere else, the flow would travel pickled."""
     from prefect.context import FlowRunContext, hydrated_context, serialize_context
 
-    from flows.entrypoints import psro_iteration
-    from flows.ray_runner import _by_reference, _loaded, _ModuleAttribute, _with_flow
+    from flows.deployments.entrypoints import psro_iteration
+    from flows.runtime.ray_runner import _by_reference, _loaded, _ModuleAttribute, _with_flow
 
     with FlowRunContext.model_construct(flow=psro_iteration, result_store=None):
         serialized = serialize_context()
     assert serialized["flow_run_context"].get("flow") is psro_iteration, (
         "prefect's serialized context no longer carries the flow under flow_run_context['flow']: "
-        "flows/ray_runner.py's _with_flow leaves it alone and the flow travels pickled"
+        "flows/runtime/ray_runner.py's _with_flow leaves it alone and the flow travels pickled"
     )
     sent = _with_flow(serialized, _by_reference)
     assert isinstance(sent["flow_run_context"]["flow"], _ModuleAttribute), (
-        "flows/ray_runner.py no longer sends the flow by name"
+        "flows/runtime/ray_runner.py no longer sends the flow by name"
     )
     assert _with_flow(sent, _loaded)["flow_run_context"]["flow"] is psro_iteration
     assert 'flow_run_context["flow"]' in inspect.getsource(hydrated_context), (
@@ -701,13 +709,13 @@ def test_the_serialized_context_carries_its_flow_where_the_runner_swaps_it():
 
 
 def test_opaque_parameters_survive_the_trip_to_a_worker_and_prefect_unwraps_them():
-    """Ray flattens tuple subclasses such as Prefect's `opaque`, so flows/ray_runner.py carries
+    """Ray flattens tuple subclasses such as Prefect's `opaque`, so flows/runtime/ray_runner.py carries
     the mark across in its own class; on the worker Prefect must resolve the restored mark to
     the bare value without walking into it."""
     from prefect.utilities.annotations import opaque
     from prefect.utilities.engine import resolve_inputs_sync
 
-    from flows.ray_runner import _carry_opaque, _restore_opaque
+    from flows.runtime.ray_runner import _carry_opaque, _restore_opaque
 
     value = {"table": [1, 2, 3]}
     carried = _carry_opaque({"x": opaque(value), "xs": [opaque(value), 7], "plain": value})
@@ -717,15 +725,15 @@ def test_opaque_parameters_survive_the_trip_to_a_worker_and_prefect_unwraps_them
     resolved = resolve_inputs_sync(restored)
     assert resolved["x"] is value and resolved["xs"] == [value, 7], (
         "prefect no longer unwraps `opaque` when it resolves a task's parameters: "
-        "flows/task_steps.py's tasks would get the wrapper"
+        "flows/runtime/task_steps.py's tasks would get the wrapper"
     )
 
 
-# --- flows/services.py -------------------------------------------------------------------------
+# --- flows/services/ -------------------------------------------------------------------------
 
 
 def test_prefects_log_and_event_workers_still_drain_with_a_timeout():
-    """flows/services.py calls drain_all(timeout=5) under contextlib.suppress: a changed method
+    """flows/services/ calls drain_all(timeout=5) under contextlib.suppress: a changed method
     would lose the run's last logs without a word."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
@@ -737,14 +745,14 @@ def test_prefects_log_and_event_workers_still_drain_with_a_timeout():
 
 
 def test_rays_token_loader_for_joining_a_cluster_is_still_there():
-    """flows/services.py joins a cluster the way `ray.init(address="auto")` does, through Ray's
+    """flows/services/ joins a cluster the way `ray.init(address="auto")` does, through Ray's
     private `maybe_enable_token_auth_if_token_available`; without it a `psro server` (token auth
     on) refuses every run that tries to reuse it."""
     from ray._private.authentication import authentication_token_setup
 
     function = getattr(authentication_token_setup, "maybe_enable_token_auth_if_token_available", None)
     assert function is not None, (
-        "ray moved maybe_enable_token_auth_if_token_available: flows/services.py's ray_session must follow"
+        "ray moved maybe_enable_token_auth_if_token_available: flows/services/'s ray_session must follow"
     )
     assert "warn_if_disabled" in inspect.signature(function).parameters
 
@@ -752,7 +760,7 @@ def test_rays_token_loader_for_joining_a_cluster_is_still_there():
 LOCAL_RAY = """
 import sys
 import ray
-from flows.services import start_ray
+from flows.services.ray_session import start_ray
 start_ray(None, 1, {})
 ray.get(ray.remote(lambda: None).remote())  # a worker process too
 print("up", flush=True)
@@ -771,7 +779,7 @@ RAY_CLUSTER_SERVICES = ("dashboard/dashboard.py", "autoscaler/_private/monitor.p
 
 
 def test_a_runs_local_ray_listens_on_loopback_only_and_starts_no_cluster_services(tmp_path):
-    """`ray_on_loopback` (flows/patches.py): every socket the processes of a local Ray
+    """`ray_on_loopback` (flows/services/patches.py): every socket the processes of a local Ray
     listen on, the driver's included, is on 127.0.0.1. Without the patch Ray hands its GCS,
     raylet and workers the machine's address and they listen on every interface.
     `ray_without_cluster_services`: a run's own Ray starts no autoscaler monitor, log monitor or
@@ -834,7 +842,7 @@ def _host(hex_address: str) -> str:
 
 
 def test_the_task_run_recorder_writes_in_the_batches_the_server_environment_sets(monkeypatch):
-    """flows/services.py starts the Prefect server with TASK_RUN_RECORDER_BATCHING in its
+    """flows/services/ starts the Prefect server with TASK_RUN_RECORDER_BATCHING in its
     environment: the variables must be Prefect settings, and the recorder must hand those
     settings to the consumer that writes the batches (else it writes one event per transaction)."""
     import contextlib
@@ -843,7 +851,7 @@ def test_the_task_run_recorder_writes_in_the_batches_the_server_environment_sets
     from prefect.server.services import task_run_recorder
     from prefect.settings import Settings
 
-    from flows.services import TASK_RUN_RECORDER_BATCHING
+    from flows.services.prefect_server import TASK_RUN_RECORDER_BATCHING
 
     for name, value in TASK_RUN_RECORDER_BATCHING.items():
         monkeypatch.setenv(name, value)
@@ -875,38 +883,38 @@ def test_the_task_run_recorder_writes_in_the_batches_the_server_environment_sets
     ), f"prefect's TaskRunRecorder no longer writes by its batch_size and flush_interval settings (it passed {given})"
 
 
-# --- flows/cli_errors.py ----------------------------------------------------------------------
+# --- flows/cli/errors.py ----------------------------------------------------------------------
 
 
 def test_typers_bundled_click_errors_are_what_a_bad_flag_raises():
-    """flows/cli_errors.py turns typer._click's BadParameter and UsageError into one `error:` line."""
+    """flows/cli/errors.py turns typer._click's BadParameter and UsageError into one `error:` line."""
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.app import app
 
     runner = CliRunner()
     bad_type = runner.invoke(app, ["run", "--iterations", "many"])
     assert bad_type.exit_code == 2 and bad_type.output.strip().splitlines()[0].startswith("error: iterations='many'"), (
-        "typer's bad-parameter error no longer reaches flows/cli_errors.py's handler "
+        "typer's bad-parameter error no longer reaches flows/cli/errors.py's handler "
         f"(typer._click.exceptions.BadParameter):\n{bad_type.output}"
     )
     unknown = runner.invoke(app, ["run", "--no-such-flag"])
     assert unknown.exit_code == 2 and unknown.output.strip().splitlines() == [
         "error: No such option: --no-such-flag"
     ], (
-        "typer's usage error no longer reaches flows/cli_errors.py's handler "
+        "typer's usage error no longer reaches flows/cli/errors.py's handler "
         f"(typer._click.exceptions.UsageError):\n{unknown.output}"
     )
 
 
 def test_ray_start_keeps_a_loopback_node_address_and_wraps_once():
-    """`flows.patches.ray_start_keeps_loopback`, what the stack's `ray start` runs under: Ray
+    """`flows.services.patches.ray_start_keeps_loopback`, what the stack's `ray start` runs under: Ray
     still turns 127.0.0.1 into the network address through this function, which it calls from
     `ray start` for the node's address and the address it joins."""
     from ray._private import services
     from ray.scripts import scripts
 
-    from flows.patches import ray_start_keeps_loopback
+    from flows.services.patches import ray_start_keeps_loopback
 
     assert "services.resolve_ip_for_localhost(node_ip_address)" in inspect.getsource(scripts.start.callback)
     assert "resolve_ip_for_localhost" in inspect.getsource(services.canonicalize_bootstrap_address)

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli.app import app
 from flows.tracking import layout
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.progress import PlainLines, describe, watching
+from flows.runtime.progress import PlainLines, describe, watching
 from marl_core.rollout.progress import Progress, ProgressBoard, Work
 from marl_core.rollout.weight_store import WeightStore
 
@@ -204,7 +204,7 @@ def test_a_marl_run_reports_its_training_steps_round_by_round(monkeypatch):
 def test_a_bad_progress_interval_is_one_line_before_anything_starts(command, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.app import app
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PSRO_PROGRESS_EVERY", "0")

@@ -129,7 +129,7 @@ def test_listing_and_checking_names_and_settings_imports_no_torch():
     check = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from flows.cli import app\n"
+        "from flows.cli.app import app\n"
         "from marl_core.psro.config import build_config\n"
         "from marl_core.marl.config import MARLConfig\n"
         "for name in ('dqn', 'ppo', 'a2c'):\n"

@@ -14,7 +14,8 @@ import mlflow
 import pytest
 from typer.testing import CliRunner
 
-from flows import cli, scenario_cli
+from flows.cli import app as cli
+from flows.cli import scenario_commands as scenario_cli
 from flows.tracking.layout import COMMITTED_TAG, CONFIG_ARTIFACT
 from marl_core.psro.config import build_config
 

@@ -18,7 +18,7 @@ import pytest
 from processes import killed_at_commit
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli.app import app
 from flows.scenarios import SCENARIOS
 
 TESTS = Path(__file__).resolve().parent

@@ -83,12 +83,18 @@ ASYNC_MARL = {
     "checkpoint_every": 2,
 }
 CASES = [
-    Case("psro", "flows.entrypoints.psro", {"game": "kuhn_poker", "meta_solver": "nash", "iterations": 4}, 2, 4),
-    Case("pipeline", "flows.entrypoints.psro", PIPELINE, 2, 3),
-    Case("marl-sync", "flows.entrypoints.marl", SYNC_MARL, 3, 3),
-    Case("marl-async", "flows.entrypoints.marl", ASYNC_MARL, 3, 5),
-    Case("league", "flows.entrypoints.league", LEAGUE, 2, 3),
-    Case("pbt", "flows.entrypoints.pbt", PBT, 3, 3),
+    Case(
+        "psro",
+        "flows.deployments.entrypoints.psro",
+        {"game": "kuhn_poker", "meta_solver": "nash", "iterations": 4},
+        2,
+        4,
+    ),
+    Case("pipeline", "flows.deployments.entrypoints.psro", PIPELINE, 2, 3),
+    Case("marl-sync", "flows.deployments.entrypoints.marl", SYNC_MARL, 3, 3),
+    Case("marl-async", "flows.deployments.entrypoints.marl", ASYNC_MARL, 3, 5),
+    Case("league", "flows.deployments.entrypoints.league", LEAGUE, 2, 3),
+    Case("pbt", "flows.deployments.entrypoints.pbt", PBT, 3, 3),
     Case("toy", "toy_scenario.toy", {"rounds": 4, "seed": 7}, 2, 3),
 ]
 
@@ -144,7 +150,7 @@ def stack(tmp_path_factory):
     serve_log = work / "serve.log"
     serving = None
     try:
-        from flows.services import find_running_server
+        from flows.services.prefect_server import find_running_server
 
         running = wait_until(lambda: find_running_server(home), 180, "psro server to start")
         env.update(
@@ -380,7 +386,7 @@ def _league(done: Finished) -> None:
     import pandas as pd
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.app import app
     from marl_core.league.config import build_league_config
     from marl_core.league.generation import iterate_league_local
 
@@ -482,7 +488,7 @@ def test_the_prefect_and_mlflow_uis_show_every_scenarios_run(stack, retried, tmp
     (MLflow 3 opens its GenAI view unless the link asks for `workflowType=machine_learning`)."""
     from headless_browser import chromium_page, close_mlflow_assistant, shoot, start_mlflow_ui, wait_for_text
 
-    from flows.services import free_port, healthy
+    from flows.services.prefect_server import free_port, healthy
     from flows.tracking.layout import mlflow_run_link
 
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}

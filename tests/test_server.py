@@ -134,7 +134,7 @@ def test_bad_server_settings_fail_in_one_line(tmp_path, args, message):
 def test_only_a_one_run_server_turns_its_scheduling_services_off(tmp_path, one_run):
     """A server kept for one run (`prefect_api` without a `psro server`) drops the services that only
     schedule or reap; a long-lived server (`psro server`, which serves deployments) keeps them."""
-    from flows.services import ONE_RUN_SERVICES_OFF, LocalPrefectServer
+    from flows.services.prefect_server import ONE_RUN_SERVICES_OFF, LocalPrefectServer
 
     server = LocalPrefectServer(tmp_path / "prefect-home", one_run=one_run)
     try:  # read empty while the process is still in its exec (seen once), so poll

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from flows.services import SERVER_PORTS, free_port, healthy
+from flows.services.prefect_server import SERVER_PORTS, free_port, healthy
 
 
 def test_free_ports_avoid_rays_worker_ports_and_the_ephemeral_range():

@@ -1,4 +1,4 @@
-"""A run starts Ray on a thread while its driver goes on importing (`flows.services.ray_in_background`).
+"""A run starts Ray on a thread while its driver goes on importing (`flows.services.ray_session.ray_in_background`).
 
 Two threads that import a package whose modules import each other can see it half-initialised:
 a learned `psro run` failed once in CI with "cannot import name 'Field' from partially initialized
@@ -16,7 +16,7 @@ SCRIPT = """
 import sys
 from unittest import mock
 
-import flows.services as runtime
+import flows.services.ray_session as runtime
 
 assert "pydantic.v1" not in sys.modules, "imported before the run starts Ray: this check would prove nothing"
 seen = []

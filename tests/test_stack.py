@@ -90,8 +90,8 @@ def _addresses(state: dict) -> dict[str, str]:
 
 
 def test_status_reports_every_service_up_and_each_answers(stack):
-    from flows.preflight import check_ray_address
-    from flows.services import healthy
+    from flows.services.prefect_server import healthy
+    from flows.services.preflight import check_ray_address
 
     directory, state, printed = stack
     address = _addresses(state)
@@ -124,7 +124,7 @@ def test_the_mlflow_server_caches_credential_checks_and_runs_no_job_executors(st
     its GenAI job consumers."""
     import warnings
 
-    from flows.stack import MLFLOW_AUTH_CACHE_S
+    from flows.services.stack import MLFLOW_AUTH_CACHE_S
 
     with warnings.catch_warnings():  # importing mlflow.server warns of starlette's WSGI middleware
         warnings.simplefilter("ignore")
@@ -191,7 +191,7 @@ def test_prefect_waits_out_a_postgresql_restart_and_loses_no_task_run_of_it(stac
     retry (Prefect's own answer is 500, which they do not), and keeps the task-run events it
     cannot write until the database is back (Prefect's recorder drops one after 5 failed writes,
     a second apart): a request made in the outage is answered once PostgreSQL is back, and the
-    tasks a flow ran in the outage reach Prefect Completed (`flows.patches`)."""
+    tasks a flow ran in the outage reach Prefect Completed (`flows.services.patches`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from prefect.client.orchestration import get_client
@@ -375,7 +375,7 @@ def _outage(stack, faulted_run: FaultedRun, index: int, service: str, seconds: f
 def test_fault_the_prefect_server_down_for_30_s(stack, faulted_run):
     """Released into the outage, the run's driver begins iteration 4's subflow while the server is
     down (iteration 3's ran while it was held): that subflow's first request is refused until the
-    server is back, and is retried (`flows.patches`: a new client of a server the process has
+    server is back, and is retried (`flows.services.patches`: a new client of a server the process has
     reached retries as Prefect's first one would; without that the run died there). Iterations
     0-4 and all their tasks then reach Prefect Completed."""
     _, state, _ = stack

@@ -1,4 +1,4 @@
-"""SIGTERM stops a run the way Ctrl-C does (`flows.services.stop_on_sigterm`), even while its main
+"""SIGTERM stops a run the way Ctrl-C does (`flows.services.run_services.stop_on_sigterm`), even while its main
 thread waits on Ray, where a scenario's driver spends most of its time (`ray.get` on a round's or
 generation's tasks), and leaves it resumable."""
 
@@ -20,8 +20,9 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 import ray
 from prefect import flow_engine
-from flows.patches import driver_keeps_sigterm
-from flows.services import rearm_sigterm_handler, stop_on_sigterm
+from flows.services.patches import driver_keeps_sigterm
+from flows.services.ray_session import rearm_sigterm_handler
+from flows.services.run_services import stop_on_sigterm
 from processes import start_bare_ray
 
 # as a run's driver does: Ray starts on a thread that lives on (Ray's processes die with it), flows run here
@@ -81,7 +82,7 @@ tracking_uri: {store}
 @pytest.mark.slow
 def test_sigterm_stops_a_marl_run_as_ctrl_c_does_and_leaves_its_commits(tmp_path):
     """Between rounds and inside them the driver waits on Ray, where Prefect's own SIGTERM
-    handler did not end the wait (flows/patches.py, `driver_keeps_sigterm`); and Ray's
+    handler did not end the wait (flows/services/patches.py, `driver_keeps_sigterm`); and Ray's
     failure handler, under Python's, ended the process by SIGABRT."""
     import mlflow
 
@@ -110,7 +111,7 @@ def test_sigterm_stops_a_marl_run_as_ctrl_c_does_and_leaves_its_commits(tmp_path
         # the round at work when Ray stops ends at once (its wait on its task looks whether Ray
         # still runs), well before STRAGGLER_TIMEOUT, the longest the run's exit waits for it;
         # its wait once blocked in Ray for ever, and the process never exited
-        from flows.services import STRAGGLER_TIMEOUT
+        from flows.services.run_services import STRAGGLER_TIMEOUT
 
         code = wait_until(
             lambda: process.poll() is not None and [process.returncode], STRAGGLER_TIMEOUT / 2, "the run to stop"
@@ -130,15 +131,16 @@ def test_sigterm_stops_a_marl_run_as_ctrl_c_does_and_leaves_its_commits(tmp_path
 
 def test_ray_stops_only_once_no_steps_wait_is_inside_it(monkeypatch):
     """A run that stops (Ctrl-C, SIGTERM) shuts Ray down while its steps' subflow threads may
-    still wait on their tasks: `flows.services.stop_ray` lets each wait leave Ray first (within
+    still wait on their tasks: `flows.services.ray_session.stop_ray` lets each wait leave Ray first (within
     one slice), and the waits then end with an error instead of going back in. A wait inside
     `ray.wait` when Ray stopped under it once blocked there, and the process never exited."""
     import threading
     import time
 
-    from flows import task_steps
+    from flows.runtime import task_steps
+    from flows.services import ray_session
 
-    monkeypatch.setattr(task_steps.ray, "is_initialized", lambda: True)  # Ray "runs" throughout
+    monkeypatch.setattr("ray.is_initialized", lambda: True)  # Ray "runs" throughout
     inside, release = threading.Event(), threading.Event()
 
     class TaskStillRunning:  # a step's task: each slice of the wait blocks until released
@@ -156,7 +158,7 @@ def test_ray_stops_only_once_no_steps_wait_is_inside_it(monkeypatch):
             ended["wait"] = (time.monotonic(), str(error))
 
     def ray_stops():
-        with task_steps.waits_ended(timeout=30):
+        with ray_session.waits_ended(timeout=30):
             ended["shutdown"] = time.monotonic()
 
     waiting = threading.Thread(target=step_waits)
@@ -171,4 +173,4 @@ def test_ray_stops_only_once_no_steps_wait_is_inside_it(monkeypatch):
     waiting.join(10)
     assert ended["shutdown"] >= released  # Ray stopped only after the wait had left it
     assert ended["wait"][1] == "Ray stopped while this step waited for its task"
-    assert not task_steps._WAITS.stopping  # the next run's waits are not refused
+    assert not ray_session._WAITS.stopping  # the next run's waits are not refused

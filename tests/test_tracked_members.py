@@ -22,8 +22,8 @@ import torch
 from mlflow_reads import registered_members
 from typer.testing import CliRunner
 
-from flows.cli import app
-from flows.runtime import load_resumed
+from flows.cli.app import app
+from flows.runtime.run import load_resumed
 from flows.scenarios.psro import PSRO
 from flows.tracking import layout
 from flows.tracking.psro_tracker import PSROTracker

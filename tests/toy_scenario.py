@@ -19,8 +19,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from flows.entrypoints import scenario_flows
-from flows.scenario import Flag, Scenario, Step
+from flows.deployments.entrypoints import scenario_flows
+from flows.runtime.scenario import Flag, Scenario, Step
 from flows.tracking.scenario_tracker import ScenarioTracker
 
 COMMIT_TAG = "toy.committed_round"
@@ -106,7 +106,7 @@ class ToyScenario(Scenario):
         return None
 
     def step(self, config, session, state: float, index: int) -> Step:
-        from flows.task_steps import RayTaskSteps
+        from flows.runtime.task_steps import RayTaskSteps
 
         runner = RayTaskSteps(TASKS)
         total = runner.result(runner.submit("draw", state, config.seed, index))

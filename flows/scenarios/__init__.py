@@ -1,6 +1,6 @@
 """The registry of scenarios: every command (`psro run`, `psro marl run`, ...), deployment and
 test that iterates over scenarios reads it. An entry is the scenario's declaration
-(`flows.scenario.Scenario`), imported on first use."""
+(`flows.runtime.scenario.Scenario`), imported on first use."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import dataclasses
 import time
 from typing import Any
 
-from flows.scenario import SEED, Flag, Scenario, Step
+from flows.runtime.scenario import SEED, Flag, Scenario, Step
 from flows.tracking import layout
 
 
@@ -86,7 +86,7 @@ class LeagueScenario(Scenario):
         return LeagueSession(pool, time.perf_counter())
 
     def step(self, config, session: LeagueSession, state, index: int) -> Step:
-        from flows.task_steps import RayTaskSteps
+        from flows.runtime.task_steps import RayTaskSteps
         from marl_core.league import generation
         from tasks.league_tasks import TASKS
 

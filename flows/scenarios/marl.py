@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flows.scenario import SEED, Flag, Scenario, Step
+from flows.runtime.scenario import SEED, Flag, Scenario, Step
 from flows.tracking import layout
 
 
@@ -161,7 +161,7 @@ class MARLScenario(Scenario):
         return MARLSession(pool, learner, take_checkpoint, layout_)
 
     def step(self, config, session: MARLSession, state: MARLProgress, index: int) -> Step:
-        from flows.task_steps import RayTaskSteps
+        from flows.runtime.task_steps import RayTaskSteps
         from marl_core.marl import rounds
         from tasks.marl_tasks import TASKS
 

@@ -20,7 +20,7 @@ import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from flows.scenario import Flag, Scenario, Step
+from flows.runtime.scenario import Flag, Scenario, Step
 from flows.tracking import layout
 
 
@@ -50,7 +50,7 @@ def _at_once(function, members):
     When one member fails or the run is interrupted, the others are not waited for (a round can
     take minutes): stopping Ray ends their work, and the run's exit waits for their threads to
     record that (`finish_before_prefect_stops`)."""
-    from flows.services import finish_before_prefect_stops
+    from flows.services.run_services import finish_before_prefect_stops
 
     members = list(members)
     threads = ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="pbt-member")
@@ -141,7 +141,7 @@ class PBTScenario(Scenario):
         return PBTSession(pools, actors, layout_)
 
     def step(self, config, session: PBTSession, progress: PBTProgress, index: int) -> Step:
-        from flows.task_steps import RayTaskSteps
+        from flows.runtime.task_steps import RayTaskSteps
         from marl_core.marl.learner_handles import RayLearner
         from marl_core.pbt.marl import run_pbt_round
         from tasks.marl_tasks import TASKS

@@ -15,7 +15,7 @@ import dataclasses
 import time
 from typing import Any
 
-from flows.scenario import SEED, Flag, Scenario, Step
+from flows.runtime.scenario import SEED, Flag, Scenario, Step
 from flows.tracking import layout
 
 
@@ -133,7 +133,7 @@ class PSROScenario(Scenario):
         return Pipeline(config, state, pool, on_ray=True)
 
     def step(self, config, session: PSROSession, state, index: int) -> Step:
-        from flows.task_steps import RayTaskSteps
+        from flows.runtime.task_steps import RayTaskSteps
         from marl_core.psro import steps as psro
         from tasks.psro_tasks import TASKS
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 CONFIG_ARTIFACT = "config.json"
 FINAL_PAYOFFS = "payoffs/final.csv"
@@ -207,3 +208,11 @@ def pbt_checkpoint_path(round: int, checkpoint_every: int) -> str:
 
 def pbt_policy_path(member: int, policy: str, round: int) -> str:
     return f"policies/member_{member}/{policy}/round_{round:04d}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` store (None for any other store, or an in-memory one)."""
+    if not uri.lower().startswith("sqlite://"):
+        return None
+    name = uri[len("sqlite://") :].partition("?")[0]
+    return None if name in ("", "/", "/:memory:") else Path(name[1:])

@@ -37,7 +37,7 @@ def running_seconds(elapsed: list[float]) -> list[float]:
 
 
 class PSROTracker(ScenarioTracker):
-    """Tracks a new PSRO run, or with `resume` (a `flows.runtime.Resumed`) continues one.
+    """Tracks a new PSRO run, or with `resume` (a `flows.runtime.run.Resumed`) continues one.
 
     Every iteration is committed. A member is never changed once it joined its population
     (`Population.added` makes a new population), so the tracking thread may store it while the

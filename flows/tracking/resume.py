@@ -48,7 +48,7 @@ class Checkpoint:
 def open_client(tracking_uri: str):
     """A client of the store at `tracking_uri` for reading what a run committed. A SQLite store
     that does not exist holds no run: it is not created (MLflow would make a new database)."""
-    from flows.preflight import sqlite_path
+    from flows.tracking.layout import sqlite_path
 
     path = sqlite_path(tracking_uri)
     if path is not None and not path.is_file():

@@ -90,7 +90,7 @@ class ScenarioTracker(BackgroundTracker):
         self.config = config
         self.tracking_uri = tracking_uri
         self.experiment = experiment
-        self.resume = resume  # a `flows.runtime.Resumed`, or None for a new run
+        self.resume = resume  # a `flows.runtime.run.Resumed`, or None for a new run
         self.tags = tags or {}
         self.run_id: str | None = None
         self._held: list = []  # metrics of the steps since the last commit (`_log_metrics`)

@@ -16,8 +16,8 @@ few iterations, approximate NashConv from freshly learned best responses
 ``run_iteration`` is the only place the steps are wired together. It hands each step to a
 `Runner` (`marl_core.runner`): `LocalRunner` calls it in this process (``iterate_psro_local``),
 a step submitted beside another in a thread while that one runs; the Prefect flow's runner
-submits it as a task on Ray (``flows/task_steps.py``). Both therefore compute the same thing by construction, and
-``tests/test_flow_matches_local.py`` checks it.
+submits it as a task on Ray (``flows/runtime/task_steps.py``). Both therefore compute the same
+thing by construction, and ``tests/test_flow_matches_local.py`` checks it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every episode and step of a run goes through its pool's `collect`, so that is where progress is
 counted (`WorkerPool.collect(requests, progress=...)`), into the pool's weight store, which
-whatever runs the pool reads once in a while to show it (`flows.progress`). The caller that knows
+whatever runs the pool reads once in a while to show it (`flows.runtime.progress`). The caller that knows
 the budget opens the work (`WorkerPool.tracking`) and closes it when done; a learner and its
 collector in two tasks thus report into one entry.
 

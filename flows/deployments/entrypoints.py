@@ -1,5 +1,5 @@
 """Every scenario's Prefect flows, bound to names here: what a deployment's entrypoint names
-(`flows.entrypoints.psro`, `flows.entrypoints.marl`, ...), whatever starts the run (the command
+(`flows.deployments.entrypoints.psro`, `flows.deployments.entrypoints.marl`, ...), whatever starts the run (the command
 line, `psro serve`, a work pool's worker).
 
 A scenario has two flows (`scenario_flows`): the top-level one, named after the scenario, whose
@@ -7,15 +7,15 @@ parameters are a plain config mapping, and its step's subflow "{scenario}-{step}
 parameters: the step's index and the key of the state handed to it in this process). Both are
 bound at module level, so that Prefect loads a deployment's flow by module path, and so that a
 Ray worker gets a subflow's context by module and name instead of the flow pickled whole
-(`flows.ray_runner`).
+(`flows.runtime.ray_runner`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flows.runtime import Observer, run_flow, run_step
-from flows.scenario import Scenario
+from flows.runtime.run import Observer, run_flow, run_step
+from flows.runtime.scenario import Scenario
 from flows.scenarios import SCENARIOS
 
 _flows: dict[Scenario, tuple[Any, Any]] = {}  # each scenario's flows, as first made
@@ -26,8 +26,8 @@ def scenario_flows(scenario: Scenario, module: str) -> tuple[Any, Any]:
     scenario's name and "{name}_{step_noun}"."""
     from prefect import flow
 
-    from flows.patches import fresh_every_call
-    from flows.ray_runner import FastRayTaskRunner
+    from flows.runtime.ray_runner import FastRayTaskRunner
+    from flows.services.patches import fresh_every_call
 
     def step(index: int, handoff: str):
         return run_step(scenario, index, handoff)
@@ -74,10 +74,10 @@ def run_scenario(
     progress=None,
 ):
     """Start what the run needs (Prefect server, Ray, MLflow store), run the scenario's flow,
-    stop all. ``config`` was checked (`flows.scenario_cli` did, or the caller built it).
-    ``services``: the services as `flows.services.services_starting` began them, for callers
+    stop all. ``config`` was checked (`flows.cli.scenario_commands` did, or the caller built it).
+    ``services``: the services as `flows.services.run_services.services_starting` began them, for callers
     that start them before their own slow imports, as the command line does."""
-    from flows.services import run_services
+    from flows.services.run_services import run_services
 
     settings = scenario.settings(config)
     with run_services(settings.ray_address, settings.num_cpus, settings.environment, settings.tracking_uri, services):

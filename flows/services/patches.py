@@ -7,20 +7,20 @@ calls apply them, each in the processes that need its part, so that none pays fo
 imports (the server's database layer alone is some 270 modules a Ray worker never uses):
 
 - `apply_patches()`: Prefect's client and engine, wherever a flow or its tasks run. It runs on
-  import of `flows/ray_runner.py`, which the driver, `psro serve` and every Ray worker import.
+  import of `flows/runtime/ray_runner.py`, which the driver, `psro serve` and every Ray worker import.
 - `apply_server_patches()`: Prefect's server, in the server process
-  (`flows/patched_prefect_server.py`).
-- `quiet_ray_notices()`: Ray's loggers, before Ray starts (`flows.services.start_ray`); it imports
+  (`flows/services/patched_prefect_server.py`).
+- `quiet_ray_notices()`: Ray's loggers, before Ray starts (`flows.services.ray_session.start_ray`); it imports
   nothing, so the processes that start Ray before (or without) importing Prefect can call it.
 - `ray_on_loopback()`: around the `ray.init` that starts a local Ray or joins one on 127.0.0.1
-  (`flows.services.start_ray`).
+  (`flows.services.ray_session.start_ray`).
 - `ray_without_cluster_services()`: around the `ray.init` that starts a run's own local Ray
-  (`flows.services.start_ray`).
+  (`flows.services.ray_session.start_ray`).
 - `ray_start_keeps_loopback()`: in the process that runs `ray start` for a node of the team's
-  stack (`python -m flows.stack ray start ...`, `flows/stack.py`).
-- `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.services.start_ray`).
+  stack (`python -m flows.services.stack ray start ...`, `flows/services/stack.py`).
+- `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.services.ray_session.start_ray`).
 - `driver_keeps_sigterm()`: in a run's driver started from the command line
-  (`flows.cli_errors.with_services`), before its flow runs.
+  (`flows.cli.scenario_commands.with_services`), before its flow runs.
 
 What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6.0):
 
@@ -63,7 +63,7 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   the server's own.
 - `prefect.server.services.task_run_recorder.record_bulk_task_run_events` (the server's): the
   task-run recorder writes the task runs' events (their creation and every state) in batches,
-  flushed each second here (`flows.services.TASK_RUN_RECORDER_BATCHING`), and drops an event
+  flushed each second here (`flows.services.prefect_server.TASK_RUN_RECORDER_BATCHING`), and drops an event
   after 5 failed writes: a database down for more than about 5 s erased from Prefect every task
   run of the outage (the UI never showed them). A write that failed while the database does not
   answer now waits until it does (for up to `flows.tracking.patient.PATIENCE_S`, as long as the
@@ -95,13 +95,13 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   spends its time in `ray.get`, and raised there, inside Ray, that exception became a
   SystemError (`psro marl run` exited with status 1) or was lost (`psro league run` went on
   waiting for minutes): SIGTERM did not stop a run as Ctrl-C does. With the swap off, the
-  driver's own handler (`flows.services.stop_on_sigterm`) stays; it raises KeyboardInterrupt,
+  driver's own handler (`flows.services.run_services.stop_on_sigterm`) stays; it raises KeyboardInterrupt,
   which ends Ray's wait as Ctrl-C does, and Prefect marks the flow runs crashed as on Ctrl-C.
   Prefect's swap serves a runner that cancels a flow run it started (a deployment's run), so
   only drivers started from the command line turn it off.
 - Ray's loggers (`quiet_ray_notices`): the notice that token authentication is on, and the one
   that Ray set no SIGTERM handler when it starts off the main thread (`psro run` starts it on a
-  thread; its main thread handles signals, `flows.services.stop_on_sigterm`).
+  thread; its main thread handles signals, `flows.services.run_services.stop_on_sigterm`).
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def ray_on_loopback() -> Iterator[None]:
 
 
 def ray_start_keeps_loopback() -> None:
-    """In a process that runs Ray's `ray start` command (`flows.stack`): a node given
+    """In a process that runs Ray's `ray start` command (`flows.services.stack`): a node given
     ``--node-ip-address 127.0.0.1`` (and a worker given ``--address 127.0.0.1:PORT``) stays on
     loopback. Ray replaces a loopback address with the machine's network address so that other
     machines could join; with clusters off instead (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`,

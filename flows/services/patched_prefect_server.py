@@ -1,9 +1,9 @@
 """`prefect server start`, with this project's patches of the server applied
-(`flows.patches.apply_server_patches`: SQLite write transactions begun IMMEDIATE, so writers queue
+(`flows.services.patches.apply_server_patches`: SQLite write transactions begun IMMEDIATE, so writers queue
 instead of being refused; while the database cannot be reached, requests answered 503, which
 clients retry, and task-run events kept until it can).
 
-Usage: ``python -m flows.patched_prefect_server server start --host 127.0.0.1 --port 4200``
+Usage: ``python -m flows.services.patched_prefect_server server start --host 127.0.0.1 --port 4200``
 (any arguments of the `prefect` CLI work; this module only patches, then hands over to it).
 
 It also stops itself when the process that started it dies: a driver killed with SIGKILL gets
@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from flows.patches import apply_server_patches
+from flows.services.patches import apply_server_patches
 
 
 def _exit_with_parent(poll_seconds: float = 1.0) -> None:

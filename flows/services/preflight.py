@@ -63,7 +63,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 def preflight(settings) -> None:
     """Raise ConfigError for the first setting that points at something unusable; `settings`
-    is a `flows.scenario.RunSettings` (or anything with its fields)."""
+    is a `flows.runtime.scenario.RunSettings` (or anything with its fields)."""
     check_ray_address(settings.ray_address)
     check_tracking_store(settings.tracking_uri, settings.experiment)
     check_export_dir(settings.export)
@@ -145,14 +145,6 @@ def check_tracking_store(uri: str, experiment: str) -> None:
         problem = f"unknown scheme {scheme!r}"
     if problem:
         fail(problem)
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The file of a ``sqlite:///`` store (None for any other store, or an in-memory one)."""
-    if not uri.lower().startswith("sqlite://"):
-        return None
-    name = uri[len("sqlite://") :].partition("?")[0]
-    return None if name in ("", "/", "/:memory:") else Path(name[1:])
 
 
 def _sqlite_problem(uri: str, experiment: str) -> str | None:

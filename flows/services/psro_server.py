@@ -2,7 +2,7 @@
 
 A cold `psro run` starts a Prefect server and a Ray instance and stops both when it ends. With
 `psro server` running in another terminal, runs find it (through a small file in Prefect's home,
-which `flows.services.find_running_server` reads) and reuse both: no server boot, no Ray start.
+which `flows.services.prefect_server.find_running_server` reads) and reuse both: no server boot, no Ray start.
 The server process owns what it started and stops all of it on Ctrl-C or SIGTERM; nothing runs
 in the background after it exits.
 
@@ -21,7 +21,8 @@ import signal
 import threading
 from collections.abc import Callable
 
-from flows.services import STATE_FILE, LocalPrefectServer, RunningServer, prefect_home, start_ray
+from flows.services.prefect_server import STATE_FILE, LocalPrefectServer, RunningServer, prefect_home
+from flows.services.ray_session import start_ray
 
 
 def serve(port: int, num_cpus: int | None, on_ready: Callable[[RunningServer], None]) -> None:

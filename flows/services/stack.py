@@ -5,7 +5,7 @@ shares one set instead, and this is that set, on 127.0.0.1 of one machine:
 
 - PostgreSQL (Debian's `initdb`/`pg_ctl`), one cluster in DIR/postgres with two databases, one
   for Prefect and one for MLflow: SQLite serializes every writer, and a team's runs write at once.
-- A Prefect server on the `prefect` database (`flows.services.LocalPrefectServer`, detached, with
+- A Prefect server on the `prefect` database (`flows.services.prefect_server.LocalPrefectServer`, detached, with
   its scheduler on: it serves deployments).
 - An MLflow tracking server on the `mlflow` database that also serves the artifacts (stored in
   DIR/artifacts, addressed as `mlflow-artifacts:`): a run needs the server's URL and nothing else,
@@ -52,12 +52,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-import typer
-
-from flows.cli_errors import OneLineErrors, fail
-from flows.preflight import basic_auth
-from flows.reaper import processes_with
-from flows.services import LocalPrefectServer, free_port, healthy
+from flows.services.prefect_server import LocalPrefectServer, free_port, healthy
+from flows.services.preflight import basic_auth
+from flows.services.reaper import processes_with
 
 MARKER = "PSRO_STACK"
 STATE_FILE = "stack.json"
@@ -379,14 +376,14 @@ def _stop_postgres(directory: Path) -> bool:
 
 
 def _ray_start(stack: Stack, name: str, *flags: str):
-    """`ray start` for one node, on loopback (`flows.patches.ray_start_keeps_loopback`); it returns
+    """`ray start` for one node, on loopback (`flows.services.patches.ray_start_keeps_loopback`); it returns
     once the node runs, leaving the node's processes in its process group."""
     common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--temp-dir", stack.ray_temp_dir]
     common += ["--object-store-memory", str(256 * 2**20), "--disable-usage-stats"]
     if "--head" in flags:  # Ray's fixed ports (Ray Client's 10001, the dashboard's 8265) are a second stack's too
         common += ["--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port())]
     env = {**RAY_AUTH, "PREFECT_API_URL": stack.prefect_api_url}
-    return _start(stack, name, [sys.executable, "-m", "flows.stack", "ray", "start", *flags, *common], env)
+    return _start(stack, name, [sys.executable, "-m", "flows.services.stack", "ray", "start", *flags, *common], env)
 
 
 def _ray_temp_dir(directory: Path) -> str:
@@ -604,7 +601,7 @@ def status(stack: Stack) -> list[tuple[str, bool]]:
     groups = stack.groups
 
     def ray_head() -> bool:
-        from flows.preflight import check_ray_address  # answers as Ray (gRPC), not only TCP
+        from flows.services.preflight import check_ray_address  # answers as Ray (gRPC), not only TCP
 
         try:
             check_ray_address(stack.ray_address)
@@ -656,108 +653,9 @@ def down(directory: Path, say: Callable[[str], None]) -> list[str]:
     return stopped
 
 
-# --- the command line -----------------------------------------------------------------------
-
-app = typer.Typer(no_args_is_help=True, help="The team's services on this machine: PostgreSQL, Prefect, MLflow, Ray.")
-DIR_HELP = "where the stack keeps its state, data and logs (default ~/.psro/stack; as root /var/lib/psro/stack)"
-
-
-def _directory(directory: Path | None) -> Path:
-    return (directory or default_directory()).expanduser().resolve()
-
-
-def _say(line: str) -> None:
-    typer.echo(line)
-
-
-@app.command("up", cls=OneLineErrors)
-def up_command(
-    directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP),
-    workers: int = typer.Option(1, help="Ray worker nodes beside the head, one CPU each"),
-    auth: bool = typer.Option(
-        False,
-        help=f"the Prefect and MLflow servers ask for credentials: {PREFECT_AUTH}, {MLFLOW_USER} and "
-        f"{MLFLOW_PASSWORD} from the environment",
-    ),
-) -> None:
-    """Start PostgreSQL, a Prefect server, an MLflow server, Ray (a head and worker nodes) and a
-    Prefect worker; print every address and what a run needs to use them."""
-    try:
-        stack = up(_directory(directory), workers, auth)
-    except StackError as error:
-        fail(str(error))
-    lines = [
-        f"postgres        127.0.0.1:{stack.ports.postgres} (databases {', '.join(DATABASES)}, user {DB_USER})",
-        f"prefect server  {stack.prefect_api_url} (UI http://127.0.0.1:{stack.ports.prefect})",
-        f"mlflow          {stack.tracking_uri} (artifacts in {stack.path('artifacts')})",
-        f"ray head        {stack.ray_address} ({workers} worker node{'s' if workers > 1 else ''})",
-        f"prefect worker  pool {POOL}",
-        f"logs            {stack.path('logs')} (the Prefect server's: {stack.path('prefect', 'server.log')})",
-        "a run uses the stack with:",
-        "  export " + " ".join(f"{key}={value}" for key, value in stack.run_env.items()),
-        "  psro run " + " ".join(stack.run_flags) + " ...",
-    ]
-    if auth:
-        lines.insert(-1, f"  (and {PREFECT_AUTH}, {MLFLOW_USER}, {MLFLOW_PASSWORD} as for `up`)")
-    for line in lines:
-        typer.echo(line)
-
-
-@app.command("status", cls=OneLineErrors)
-def status_command(directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
-    """Each service of the stack, up or down (exit code 1 unless all are up)."""
-    stack = Stack.load(_directory(directory))
-    if stack is None:
-        fail(f"no stack in {_directory(directory)}; `psro stack up` starts one")
-    rows = status(stack)
-    for name, running in rows:
-        typer.echo(f"{name:16}{'up' if running else 'down'}")
-    if not all(running for _, running in rows):
-        raise typer.Exit(code=1)
-
-
-@app.command("down", cls=OneLineErrors)
-def down_command(directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
-    """Stop every service of the stack; its data stays in the directory. Safe to repeat."""
-    if not down(_directory(directory), _say):
-        typer.echo("nothing was running")
-
-
-SERVICE_HELP = "services by name, as `status` lists them: postgres, prefect-server, mlflow, ray-head, ray-worker-N, ..."
-
-
-def _each(action: Callable[[Path, list[str]], list[str]], services: list[str], directory, done: str, none: str):
-    try:
-        names = action(_directory(directory), services)
-    except StackError as error:
-        fail(str(error))
-    for name in names:
-        typer.echo(f"{done} {name}")
-    if not names:
-        typer.echo(none)
-
-
-@app.command("start", cls=OneLineErrors)
-def start_command(
-    services: list[str] = typer.Argument(..., help=SERVICE_HELP),
-    directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP),
-) -> None:
-    """Start services of a running stack that are down (after a crash or a `stop`), on their ports."""
-    _each(start, services, directory, "started", "all of them were running")
-
-
-@app.command("stop", cls=OneLineErrors)
-def stop_command(
-    services: list[str] = typer.Argument(..., help=SERVICE_HELP),
-    directory: Path | None = typer.Option(None, "--dir", help=DIR_HELP),
-) -> None:
-    """Stop services of the stack, leaving the others up (`start` brings them back)."""
-    _each(stop, services, directory, "stopped", "none of them was running")
-
-
 def _ray_cli(argv: list[str]) -> None:
     """Ray's own `ray` command, with nodes kept on loopback."""
-    from flows.patches import ray_start_keeps_loopback
+    from flows.services.patches import ray_start_keeps_loopback
 
     ray_start_keeps_loopback()
     from ray.scripts.scripts import main
@@ -766,7 +664,7 @@ def _ray_cli(argv: list[str]) -> None:
     main()
 
 
-if __name__ == "__main__":  # python -m flows.stack ray start ...: a stack's node
+if __name__ == "__main__":  # python -m flows.services.stack ray start ...: a stack's node
     if sys.argv[1:2] != ["ray"]:
-        raise SystemExit("usage: python -m flows.stack ray ARGS...")
+        raise SystemExit("usage: python -m flows.services.stack ray ARGS...")
     _ray_cli(sys.argv[2:])

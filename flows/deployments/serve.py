@@ -5,8 +5,8 @@ and this module reads the same entries (name, entrypoint, description, parameter
 and hands them to `prefect.serve`. Triggered runs (`prefect deployment run 'psro/kuhn-smoke'`)
 and scheduled ones then execute here, each in a child process that starts its own Ray session.
 
-A deployment's entrypoint names a scenario's flow, as `flows.entrypoints` makes them
-(`flows.entrypoints.psro`, `flows.entrypoints.marl`, ...; a test's own scenario's flow too): its
+A deployment's entrypoint names a scenario's flow, as `flows.deployments.entrypoints` makes them
+(`flows.deployments.entrypoints.psro`, `flows.deployments.entrypoints.marl`, ...; a test's own scenario's flow too): its
 config is checked by that scenario before anything is served. The flows are imported only once
 PREFECT_API_URL is set, because Prefect fixes its settings when it is first imported.
 """
@@ -95,16 +95,17 @@ def scenario_of(name: str, entrypoint) -> object:
     if not isinstance(entrypoint, str) or ":" in entrypoint or "." not in entrypoint:
         raise DeploymentError(
             f"deployment {name!r} has entrypoint {entrypoint!r}; expected a scenario's flow by module path, "
-            f"one of: {', '.join(f'flows.entrypoints.{s}' for s in SCENARIOS)}"
+            f"one of: {', '.join(f'flows.deployments.entrypoints.{s}' for s in SCENARIOS)}"
         )
     module, _, attribute = entrypoint.rpartition(".")
-    if module == "flows.entrypoints" and attribute in SCENARIOS:
+    if module == "flows.deployments.entrypoints" and attribute in SCENARIOS:
         return SCENARIOS[attribute]
     flow = _import(name, module, attribute)
     scenario = getattr(flow, "scenario", None)
     if scenario is None:
         raise DeploymentError(
-            f"deployment {name!r}: {entrypoint} is not a scenario's flow (see flows.entrypoints.scenario_flows)"
+            f"deployment {name!r}: {entrypoint} is not a scenario's flow "
+            "(see flows.deployments.entrypoints.scenario_flows)"
         )
     return scenario
 
@@ -130,7 +131,7 @@ def _schedule(entry: dict):
 
 
 def _wait_for_server(api_url: str) -> None:
-    from flows.services import healthy
+    from flows.services.prefect_server import healthy
 
     deadline = time.monotonic() + SERVER_WAIT_SECONDS
     while not healthy(api_url):
@@ -144,7 +145,7 @@ def _wait_for_server(api_url: str) -> None:
 
 def serve(definitions: list[Definition], console, limit: int | None = None) -> None:
     """Serve until interrupted, against PREFECT_API_URL or a server started here on 127.0.0.1."""
-    from flows.services import prefect_api
+    from flows.services.prefect_server import prefect_api
 
     # SIGTERM (a service manager, `kill`) stops serving like Ctrl-C, so a server started here stops too
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -1,9 +1,9 @@
 """The one scenario runtime: every scenario's run, from checked settings to its last commit.
 
-A scenario (`flows.scenario.Scenario`) declares what is its own; this module does the rest, the
-same way for all of them (`flows.entrypoints` wraps these bodies in each scenario's flows):
+A scenario (`flows.runtime.scenario.Scenario`) declares what is its own; this module does the rest, the
+same way for all of them (`flows.deployments.entrypoints` wraps these bodies in each scenario's flows):
 
-- the top-level flow (`run_flow`) checks the settings (`flows.preflight`) unless the command did, finds what it
+- the top-level flow (`run_flow`) checks the settings (`flows.services.preflight`) unless the command did, finds what it
   resumes (a run id, or, when Prefect retries a crashed flow run, the MLflow run its earlier
   attempt committed to), starts Ray where a deployment's run has none, opens the scenario's
   actors, shows their progress, and tracks the run (`flows.tracking.scenario_tracker`);
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
-from flows.scenario import Scenario
+from flows.runtime.scenario import Scenario
 
 Observer = Callable[[Any, Any], None]  # called with (record, state) after each step
 
@@ -69,8 +69,8 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
     from prefect.runtime import flow_run
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.preflight import preflight
-    from flows.progress import PlainLines, plain_interval, watching
+    from flows.runtime.progress import PlainLines, plain_interval, watching
+    from flows.services.preflight import preflight
     from flows.tracking.layout import FLOW_RUN_TAG, SCENARIO_TAG
 
     if isinstance(config, dict):  # a deployment's run: checked here, before any work
@@ -105,10 +105,11 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
 
 def _join_ray(settings, stack: contextlib.ExitStack) -> None:
     """A deployment's run starts Ray here, one session for all its steps; a command-line run
-    has one already (`flows.services.run_services`)."""
+    has one already (`flows.services.run_services.run_services`)."""
     import ray
 
-    from flows.services import ray_session, ray_to_use, reap_on_crash
+    from flows.services.ray_session import ray_session, ray_to_use
+    from flows.services.reaper import reap_on_crash
 
     if ray.is_initialized():
         return
@@ -124,7 +125,7 @@ def _run_steps(scenario: Scenario, step_flow, config, session, state, steps: ran
     on. Returns the last state and the last step's record (None when nothing was left)."""
     from prefect.exceptions import CancelledRun
 
-    from flows.services import finish_before_prefect_stops
+    from flows.services.run_services import finish_before_prefect_stops
 
     indices = iter(steps)
     index = next(indices, None)
@@ -192,7 +193,7 @@ UPCOMING_TIMEOUT = 10.0  # seconds a stopping run gives the next step's subflow 
 
 def _on_daemon_thread(name: str, function, *args) -> Future:
     """`function(*args)` on a daemon thread: a step's subflow still blocked in Ray when the run
-    stops is waited for a while (`flows.services.finish_before_prefect_stops`), but never keeps
+    stops is waited for a while (`flows.services.run_services.finish_before_prefect_stops`), but never keeps
     the process from exiting, as the threads of an executor, which the interpreter joins, would."""
     future: Future = Future()
 

@@ -8,15 +8,18 @@ environment, so the token alone does not find them); when the driver is gone, it
 those and every process that carries the token (SIGTERM, then SIGKILL), then exits. A driver
 that ends normally stops its services itself and then stops the watcher.
 
-Usage: ``python -m flows.reaper DRIVER_PID TOKEN`` (Linux: reads /proc).
+Usage: ``python -m flows.services.reaper DRIVER_PID TOKEN`` (Linux: reads /proc).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 MARKER = "PSRO_RUN_TOKEN"
@@ -94,6 +97,31 @@ def reap(token: str, remembered: dict[int, str], grace: float = 5.0) -> None:
         deadline = time.monotonic() + grace
         while targets() and time.monotonic() < deadline:
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def reap_on_crash() -> Iterator[None]:
+    """Mark this process's environment so that a watcher can stop everything started from here
+    if this process dies without doing it itself (this module)."""
+    import uuid
+
+    if MARKER in os.environ:  # an outer caller already watches this process
+        yield
+        return
+    os.environ[MARKER] = uuid.uuid4().hex
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "flows.services.reaper", str(os.getpid()), os.environ[MARKER]],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        watcher.terminate()
+        watcher.wait(timeout=10)
+        os.environ.pop(MARKER, None)
 
 
 def main(driver: int, token: str) -> None:

@@ -1,4 +1,4 @@
-"""The `psro` command: every scenario's `run` and `resume` (`flows.scenario_cli`), the listings
+"""The `psro` command: every scenario's `run` and `resume` (`flows.cli.scenario_commands`), the listings
 (games, meta-solvers, oracles, algorithms), evaluation, ratings, export, and the servers.
 
 Every setting is checked before anything starts (no server, no Ray, no MLflow run), so a typo
@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows import stack
-from flows.cli_errors import OneLineErrors, fail
-from flows.scenario_cli import add_scenario_commands, scenario_app
+from flows.cli import stack_commands
+from flows.cli.errors import OneLineErrors, fail
+from flows.cli.scenario_commands import add_scenario_commands, scenario_app
 from flows.scenarios import SCENARIOS
 
 app = typer.Typer(
@@ -239,7 +239,7 @@ def export_command(
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the run"),
 ) -> None:
     """Write a finished run's final population and meta-strategy in the export format."""
-    from flows.preflight import check_export_dir  # as for `psro run --export`: never overwrite
+    from flows.services.preflight import check_export_dir  # as for `psro run --export`: never overwrite
     from flows.tracking import registry_members
     from marl_core.psro.config import ConfigError
 
@@ -279,7 +279,7 @@ def serve(
     limit: int | None = typer.Option(None, help="run at most this many flow runs at once (default: no limit)"),
 ) -> None:
     """Serve prefect.yaml's deployments from this process: triggered and scheduled runs execute here, no work pool."""
-    from flows import deployments as serving
+    from flows.deployments import serve as serving
 
     if limit is not None and limit < 1:
         fail(f"limit={limit}: needs 1 or more")
@@ -297,8 +297,8 @@ def server_command(
     """Keep a Prefect server and a Ray instance up: later runs reuse both (Ctrl-C stops them)."""
     import socket
 
-    from flows.psro_server import serve
-    from flows.services import find_running_server, prefect_home
+    from flows.services.prefect_server import find_running_server, prefect_home
+    from flows.services.psro_server import serve
 
     if port != 0 and not 1024 <= port <= 65535:
         fail(f"port={port}: choose a port from 1024 to 65535, or 0 for a free one")
@@ -322,7 +322,7 @@ def server_command(
     serve(port, num_cpus, ready)
 
 
-def scenario_commands(app: typer.Typer, scenarios=SCENARIOS) -> dict[str, typer.Typer]:
+def add_every_scenario(app: typer.Typer, scenarios=SCENARIOS) -> dict[str, typer.Typer]:
     """Every scenario's `run` and `resume` on `app`: PSRO's at the top (`psro run`), the
     others' under their names (`psro marl run`); returns the groups by name."""
     groups = {}
@@ -336,8 +336,8 @@ def scenario_commands(app: typer.Typer, scenarios=SCENARIOS) -> dict[str, typer.
     return groups
 
 
-groups = scenario_commands(app)
-app.add_typer(stack.app, name="stack")  # psro stack up|status|down: the team's services
+groups = add_every_scenario(app)
+app.add_typer(stack_commands.app, name="stack")  # psro stack up|status|down: the team's services
 
 
 @groups["marl"].command("algorithms")

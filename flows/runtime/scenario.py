@@ -4,10 +4,10 @@ A scenario says what is particular to it: its config and the flags that set it, 
 state and how a committed checkpoint loads back, the actors its run keeps (`open`), one step (an
 iteration, round or generation: `step`, run inside a Prefect subflow over the one rollout
 engine), what happens between two steps, what a step commits, and how a finished run is
-exported. Everything else is the runtime's (`flows.runtime`), the same for every scenario:
+exported. Everything else is the runtime's (`flows.runtime.run`), the same for every scenario:
 services, preflight, progress, the MLflow run and its commits, resume and retry-as-resume,
-Ctrl-C and SIGTERM, the `psro` command's shape (`flows.cli`) and deployments
-(`flows.deployments`).
+Ctrl-C and SIGTERM, the `psro` command's shape (`flows.cli.app`) and deployments
+(`flows.deployments.serve`).
 
 This module imports neither Prefect nor Ray nor torch: the command line reads the declarations
 (names, flags, config checks) before anything slow is imported.

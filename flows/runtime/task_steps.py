@@ -8,42 +8,10 @@ name (`tasks.*.TASKS`) inside the step's subflow, whose task runner puts it on R
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
-
 import ray
 from prefect.utilities.annotations import opaque
 
-WAIT_SLICE = 1.0  # seconds a wait on a task blocks in Ray before it looks whether Ray still runs
-
-
-class _Waits:
-    """The steps' waits on their tasks that are under way in this process, and whether Ray is
-    about to stop: see `waits_ended`."""
-
-    def __init__(self):
-        self.changed = threading.Condition()
-        self.under_way = 0
-        self.stopping = False
-
-
-_WAITS = _Waits()
-
-
-@contextlib.contextmanager
-def waits_ended(timeout: float = 3 * WAIT_SLICE) -> Iterator[None]:
-    """Around `ray.shutdown()`: every wait of a step on its task (on a subflow's thread) leaves
-    Ray first, within one slice, and ends with an error instead of slicing on. A wait still inside
-    `ray.wait` while Ray stopped under it could block there for ever, and the process with it."""
-    with _WAITS.changed:
-        _WAITS.stopping = True
-        _WAITS.changed.wait_for(lambda: _WAITS.under_way == 0, timeout)
-    try:
-        yield
-    finally:
-        with _WAITS.changed:
-            _WAITS.stopping = False
+from flows.services.ray_session import result_unless_ray_stops
 
 
 class RayTaskSteps:
@@ -82,22 +50,9 @@ class RayTaskSteps:
             return self.tasks[step].submit(*_opaque_futures(args))
 
     def result(self, future):
-        """The task's result, waited for in short slices: a wait that began before the run
-        stopped Ray (Ctrl-C, SIGTERM) ends then, where one `ray.get` would block for ever; and
-        it is never inside Ray while Ray stops (`waits_ended`)."""
-        while True:
-            with _WAITS.changed:
-                if _WAITS.stopping or not ray.is_initialized():
-                    raise RuntimeError("Ray stopped while this step waited for its task")
-                _WAITS.under_way += 1
-            try:
-                return future.result(timeout=WAIT_SLICE)
-            except TimeoutError:
-                continue
-            finally:
-                with _WAITS.changed:
-                    _WAITS.under_way -= 1
-                    _WAITS.changed.notify_all()
+        """The task's result, waited for in slices that end when the run stops Ray
+        (`flows.services.ray_session.result_unless_ray_stops`)."""
+        return result_unless_ray_stops(future)
 
     def parallelism(self) -> int:
         return max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -14,7 +14,7 @@ Profiles (prefect 3.8.8, prefect-ray 0.6.0) showed work that is the same for eve
   tracking task of every subflow, so a PSRO run paid that once per iteration in the driver.
 
 So settings are serialized once per settings context and clients share one SSL context per TLS
-setting (both patches of Prefect in `flows.patches`, applied on import of this module); here,
+setting (both patches of Prefect in `flows.services.patches`, applied on import of this module); here,
 settings are rebuilt once per worker process, the remote function is built once per set of Ray
 options, tasks and flows that a module defines travel as that module's name and attribute, and
 each worker keeps one API client. Parameters marked with Prefect's `opaque` (which Ray would
@@ -33,7 +33,7 @@ from typing import Any
 
 from prefect_ray import RayTaskRunner
 
-from flows.patches import apply_patches
+from flows.services.patches import apply_patches
 
 apply_patches()  # this module is imported wherever a flow or its tasks run: driver, `psro serve`, Ray workers
 

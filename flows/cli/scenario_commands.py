@@ -24,8 +24,8 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from rich.console import Console
 
-from flows.cli_errors import OneLineErrors, fail, with_services
-from flows.scenario import Flag, Scenario
+from flows.cli.errors import OneLineErrors, fail
+from flows.runtime.scenario import Flag, Scenario
 
 console = Console()
 
@@ -155,7 +155,7 @@ def resume_command(scenario: Scenario):
     ]
 
     def resume(**given) -> None:
-        from flows.runtime import resume_values
+        from flows.runtime.run import resume_values
         from flows.tracking.resume import ResumeError
         from marl_core.psro.config import ConfigError
 
@@ -212,11 +212,37 @@ def _set(values: dict, key: str, value) -> dict:
 def _checked(scenario: Scenario, values: dict):
     """The scenario's config of `values`, and what it points at checked (Ray, the MLflow store,
     the export directory): the one place a command checks settings, before anything starts."""
-    from flows.preflight import preflight
+    from flows.services.preflight import preflight
 
     config = scenario.build_config(values)
     preflight(scenario.settings(config))
     return config
+
+
+def with_services(settings, console: Console, body) -> None:
+    """What every scenario's run command does once its settings are checked: check the progress
+    lines' setting, start the Prefect server and Ray (before the slow imports, so they overlap),
+    print where the Prefect UI is, and call `body(services)`; SIGTERM stops it as Ctrl-C does."""
+    import os
+
+    from flows.runtime.progress import plain_interval
+
+    try:
+        plain_interval()  # the progress lines' setting, checked before anything starts
+    except ValueError as error:
+        fail(str(error))
+    from flows.services.run_services import services_starting, stop_on_sigterm  # standard library only
+
+    # Prefect's console shows warnings only: its INFO lines would bury the progress lines; its
+    # API handler keeps every level, so the UI still has all logs.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    starting = services_starting(settings.ray_address, settings.num_cpus, settings.environment)
+    with stop_on_sigterm(), starting as services:
+        console.print(services.ui_line, highlight=False, soft_wrap=True)
+        from flows.services.patches import driver_keeps_sigterm
+
+        driver_keeps_sigterm()  # Prefect's own SIGTERM handler would not end a wait on Ray
+        body(services)
 
 
 def start(scenario: Scenario, config, resume_run_id: str | None) -> None:
@@ -225,8 +251,8 @@ def start(scenario: Scenario, config, resume_run_id: str | None) -> None:
 
 
 def _run(scenario: Scenario, config, resume_run_id: str | None, services) -> None:
-    from flows.entrypoints import run_scenario  # slow imports (Prefect, Ray) while the server boots
-    from flows.progress import progress_bars, view_for
+    from flows.deployments.entrypoints import run_scenario  # slow imports (Prefect, Ray) while the server boots
+    from flows.runtime.progress import progress_bars, view_for
 
     console.print(scenario.describe(config), highlight=False, soft_wrap=True)
     started = time.perf_counter()
