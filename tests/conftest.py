@@ -19,16 +19,15 @@ os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
 LONGEST_FILES = (
     "test_stack.py",  # mostly waits (its faults keep services down for 100 s): beside CPU-bound files
     "test_scenarios.py",
+    "test_stopping.py",
     "test_flow_matches_local.py",
     "test_approx_exploitability.py",
     "test_memory.py",
     "test_end_to_end.py",
     "test_pettingzoo_flow.py",
-    "test_server.py",
     "test_learned_end_to_end.py",
     "test_cluster.py",
     "test_resume.py",
-    "test_scenario_commands.py",
     "test_deployments.py",
 )
 

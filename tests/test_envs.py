@@ -342,9 +342,9 @@ def test_make_env_routes_by_prefix():
     assert isinstance(make_env("pettingzoo:classic/rps-v2"), PettingZooParallelEnv)
     assert isinstance(make_env("gymnasium:CartPole-v1"), GymnasiumEnv)
     for bad, message in [
-        ("pettingzoo:no_such.module", "'pettingzoo:no_such.module'.*pettingzoo:<module"),
+        ("pettingzoo:no_such.module", "'pettingzoo:no_such.module'.*SOURCE:NAME"),
         ("pettingzoo:classic/no_such-v1", "'pettingzoo:classic/no_such-v1'.*not found in registry"),
-        ("gymnasium:NoSuchEnv-v0", "'gymnasium:NoSuchEnv-v0'.*gymnasium:<id>"),
+        ("gymnasium:NoSuchEnv-v0", "'gymnasium:NoSuchEnv-v0'.*SOURCE one of: atari, gymnasium, pettingzoo, vmas"),
         ("ray:kuhn_poker", "'ray:kuhn_poker'.*OpenSpiel game string"),
     ]:
         with pytest.raises(ValueError, match=message) as error:

@@ -16,7 +16,9 @@ from rich.table import Table
 from flows.cli import stack_commands
 from flows.cli.errors import OneLineErrors, fail
 from flows.cli.scenario_commands import add_scenario_commands, scenario_app
+from flows.runtime.scenario import one_of
 from flows.scenarios import SCENARIOS
+from marl_core.empirical_game.evaluation import EVALUATORS
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Population-based MARL: PSRO on Prefect, Ray and MLflow."
@@ -45,6 +47,15 @@ def _print_registry(registry) -> None:
 
 
 @app.command()
+def environments() -> None:
+    """Where environments come from, by the SOURCE of a SOURCE:NAME name (--game, --env); a name
+    without one is an OpenSpiel game string (`psro games`)."""
+    from marl_core.envs import ENVIRONMENT_SOURCES
+
+    _print_registry(ENVIRONMENT_SOURCES)
+
+
+@app.command()
 def solvers() -> None:
     """Meta-solvers, by the name --meta-solver takes."""
     from marl_core.empirical_game.meta_solvers import META_SOLVERS
@@ -65,7 +76,7 @@ def evaluate(
     members: list[str] = typer.Option(
         ..., "--member", help="registry member NAME@ALIAS or NAME/VERSION; repeat, several per player make a population"
     ),
-    eval: str = typer.Option("exact", "--eval", help="payoff evaluator: exact or sampled"),
+    eval: str = typer.Option("exact", "--eval", help=f"payoff evaluator, {one_of(EVALUATORS)}"),
     episodes: int = typer.Option(1000, help="episodes per profile when --eval sampled"),
     seed: int = typer.Option(0, help="seed for sampled evaluation"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow store holding the registry"),
@@ -73,7 +84,6 @@ def evaluate(
 ) -> None:
     """Play registry members against each other; print the payoff table and log it to MLflow."""
     from flows.tracking import registry_members
-    from marl_core.empirical_game.evaluation import EVALUATORS
 
     if eval not in EVALUATORS:
         fail(f"unknown evaluator {eval!r}; choose one of: {', '.join(sorted(EVALUATORS))}")

@@ -16,6 +16,8 @@ checked before anything starts (no server, no Ray, no MLflow run): bad input cos
 from __future__ import annotations
 
 import inspect
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -26,6 +28,7 @@ from rich.console import Console
 
 from flows.cli.errors import OneLineErrors, fail
 from flows.runtime.scenario import Flag, Scenario
+from flows.runtime.stopping import CommandStop, stop_on_signals
 
 console = Console()
 
@@ -70,6 +73,8 @@ def _option(flag: Flag, *, envvar: str | None = None) -> inspect.Parameter:
 
 
 def _command(function, parameters: list[inspect.Parameter]):
+    """`function(context, **flags)` as typer sees a command of these parameters (and its context)."""
+    parameters = [inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context), *parameters]
     function.__signature__ = inspect.Signature(parameters)
     function.__annotations__ = {p.name: p.annotation for p in parameters}
     return function
@@ -106,31 +111,35 @@ def run_command(scenario: Scenario):
         ),
     ]
 
-    def run(**given) -> None:
+    def run(context: typer.Context, **given) -> None:
         from marl_core.psro.config import ConfigError, load_config_file
 
-        config_file, resume = given.pop("config_file"), given.pop("resume")
-        try:
-            values = load_config_file(config_file) if config_file else {}
-            for flag in scenario.flags:
-                value = given.get(flag.name.replace("-", "_"))
-                if value is not None:
-                    values = _set(values, flag.setting, value)
-            common = {f.setting: given[f.name.replace("-", "_")] for f in _common_flags(scenario)}
-            values = scenario.with_common(values, checked_common({k: v for k, v in common.items() if v is not None}))
-            config = _checked(scenario, values)
-        except ConfigError as error:
-            fail(str(error))
-        resume_run_id = None
-        if resume:
-            from flows.tracking.resume import find_resumable
+        with stop_on_signals(_stop_of(scenario, context), console) as stop:
+            config_file, resume = given.pop("config_file"), given.pop("resume")
+            try:
+                values = load_config_file(config_file) if config_file else {}
+                for flag in scenario.flags:
+                    value = given.get(flag.name.replace("-", "_"))
+                    if value is not None:
+                        values = _set(values, flag.setting, value)
+                common = {f.setting: given[f.name.replace("-", "_")] for f in _common_flags(scenario)}
+                common = checked_common({k: v for k, v in common.items() if v is not None})
+                config = _checked(scenario, scenario.with_common(values, common))
+            except ConfigError as error:
+                fail(str(error))
+            resume_run_id = None
+            if resume:
+                from flows.tracking.resume import find_resumable, resumed_step
 
-            resume_run_id = find_resumable(scenario, config)
-            console.print(
-                f"resuming run {resume_run_id}" if resume_run_id else "nothing to resume: starting a new run",
-                highlight=False,
-            )
-        start(scenario, config, resume_run_id)
+                resume_run_id = find_resumable(scenario, config)
+                if resume_run_id:
+                    stop.committed = resumed_step(scenario, config, resume_run_id)
+                console.print(
+                    f"resuming run {resume_run_id}" if resume_run_id else "nothing to resume: starting a new run",
+                    highlight=False,
+                )
+            stop.tracking_uri, stop.run_id = scenario.settings(config).tracking_uri, resume_run_id
+            start(scenario, config, resume_run_id)
 
     return _command(run, parameters)
 
@@ -154,26 +163,35 @@ def resume_command(scenario: Scenario):
         *(_option(f, envvar="RAY_ADDRESS" if f.name == "ray-address" else None) for f in _common_flags(scenario)[2:]),
     ]
 
-    def resume(**given) -> None:
+    def resume(context: typer.Context, **given) -> None:
         from flows.runtime.run import resume_values
         from flows.tracking.resume import ResumeError
         from marl_core.psro.config import ConfigError
 
         run_id = given.pop("run_id")
-        try:
-            values = resume_values(scenario, given["tracking_uri"], run_id)
-            if given.get(scenario.steps_setting) is not None:
-                values = _set(values, _steps_key(scenario), given[scenario.steps_setting])
-            # the run's own settings, but for where it is now and what the flags change
-            common = {"tracking_uri": given["tracking_uri"]}
-            common.update({k: given[k] for k in ("ray_address", "num_cpus", "export") if given.get(k) is not None})
-            config = _checked(scenario, scenario.with_common(values, checked_common(common)))
-        except (ResumeError, ConfigError) as error:
-            fail(str(error))
-        console.print(f"resuming run {run_id}", highlight=False)
-        start(scenario, config, run_id)
+        with stop_on_signals(_stop_of(scenario, context), console) as stop:
+            try:
+                values, stop.committed = resume_values(scenario, given["tracking_uri"], run_id)
+                if given.get(scenario.steps_setting) is not None:
+                    values = _set(values, _steps_key(scenario), given[scenario.steps_setting])
+                # the run's own settings, but for where it is now and what the flags change
+                common = {"tracking_uri": given["tracking_uri"]}
+                common.update({k: given[k] for k in ("ray_address", "num_cpus", "export") if given.get(k) is not None})
+                config = _checked(scenario, scenario.with_common(values, checked_common(common)))
+            except (ResumeError, ConfigError) as error:
+                fail(str(error))
+            stop.tracking_uri, stop.run_id = given["tracking_uri"], run_id
+            console.print(f"resuming run {run_id}", highlight=False)
+            start(scenario, config, run_id)
 
     return _command(resume, parameters)
+
+
+def _stop_of(scenario: Scenario, context: typer.Context) -> CommandStop:
+    """What this command says if a signal stops it: `psro [NAME] resume` continues its run,
+    the command as typed starts it again."""
+    typed = [context.find_root().info_name, *sys.argv[1:]]
+    return CommandStop(scenario.step_noun, f"{context.parent.command_path} resume", shlex.join(typed))
 
 
 class CommonFlags(BaseModel):
@@ -222,7 +240,7 @@ def _checked(scenario: Scenario, values: dict):
 def with_services(settings, console: Console, body) -> None:
     """What every scenario's run command does once its settings are checked: check the progress
     lines' setting, start the Prefect server and Ray (before the slow imports, so they overlap),
-    print where the Prefect UI is, and call `body(services)`; SIGTERM stops it as Ctrl-C does."""
+    print where the Prefect UI is, and call `body(services)`."""
     import os
 
     from flows.runtime.progress import plain_interval
@@ -231,13 +249,13 @@ def with_services(settings, console: Console, body) -> None:
         plain_interval()  # the progress lines' setting, checked before anything starts
     except ValueError as error:
         fail(str(error))
-    from flows.services.run_services import services_starting, stop_on_sigterm  # standard library only
+    from flows.services.run_services import services_starting  # standard library only
 
     # Prefect's console shows warnings only: its INFO lines would bury the progress lines; its
     # API handler keeps every level, so the UI still has all logs.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     starting = services_starting(settings.ray_address, settings.num_cpus, settings.environment)
-    with stop_on_sigterm(), starting as services:
+    with starting as services:
         console.print(services.ui_line, highlight=False, soft_wrap=True)
         from flows.services.patches import driver_keeps_sigterm
 

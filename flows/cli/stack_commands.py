@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from flows.cli.errors import OneLineErrors, fail
+from flows.runtime.scenario import one_of
 from flows.services.stack import (
     DATABASES,
     DB_USER,
@@ -16,6 +17,7 @@ from flows.services.stack import (
     MLFLOW_USER,
     POOL,
     PREFECT_AUTH,
+    SERVICES,
     Stack,
     StackError,
     default_directory,
@@ -91,7 +93,7 @@ def down_command(directory: Path | None = typer.Option(None, "--dir", help=DIR_H
         typer.echo("nothing was running")
 
 
-SERVICE_HELP = "services by name, as `status` lists them: postgres, prefect-server, mlflow, ray-head, ray-worker-N, ..."
+SERVICE_HELP = f"services by name, as `status` lists them, {one_of(SERVICES)}"
 
 
 def _each(action: Callable[[Path, list[str]], list[str]], services: list[str], directory, done: str, none: str):

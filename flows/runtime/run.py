@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
+from flows.runtime import stopping
 from flows.runtime.scenario import Scenario
 
 Observer = Callable[[Any, Any], None]  # called with (record, state) after each step
@@ -95,6 +96,7 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
             stack.enter_context(watching(read, progress or PlainLines(get_run_logger().info, plain_interval())))
         tags = {FLOW_RUN_TAG: str(flow_run.id), SCENARIO_TAG: scenario.name}
         tracker = stack.enter_context(scenario.tracker(config, resumed, tags))
+        stopping.follow(tracker)
         tracker.begin(state)
         state, record = _run_steps(scenario, step_flow, config, session, state, steps, tracker, observer)
         tracker.finish(state)
@@ -260,14 +262,14 @@ def load_resumed(scenario: Scenario, config, tracking_uri: str, run_id: str) -> 
     return Resumed(run_id, committed, scenario.load(config, client, run_id, committed))
 
 
-def resume_values(scenario: Scenario, tracking_uri: str, run_id: str) -> dict:
-    """The settings run `run_id` was started with, which must be one of the scenario's runs
-    that committed a step; a one-line ResumeError otherwise."""
+def resume_values(scenario: Scenario, tracking_uri: str, run_id: str) -> tuple[dict, int]:
+    """The settings run `run_id` was started with and the last step it committed; it must be one
+    of the scenario's runs that committed a step (a one-line ResumeError otherwise)."""
     from flows.tracking.resume import committed_step, logged_config, open_client
 
     client = open_client(tracking_uri)
-    committed_step(client, run_id, scenario)
-    return logged_config(client, run_id)
+    committed = committed_step(client, run_id, scenario)
+    return logged_config(client, run_id), committed
 
 
 def _earlier_attempt(scenario: Scenario, settings, flow_run_id: str) -> str | None:

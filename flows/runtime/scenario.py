@@ -56,6 +56,23 @@ class Flag:
 SEED = Flag("seed", int, "random seed")
 
 
+def one_of(names) -> str:
+    """The choices of a flag, as every help that lists them words them: from the registry that
+    decides them (`tests/test_help.py` compares each help with its registry)."""
+    return "one of: " + ", ".join(sorted(names))
+
+
+def environment_help(what: str) -> Callable[[], str]:
+    """The help of a flag that names an environment: its sources from their registry."""
+
+    def help_text() -> str:
+        from marl_core.envs import accepted_forms
+
+        return f"{what}: {accepted_forms()} (see `psro environments`)"
+
+    return help_text
+
+
 @dataclasses.dataclass
 class Step:
     """What one step returns: its record (what was measured, for the tracker and the command's

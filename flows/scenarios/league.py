@@ -15,14 +15,14 @@ import dataclasses
 import time
 from typing import Any
 
-from flows.runtime.scenario import SEED, Flag, Scenario, Step
+from flows.runtime.scenario import SEED, Flag, Scenario, Step, environment_help, one_of
 from flows.tracking import layout
 
 
 def _algorithms() -> str:
     from marl_core.rl import ALGORITHMS
 
-    return f"the learners' RL algorithm: {', '.join(sorted(ALGORITHMS))}"
+    return f"the learners' RL algorithm, {one_of(ALGORITHMS)}"
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ class LeagueScenario(Scenario):
     commit_tag = layout.LEAGUE_COMMITTED_TAG
     exports = True
     flags = (
-        Flag("game", str, "two-sided game: OpenSpiel game string or pettingzoo:<module>"),
+        Flag("game", str, environment_help("two-sided game")),
         Flag("algorithm", str, _algorithms),
         Flag("generations", int, "generations"),
         Flag("episodes", int, "training episodes per learning player and role per generation"),

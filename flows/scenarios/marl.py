@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from flows.runtime.scenario import SEED, Flag, Scenario, Step
+from flows.runtime.scenario import SEED, Flag, Scenario, Step, environment_help, one_of
 from flows.tracking import layout
 
 
 def _algorithms() -> str:
     from marl_core.marl import MARL_ALGORITHMS
 
-    return f"MARL algorithm: {', '.join(sorted(MARL_ALGORITHMS))} (see `psro marl algorithms`)"
+    return f"MARL algorithm, {one_of(MARL_ALGORITHMS)} (see `psro marl algorithms`)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ class MARLScenario(Scenario):
     steps_setting = "rounds"
     commit_tag = layout.MARL_COMMITTED_TAG
     flags = (
-        Flag("env", str, "simultaneous environment: pettingzoo:<module with parallel_env()> or atari:<game>"),
+        Flag("env", str, environment_help("simultaneous environment")),
         Flag("algorithm", str, _algorithms),
         Flag("rounds", int, "training rounds"),
         SEED,

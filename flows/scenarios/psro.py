@@ -15,26 +15,26 @@ import dataclasses
 import time
 from typing import Any
 
-from flows.runtime.scenario import SEED, Flag, Scenario, Step
+from flows.runtime.scenario import SEED, Flag, Scenario, Step, environment_help, one_of
 from flows.tracking import layout
 
 
 def _oracles() -> str:
     from marl_core.psro.oracles import ORACLES
 
-    return f"best-response oracle: {', '.join(sorted(ORACLES))} (see `psro oracles`)"
+    return f"best-response oracle, {one_of(ORACLES)} (see `psro oracles`)"
 
 
 def _solvers() -> str:
     from marl_core.empirical_game.meta_solvers import META_SOLVERS
 
-    return f"meta-solver: {', '.join(sorted(META_SOLVERS))} (see `psro solvers`)"
+    return f"meta-solver, {one_of(META_SOLVERS)} (see `psro solvers`)"
 
 
 def _evaluators() -> str:
     from marl_core.empirical_game.evaluation import EVALUATORS
 
-    return f"payoff evaluator: {', '.join(sorted(EVALUATORS))}"
+    return f"payoff evaluator, {one_of(EVALUATORS)}"
 
 
 def _log_placement(pool) -> None:
@@ -68,7 +68,7 @@ class PSROScenario(Scenario):
     exports = True
     operational = Scenario.operational | {"stop_exploitability"}
     flags = (
-        Flag("game", str, "OpenSpiel game string (leduc_poker, 'kuhn_poker(players=3)') or pettingzoo:<module>"),
+        Flag("game", str, environment_help("game")),
         Flag("oracle", str, _oracles),
         Flag("meta-solver", str, _solvers),
         Flag("iterations", int, "PSRO iterations"),

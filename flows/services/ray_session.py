@@ -78,16 +78,18 @@ def ray_to_use(config_address: str | None, api_url: str) -> tuple[str | None, di
     return config_address, {"PREFECT_API_URL": api_url}
 
 
-def rearm_sigterm_handler() -> None:
-    """Put Python's SIGTERM handler back where the operating system calls it. Ray's driver,
-    started on another thread, installs its own failure handler for SIGTERM there: it printed a
-    stack trace, and the process, though it unwound as on Ctrl-C, ended by SIGABRT (status 134).
-    Python still reports its own handler, which setting it again reinstates. Main thread only."""
+def rearm_signal_handlers() -> None:
+    """Set the Python handlers of SIGINT and SIGTERM again, where the operating system calls
+    them. Ray's driver, started on another thread, installs its own failure handler for SIGTERM
+    there: it printed a stack trace, and the process, though it unwound as on Ctrl-C, ended by
+    SIGABRT (status 134). Python still reports its own handler, which setting it again
+    reinstates. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
-    handler = signal.getsignal(signal.SIGTERM)
-    if handler is not None:  # None: a handler not set from Python, left as it is
-        signal.signal(signal.SIGTERM, handler)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(number)
+        if handler is not None:  # None: a handler not set from Python, left as it is
+            signal.signal(number, handler)
 
 
 @contextlib.contextmanager
@@ -114,7 +116,7 @@ def ray_in_background(
 
         def wait_for_ray() -> None:
             started.result()
-            rearm_sigterm_handler()
+            rearm_signal_handlers()
 
         try:
             yield wait_for_ray
@@ -126,11 +128,14 @@ def ray_in_background(
 
 def stop_ray() -> None:
     """Stop this process's Ray once no step's wait is inside it (`waits_ended`),
-    and wait for its processes to exit (else it stops waiting for a slow one after about 2 s)."""
+    and wait for its processes to exit (else it stops waiting for a slow one after about 2 s).
+    Ray's driver takes its SIGTERM handler with it, leaving the signal's default (the process
+    killed outright), so the Python handlers are set again (`rearm_signal_handlers`)."""
     import ray
 
     with waits_ended():
         ray.shutdown(wait_for_processes=True)
+    rearm_signal_handlers()
 
 
 def warm_up_workers(environment: str) -> list:

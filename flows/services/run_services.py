@@ -6,41 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
 from collections.abc import Callable, Iterator
 
 from flows.services.prefect_server import prefect_api
 from flows.services.ray_session import ray_in_background, ray_to_use
 from flows.services.reaper import reap_on_crash
-
-
-@contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM ends the run as Ctrl-C does, so every context unwinds (Ray, the Prefect server,
-    the MLflow run marked failed) and the run stays resumable; the process then exits with
-    SIGTERM's status, 143.
-
-    The handler raises Ctrl-C's own exception: a main thread waiting in `ray.get` runs signal
-    handlers from inside Ray, which ends the wait on a KeyboardInterrupt as on Ctrl-C. A
-    SystemExit raised there instead ended a bare `ray.get` with status 1, and left `psro league
-    run` waiting on its generation's tasks for minutes (tests/test_stop_on_sigterm.py)."""
-    terminated = False
-
-    def handler(signum, frame):
-        nonlocal terminated
-        terminated = True
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    except KeyboardInterrupt:
-        if terminated:
-            raise SystemExit(128 + signal.SIGTERM) from None
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
 
 _stragglers: list = []  # futures of flow threads that must end before the Prefect API stops
 STRAGGLER_TIMEOUT = 60.0

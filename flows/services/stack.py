@@ -468,9 +468,14 @@ class Starting:
             self.waited = True
 
 
+# Every service of a stack, in the order they start, each after what it needs; "ray-worker-N" is
+# each Ray worker node, numbered from 1.
+SERVICES = ("ray-head", "postgres", "prefect-server", "mlflow", "ray-worker-N", "prefect-worker")
+
+
 def _services(workers: int) -> list[str]:
-    """Every service of a stack, in the order they start: each after what it needs."""
-    return ["ray-head", "postgres", "prefect-server", "mlflow", *_ray_workers(workers), "prefect-worker"]
+    """Every service of a stack of `workers` Ray worker nodes, in the order they start."""
+    return [name for kind in SERVICES for name in (_ray_workers(workers) if kind == "ray-worker-N" else [kind])]
 
 
 def _ray_workers(workers: int) -> list[str]:

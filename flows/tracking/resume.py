@@ -93,6 +93,11 @@ def find_resumable(scenario, config) -> str | None:
     return None
 
 
+def resumed_step(scenario, config, run_id: str) -> int:
+    """The last step run `run_id` (found by `find_resumable`) committed."""
+    return committed_step(open_client(scenario.settings(config).tracking_uri), run_id, scenario)
+
+
 def find_tagged(tracking_uri: str, experiment: str, key: str, value: str, commit_tag: str) -> str | None:
     """The run of `experiment` tagged ``key=value`` that committed a step (`commit_tag`).
 

@@ -93,6 +93,8 @@ class ScenarioTracker(BackgroundTracker):
         self.resume = resume  # a `flows.runtime.run.Resumed`, or None for a new run
         self.tags = tags or {}
         self.run_id: str | None = None
+        # the last step whose commit tag is written (a stopped command says it)
+        self.committed: int | None = resume.step if resume is not None else None
         self._held: list = []  # metrics of the steps since the last commit (`_log_metrics`)
 
     # --- driver side ----------------------------------------------------------------------------
@@ -162,6 +164,7 @@ class ScenarioTracker(BackgroundTracker):
 
         held, self._held = self._held, []
         self._send(held, [RunTag(self.commit_tag, str(index))])
+        self.committed = index
 
     def _finish(self, final) -> None:
         """Plots and end-of-run tags."""

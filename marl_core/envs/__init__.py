@@ -42,6 +42,7 @@ from marl_core.registry import Registry
 __all__ = [
     "AgentID",
     "AgentMapping",
+    "ENVIRONMENT_SOURCES",
     "AtariEnv",
     "AtariSettings",
     "BatchedCopies",
@@ -56,6 +57,7 @@ __all__ = [
     "PettingZooAECEnv",
     "PettingZooParallelEnv",
     "TimeStep",
+    "accepted_forms",
     "by_prefix",
     "from_dict",
     "group_by_policy",
@@ -66,10 +68,11 @@ __all__ = [
     "to_pettingzoo",
 ]
 
-_FORMS = (
-    "an OpenSpiel game string, 'pettingzoo:<module or registry id>', 'gymnasium:<id>', 'atari:<game>' "
-    "or 'vmas:<scenario>'"
-)
+
+def accepted_forms() -> str:
+    """What an environment's name may be, as every message and help says it: from the
+    registry of sources, so a new source is named the day it is registered."""
+    return f"an OpenSpiel game string, or SOURCE:NAME with SOURCE one of: {', '.join(sorted(ENVIRONMENT_SOURCES))}"
 
 
 def _prefixed(name: str) -> tuple[str, str] | None:
@@ -85,7 +88,7 @@ def make_env(name: str) -> MultiAgentEnv:
         return OpenSpielEnv(name)
     prefix, rest = prefixed
     if prefix not in ENVIRONMENT_SOURCES:
-        raise ValueError(f"unknown environment prefix in {name!r}; use {_FORMS}")
+        raise ValueError(f"unknown environment prefix in {name!r}; use {accepted_forms()}")
     return ENVIRONMENT_SOURCES[prefix](name, rest)
 
 
@@ -109,7 +112,7 @@ def _pettingzoo(name: str, target: str) -> MultiAgentEnv:
             env = pettingzoo.make(kind, target, **options)
         except PettingZooRegistryError as exc:
             reason = str(exc).split(". Available")[0]
-            raise ValueError(f"cannot make environment {name!r} ({reason}); use {_FORMS}") from None
+            raise ValueError(f"cannot make environment {name!r} ({reason}); use {accepted_forms()}") from None
         return PettingZooParallelEnv(env) if kind == "parallel" else PettingZooAECEnv(env)
     try:
         module = importlib.import_module(target)
@@ -117,19 +120,23 @@ def _pettingzoo(name: str, target: str) -> MultiAgentEnv:
         try:  # PettingZoo's own families are named without the package: classic.connect_four_v3
             module = importlib.import_module(f"pettingzoo.{target}")
         except (ImportError, ValueError):
-            raise ValueError(f"cannot import {target!r} for environment {name!r} ({exc}); use {_FORMS}") from None
+            raise ValueError(
+                f"cannot import {target!r} for environment {name!r} ({exc}); use {accepted_forms()}"
+            ) from None
     if hasattr(module, "parallel_env"):
         return PettingZooParallelEnv(module.parallel_env(**options))
     if hasattr(module, "env"):
         return PettingZooAECEnv(module.env(**options))
-    raise ValueError(f"module {target!r} for environment {name!r} has no parallel_env() or env(); use {_FORMS}")
+    raise ValueError(
+        f"module {target!r} for environment {name!r} has no parallel_env() or env(); use {accepted_forms()}"
+    )
 
 
 def _gymnasium(name: str, env_id: str) -> MultiAgentEnv:
     try:
         env = gymnasium.make(env_id)
     except gymnasium.error.Error as exc:
-        raise ValueError(f"cannot make Gymnasium environment {name!r} ({exc}); use {_FORMS}") from None
+        raise ValueError(f"cannot make Gymnasium environment {name!r} ({exc}); use {accepted_forms()}") from None
     return GymnasiumEnv(env)
 
 

@@ -1,0 +1,182 @@
+"""A run's command stopped by Ctrl-C or SIGTERM, the same way for every scenario.
+
+The first signal stops the run as a failure would: the main thread's wait ends (a
+KeyboardInterrupt, raised even inside `ray.get`), and every context unwinds: the tracker writes
+the commits it has queued and marks the MLflow run failed, Prefect records the flow run Crashed,
+Ray stops, then the run's Prefect server. The command then prints one line, which step was
+committed last and the exact command that continues the run, and exits 130 (SIGINT) or 143
+(SIGTERM), as a shell reports a process ended by either.
+
+From the first signal on, the process's standard output and error go to a file instead of the
+terminal: what the libraries say about being stopped (Prefect's "Crash detected!", the failed
+steps' tracebacks, Ray's task failures, which Ray prints on standard output) is the stop itself,
+and Prefect's UI keeps every log line. The command's own console writes to a copy of standard
+output made before, so its progress display still ends cleanly and the line reaches the
+terminal. The file is deleted once the run has stopped; if the stop went wrong (an error other
+than the interrupt came out of the shutdown) it is kept, and the line names it.
+
+A second signal during that shutdown ends the process at once, with the same line. What the run
+started is stopped by the reaper (`flows.services.reaper`) and the Prefect server's own watch of
+its parent, and the run resumes from its last commit, as after a crash.
+
+The runtime hands the command its run's tracker (`follow`), from which the line reads the MLflow
+run and its last commit; `flows.cli.scenario_commands` wraps every `run` and `resume` in
+`stop_on_signals`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shlex
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclasses.dataclass
+class CommandStop:
+    """What a stopped command says: the step it commits (`step_noun`), the command that
+    continues a run (`resume_command`, the run id and flags follow it) and the one that starts it
+    again (`restart_command`); the run's tracking URI and id as they become known."""
+
+    step_noun: str
+    resume_command: str
+    restart_command: str
+    tracking_uri: str | None = None
+    run_id: str | None = None  # the run being resumed, before its tracker reopens it
+    committed: int | None = None  # the last step that run committed
+    tracker: object | None = None  # the run's `ScenarioTracker`, once the runtime opened it
+    signal: int | None = None  # the first signal received
+    _log: str | None = None  # where standard output and error go once a signal came
+    _saved: dict[int, int] = dataclasses.field(default_factory=dict)  # their descriptors before
+    _console: object | None = None
+    _output: object | None = None  # the console's own copy of standard output
+
+    def line(self, kept_log: str | None = None) -> str:
+        run_id = getattr(self.tracker, "run_id", None) or self.run_id
+        committed = getattr(self.tracker, "committed", None) if self.tracker is not None else self.committed
+        if run_id is None:
+            said = f"stopped before the run began; start it again with: {self.restart_command}"
+        elif committed is None:  # a new run, its MLflow run made
+            said = (
+                f"stopped before MLflow run {run_id} committed any {self.step_noun}; "
+                f"start it again with: {self.restart_command}"
+            )
+        else:
+            where = f"{self.step_noun} {committed} is the last committed to MLflow run {run_id}"
+            flags = ""
+            if self.tracking_uri is not None and self.tracking_uri != DEFAULT_TRACKING_URI:
+                flags = f" --tracking-uri {shlex.quote(self.tracking_uri)}"
+            said = f"stopped: {where}; continue with: {self.resume_command} {run_id}{flags}"
+        return said + (f" (the shutdown's log: {kept_log})" if kept_log else "")
+
+    # --- the signals ------------------------------------------------------------------------
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signal is not None:  # a second signal: the shutdown is cut short
+            self._say(self.line())
+            with contextlib.suppress(OSError):
+                os.unlink(self._log)
+            os._exit(128 + signum)
+        self.signal = signum
+        self._quiet()
+        raise KeyboardInterrupt
+
+    def _own_output(self, console) -> None:
+        """`console` writes to a copy of standard output, which stays the terminal (`_quiet`)."""
+        try:
+            descriptor = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # a test's captured output: left as it is
+            return
+        self._console = console
+        self._output = os.fdopen(os.dup(descriptor), "w", encoding=sys.stdout.encoding, errors="replace")
+        console.file = self._output
+
+    def _quiet(self) -> None:
+        """Standard output and error to a file from here on (see the module docstring)."""
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        descriptor, self._log = tempfile.mkstemp(prefix="psro-stop-", suffix=".log")
+        for stream in (1, 2):
+            with contextlib.suppress(OSError):
+                self._saved[stream] = os.dup(stream)
+                os.dup2(descriptor, stream)
+        os.close(descriptor)
+
+    def _loud(self) -> None:
+        """Standard output and error back where they were."""
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        for stream, saved in self._saved.items():
+            os.dup2(saved, stream)
+            os.close(saved)
+        self._saved.clear()
+
+    def _say(self, line: str) -> None:
+        """The line, written whole to the console's output: a signal handler may interrupt a
+        print, and the process may end right after."""
+        output = self._output or sys.stdout
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            output.flush()
+        with contextlib.suppress(OSError, ValueError):
+            os.write(output.fileno(), (line + "\n").encode())
+
+    def finish(self, error: BaseException) -> int:
+        """After the shutdown: the line said; the exit code."""
+        went_wrong = not isinstance(error, KeyboardInterrupt)
+        if self._log and not went_wrong:
+            with contextlib.suppress(OSError):
+                os.unlink(self._log)
+        self._say(self.line(kept_log=self._log if went_wrong else None))
+        return 128 + self.signal
+
+    def close(self) -> None:
+        self._loud()
+        if self._output is not None:
+            self._console.file = None  # the console's default again: standard output
+            with contextlib.suppress(OSError):
+                self._output.close()
+            self._output = None
+
+
+_active: CommandStop | None = None  # the command this process runs, while its signals are handled
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: CommandStop, console) -> Iterator[CommandStop]:
+    """Around a run's whole command: SIGINT and SIGTERM stop it as the module docstring says,
+    ending in SystemExit with 130 or 143; `console` (a rich Console) keeps the terminal. Main
+    thread only (signal handlers are set there)."""
+    global _active
+    previous = {number: signal.getsignal(number) for number in SIGNALS}
+    stop._own_output(console)
+    for number in SIGNALS:
+        signal.signal(number, stop._handle)
+    _active = stop
+    try:
+        yield stop
+    except BaseException as error:
+        if stop.signal is None:
+            raise
+        stop._loud()
+        raise SystemExit(stop.finish(error)) from None
+    finally:
+        _active = None
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        stop.close()
+
+
+def follow(tracker) -> None:
+    """The runtime's hand-over of a run's tracker to the command running it, if any: the line
+    of a stopped command reads the MLflow run and its last commit from it."""
+    if _active is not None:
+        _active.tracker = tracker
