@@ -5,6 +5,9 @@ URL starts one and stops it at interpreter exit, after the suite's output is clo
 that reads "its" runs from it reads an empty server. Every test talks to a server it started (or
 none), so with the fallback off such a slip fails loudly.
 
+`--quick` runs the quick tier: every test but the end-to-end ones and the long learning checks
+(README, docs/testing.md).
+
 The suite runs in two processes that take whole files, the files with the most tests first
 (pytest-xdist's order). Among files with as many tests, the order here decides: the files that
 run for minutes first, longest first (as `--durations` last ranked them), then the other files
@@ -32,8 +35,28 @@ LONGEST_FILES = (
 )
 
 
-def pytest_collection_modifyitems(items):
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+QUICK_LEAVES_OUT = ("end_to_end", "slow")  # what `--quick` deselects: the markers of pyproject.toml
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="the quick tier: leave out the end-to-end tests (real Prefect, Ray, MLflow, PostgreSQL) "
+        "and the long learning checks",
+    )
+
+
+def _left_out(item) -> bool:
+    return any(item.get_closest_marker(marker) for marker in QUICK_LEAVES_OUT)
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("quick"):
+        deselected = [item for item in items if _left_out(item)]
+        items[:] = [item for item in items if not _left_out(item)]
+        config.hook.pytest_deselected(items=deselected)
+    slow_files = {item.path for item in items if _left_out(item)}
 
     def order(item) -> tuple[int, int]:
         if item.path.name in LONGEST_FILES:

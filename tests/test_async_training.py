@@ -80,7 +80,7 @@ def local_ray(tmp_path_factory):
     ray.shutdown()
 
 
-@pytest.mark.slow
+@pytest.mark.end_to_end
 def test_a_worker_and_a_learner_killed_mid_round_are_replaced_and_the_run_goes_on(local_ray):
     config = _config(rounds=5, steps_per_round=32, eval_every=5)
     layout, _ = layout_and_spec(config)
@@ -109,7 +109,7 @@ def test_a_worker_and_a_learner_killed_mid_round_are_replaced_and_the_run_goes_o
     assert np.isfinite(records[-1].eval_returns["policy/agent"])
 
 
-@pytest.mark.slow
+@pytest.mark.end_to_end
 def test_bsp_learners_on_ray_step_together_through_their_parameter_server(local_ray):
     config = _config(
         rounds=2, eval_every=2, settings={**SMALL, "asynchronous": {"distributed": {"strategy": "bsp", "learners": 2}}}

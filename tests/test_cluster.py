@@ -115,7 +115,7 @@ def prefect_server(tmp_path):
         assert_all_exited(f"PREFECT_HOME={tmp_path / 'prefect-home'}")  # the server and the run's driver
 
 
-@pytest.mark.slow
+@pytest.mark.end_to_end
 def test_psro_runs_on_both_nodes_of_a_cluster(prefect_server, two_node_cluster, tmp_path):
     server = prefect_server
     server.wait()

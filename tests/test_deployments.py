@@ -23,7 +23,7 @@ import pytest
 import yaml
 from processes import Prefect, assert_all_exited, mlflow_store, poll, prefect_home, processes_with_env, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 2

@@ -30,7 +30,7 @@ from headless_browser import (
 )
 from processes import assert_all_exited, poll, processes_with_env, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 ITERATIONS = 3
 EXPERIMENT = "e2e"

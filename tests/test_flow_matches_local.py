@@ -24,7 +24,7 @@ from processes import mlflow_store, poll, prefect_home
 from marl_core.psro.config import PSROConfig
 from marl_core.psro.steps import iterate_psro_local
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 
 def _local(config: PSROConfig):

@@ -20,7 +20,7 @@ from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.tabular import TabularPolicy
 from marl_core.policies.tabularize import tabularize
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 2

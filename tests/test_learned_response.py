@@ -135,7 +135,7 @@ def _response_task(call: OracleCall):
     return train_best_response(call)
 
 
-@pytest.mark.slow
+@pytest.mark.end_to_end
 def test_two_responses_run_at_once_on_two_cpus_and_each_learns_what_one_loop_learns(local_ray):
     """Both learners share one pool's workers and store: each gets its own rounds, and the
     workers' pulls keep each learner's weights apart."""
@@ -172,7 +172,7 @@ def _assert_same(pulled, pushed) -> None:
         assert pulled == pushed
 
 
-@pytest.mark.slow
+@pytest.mark.end_to_end
 def test_weights_cross_the_store_actor_as_arrays_and_come_back_as_the_tensors_pushed(local_ray):
     """What a worker pulls is what was pushed, nesting and dtypes too (a network's and an
     optimizer's state dicts, as the asynchronous learners push theirs), while the store's own

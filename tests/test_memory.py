@@ -23,7 +23,7 @@ from processes import mlflow_store, prefect_home
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from memory_long_run import marked_processes  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_long_run.py"
 ITERATIONS = 60

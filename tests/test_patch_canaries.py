@@ -272,7 +272,7 @@ def test_the_patched_engine_methods_keep_prefects_signatures():
     assert "if subflow_run := self.load_subflow_run(" in engine_source
 
 
-@pytest.mark.slow
+@pytest.mark.end_to_end
 def test_a_fresh_subflow_skips_both_reads_and_still_nests_under_its_parent(tmp_path):
     """Against a real server: a marked subflow makes no lookup of earlier runs and no read-back,
     an unmarked one makes both (so the patch is what makes the difference), and both end

@@ -21,7 +21,7 @@ from flows.tracking.registry_members import load_member, open_store, parse_membe
 from marl_core.policies.neural import NeuralPolicy
 from marl_core.policies.storage import NETWORK_FILE, WEIGHTS_FILE
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 GAME = "pettingzoo:mpe2.simple_adversary_v3"
 ITERATIONS = 1

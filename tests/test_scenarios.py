@@ -35,7 +35,7 @@ from small_runs import PBT, SMALL_LEAGUE, SPREAD, SYNC_MARL
 
 from flows.tracking import layout
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

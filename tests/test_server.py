@@ -37,7 +37,7 @@ def test_bad_server_settings_fail_in_one_line(tmp_path, args, message):
     assert not (tmp_path / "psro-server.json").exists()
 
 
-@pytest.mark.slow  # a real Prefect server's process
+@pytest.mark.end_to_end  # a real Prefect server's process
 @pytest.mark.parametrize("one_run", [True, False])
 def test_only_a_one_run_server_turns_its_scheduling_services_off(tmp_path, one_run):
     """A server kept for one run (`prefect_api` without a `psro server`) drops the services that only

@@ -30,7 +30,7 @@ from small_runs import PBT, SMALL_LEAGUE, SYNC_MARL
 
 from flows.tracking import layout
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 PSRO = str(Path(sys.executable).with_name("psro"))
 RUNS: list[str] = []  # the run tracked to the stack, which the stack brought up again must still hold

@@ -358,7 +358,7 @@ def psro_server(tmp_path_factory):
     assert_all_exited(f"PREFECT_HOME={home}")
 
 
-@pytest.mark.slow
+@pytest.mark.end_to_end
 def test_a_second_server_for_the_same_home_is_refused(psro_server):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
     second = subprocess.run(
@@ -371,7 +371,7 @@ def test_a_second_server_for_the_same_home_is_refused(psro_server):
     ]
 
 
-@pytest.mark.slow
+@pytest.mark.end_to_end
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_stopped_run_says_how_to_go_on_and_goes_on_from_its_last_commit(name, tmp_path, request):
     """The run is stopped by SIGINT once its first step is shown (the toy's by a second Ctrl-C

@@ -26,7 +26,7 @@ from marl_core.rl import ALGORITHMS
 from marl_core.rollout.pool import PoolConfig, WorkerPool
 from marl_core.rollout.worker import AlgorithmPolicy, LearnerSpec, PolicyMixture, RolloutRequest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.end_to_end
 
 EPISODES = 800  # per request: 100 per environment copy, some 400 steps each
 KILL_AT_STEP = 150  # of one copy, counted from the arming: well inside the request
