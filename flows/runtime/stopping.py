@@ -52,11 +52,12 @@ class CommandStop:
     run_id: str | None = None  # the run being resumed, before its tracker reopens it
     committed: int | None = None  # the last step that run committed
     tracker: object | None = None  # the run's `ScenarioTracker`, once the runtime opened it
-    signal: int | None = None  # the first signal received
-    _log: str | None = None  # where standard output and error go once a signal came
-    _saved: dict[int, int] = dataclasses.field(default_factory=dict)  # their descriptors before
-    _console: object | None = None
-    _output: object | None = None  # the console's own copy of standard output
+    signal: int | None = dataclasses.field(default=None, init=False)  # the first signal received
+    # where standard output and error go once a signal came, and their descriptors before
+    _log: str | None = dataclasses.field(default=None, init=False)
+    _saved: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
+    _console: object | None = dataclasses.field(default=None, init=False)
+    _output: object | None = dataclasses.field(default=None, init=False)  # the console's copy of standard output
 
     def line(self, kept_log: str | None = None) -> str:
         run_id = getattr(self.tracker, "run_id", None) or self.run_id
@@ -81,8 +82,9 @@ class CommandStop:
     def _handle(self, signum: int, frame) -> None:
         if self.signal is not None:  # a second signal: the shutdown is cut short
             self._say(self.line())
-            with contextlib.suppress(OSError):
-                os.unlink(self._log)
+            if self._log:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._log)
             os._exit(128 + signum)
         self.signal = signum
         self._quiet()
