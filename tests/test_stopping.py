@@ -63,6 +63,38 @@ def test_a_resume_stopped_before_its_tracker_opened_names_the_commit_it_started_
     assert stop.line() == "stopped: iteration 7 is the last committed to MLflow run abc; continue with: psro resume abc"
 
 
+INTERRUPTED_IN_A_DESTRUCTOR = """
+import os, signal, sys, time
+from rich.console import Console
+from flows.runtime.stopping import CommandStop, stop_on_signals
+
+class Collected:
+    def __del__(self):  # the signal comes while a garbage collection runs this
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            pass
+
+with stop_on_signals(CommandStop("step", "resume", "run"), Console()):
+    Collected()
+    time.sleep(10)
+    print("went on", flush=True)
+"""
+
+
+def test_an_interrupt_that_python_ignored_in_a_destructor_is_raised_again():
+    """Raised inside a `__del__` or a weakref callback, the handler's KeyboardInterrupt is
+    ignored by Python ("Exception ignored in ..."), and the command goes on as if no signal had
+    come (seen in the shutdown's log of a league run stopped by Ctrl-C); here it exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IN_A_DESTRUCTOR],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=TESTS.parent,
+    )
+    assert (done.returncode, done.stdout) == (130, "stopped before the run began; start it again with: run\n"), done
+
+
 # --- a wait on Ray ---------------------------------------------------------------------------------
 
 WAITS_ON_RAY = """
@@ -189,16 +221,16 @@ MARL = {
     "env": SPREAD,
     "algorithm": "ippo",
     "settings": {"ppo": {"hidden": [16]}},
-    "rounds": 8,
+    "rounds": 6,
     "steps_per_round": 25,
     "envs_per_worker": 2,
-    "eval_every": 8,
+    "eval_every": 6,
     "eval_episodes": 2,
     "checkpoint_every": 1,
 }
 CASES = {
-    "psro": StoppedCase(["run", "--game", "kuhn_poker", "--iterations", "19"], None, 0, 19),
-    "marl": StoppedCase(["marl", "run"], MARL, 0, 7),
+    "psro": StoppedCase(["run", "--game", "kuhn_poker", "--iterations", "9"], None, 0, 9),
+    "marl": StoppedCase(["marl", "run"], MARL, 0, 5),
     "league": StoppedCase(
         ["league", "run"],
         {

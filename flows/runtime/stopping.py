@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import shlex
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -58,6 +60,7 @@ class CommandStop:
     _saved: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
     _console: object | None = dataclasses.field(default=None, init=False)
     _output: object | None = dataclasses.field(default=None, init=False)  # the console's copy of standard output
+    _swallowed: bool = dataclasses.field(default=False, init=False)  # the interrupt was ignored (`_unraisable`)
 
     def line(self, kept_log: str | None = None) -> str:
         run_id = getattr(self.tracker, "run_id", None) or self.run_id
@@ -80,6 +83,9 @@ class CommandStop:
     # --- the signals ------------------------------------------------------------------------
 
     def _handle(self, signum: int, frame) -> None:
+        if self._swallowed:  # delivered again by `_unraisable`: the same first signal
+            self._swallowed = False
+            raise KeyboardInterrupt
         if self.signal is not None:  # a second signal: the shutdown is cut short
             self._say(self.line())
             if self._log:
@@ -89,6 +95,20 @@ class CommandStop:
         self.signal = signum
         self._quiet()
         raise KeyboardInterrupt
+
+    def _unraisable(self, unraisable, hook) -> None:
+        """Python ignores an exception raised where nothing can catch it: the handler's
+        KeyboardInterrupt raised while the main thread ran a weakref callback or a `__del__` (a
+        garbage collection) was printed as "Exception ignored", and the run went on. The signal
+        is then sent to the main thread again, a moment later, from outside this hook (where a
+        raised exception is ignored too), and the handler raises it in the code running then."""
+        if self.signal is None or not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            hook(unraisable)
+            return
+        self._swallowed = True
+        again = threading.Timer(0.1, signal.pthread_kill, (threading.main_thread().ident, self.signal))
+        again.daemon = True
+        again.start()
 
     def _own_output(self, console) -> None:
         """`console` writes to a copy of standard output, which stays the terminal (`_quiet`)."""
@@ -159,6 +179,8 @@ def stop_on_signals(stop: CommandStop, console) -> Iterator[CommandStop]:
     thread only (signal handlers are set there)."""
     global _active
     previous = {number: signal.getsignal(number) for number in SIGNALS}
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(stop._unraisable, hook=previous_hook)
     stop._own_output(console)
     for number in SIGNALS:
         signal.signal(number, stop._handle)
@@ -172,6 +194,7 @@ def stop_on_signals(stop: CommandStop, console) -> Iterator[CommandStop]:
         raise SystemExit(stop.finish(error)) from None
     finally:
         _active = None
+        sys.unraisablehook = previous_hook
         for number, handler in previous.items():
             signal.signal(number, handler)
         stop.close()
