@@ -208,7 +208,23 @@ def test_the_shipped_example_configs_exist():
     }
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[path.stem for path in CONFIGS])
+PSRO_CONFIGS = [path for path in CONFIGS if "scenario" not in load_config_file(path)]
+
+
+def test_the_neural_config_runs_the_neural_cfr_scenario_with_its_defaults():
+    """`psro run --config configs/leduc_neural.yaml` runs neural CFR (the file says so); the
+    solver's settings it writes out are the defaults, so the file and the code cannot drift."""
+    from flows.scenarios import SCENARIOS
+    from marl_core.neural_cfr.settings import NeuralCFRSettings
+
+    values = load_config_file(Path(__file__).parent.parent / "configs" / "leduc_neural.yaml")
+    assert values.pop("scenario") == "cfr"
+    config = SCENARIOS["cfr"].build_config(values)
+    assert config.game == "leduc_poker" and config.exact
+    assert config.neural_cfr == NeuralCFRSettings()
+
+
+@pytest.mark.parametrize("path", PSRO_CONFIGS, ids=[path.stem for path in PSRO_CONFIGS])
 def test_every_shipped_example_config_is_valid(path):
     config = build_config(load_config_file(path))
     if config.psro_game.has_tree:  # exact payoffs and NashConv where the tree fits

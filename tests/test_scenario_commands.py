@@ -23,7 +23,7 @@ marl: {env: "pettingzoo:mpe2.simple_spread_v3", algorithm: mappo}
 pbt: {perturbation_interval: 2, hyperparam_mutations: {lr: [1.0e-4, 1.0e-3]}}
 """
 # What each scenario's `run` needs besides the flag under test, to be a run that would start.
-GOOD = {"psro": [], "marl": ["--env", SPREAD], "league": [], "pbt": ["--config", "pbt.yaml"]}
+GOOD = {"psro": [], "marl": ["--env", SPREAD], "league": [], "pbt": ["--config", "pbt.yaml"], "cfr": []}
 BAD_COMMON_FLAGS = [
     (("--num-cpus", "0"), "num_cpus=0: Input should be greater than 0"),
     (("--experiment", ""), "experiment='': String should have at least 1 character"),
@@ -63,6 +63,35 @@ def test_every_scenario_refuses_a_bad_common_flag_with_the_same_line_and_writes_
     assert len(set(lines.values())) == 1, lines
     assert next(iter(lines.values())).startswith(f"error: {message}"), lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pbt.yaml"]
+
+
+CFR_FILE = "scenario: cfr\ngame: kuhn_poker\nrounds: 2\n"
+WRONG_FILES = [
+    (["run", "--config", "cfr.yaml", "--iterations", "3"], "No such option: --iterations (Possible options: "),
+    (["run", "--config", "cfr.yaml", "--rounds", "0"], "rounds=0: Input should be greater than 0"),
+    (["run", "--config", "cfr.yaml", "--game", "tic_tac_toe"], "neural CFR acts on information-state tensors"),
+    (["run", "--config", "cfr.yaml", "--rouds", "3"], "No such option: --rouds (Possible options: --rounds"),
+    (["run", "--iteratons", "3"], "No such option: --iteratons (Possible options: --iterations"),
+    (["marl", "run", "--config", "cfr.yaml"], "cfr.yaml is a cfr config (scenario: cfr); run it with psro cfr run"),
+    (["run", "--config", "other.yaml"], "other.yaml: scenario='chess': unknown scenario 'chess'; choose one of: "),
+]
+
+
+@pytest.mark.parametrize("command, message", WRONG_FILES, ids=[" ".join(c) for c, _ in WRONG_FILES])
+def test_psro_run_runs_another_scenarios_file_with_its_flags_and_refuses_what_does_not_fit(
+    command, message, tmp_path, monkeypatch
+):
+    """`psro run --config FILE` where FILE says `scenario: cfr` is `psro cfr run --config FILE`:
+    the cfr flags it is given are checked by that command, and every refusal is one line that
+    writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfr.yaml").write_text(CFR_FILE)
+    (tmp_path / "other.yaml").write_text("scenario: chess\n")
+    result = CliRunner().invoke(app, command, terminal_width=400)
+    assert (result.exit_code, result.stdout) == (2, ""), result.output
+    assert result.stderr.strip().startswith(f"error: {message}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfr.yaml", "other.yaml"]
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

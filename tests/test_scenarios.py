@@ -2,13 +2,13 @@
 
 One Prefect server and one `psro serve` (its Ray shared by every flow run, as a `psro server`'s
 is) serve a deployment of each case: PSRO, Pipeline PSRO, MARL with a collect-then-learn and
-with an asynchronous learner, a league, PBT, and a seventh scenario defined only in the tests
+with an asynchronous learner, a league, PBT, neural CFR, and a scenario defined only in the tests
 (`toy_scenario.py`). Each case's run is triggered through Prefect's API and dies by SIGKILL just
 before a chosen commit (`fault_injection/sitecustomize.py`, the suite's one fault-injection
 seam); Prefect records it Crashed. It is then retried exactly as the UI's Retry button does it
 (the same flow run set to a Scheduled state named "AwaitingRetry") and must continue the same
 MLflow run from its last commit and end as an uninterrupted run ends: identical where the run
-is deterministic (PSRO with the exact oracle, the league, the toy), else with the same number
+is deterministic (PSRO with the exact oracle, the league, neural CFR, the toy), else with the same number
 of steps committed; in every case with each registry version registered once.
 
 The cases run side by side (all triggered at once, all retried at once), so the file costs about
@@ -31,7 +31,7 @@ import pytest
 import yaml
 from mlflow_reads import assert_each_metric_once, assert_each_version_once
 from processes import Prefect, assert_all_exited, mlflow_store, prefect_home, wait_until
-from small_runs import PBT, SMALL_LEAGUE, SPREAD, SYNC_MARL
+from small_runs import PBT, SMALL_CFR, SMALL_LEAGUE, SPREAD, SYNC_MARL
 
 from flows.tracking import layout
 
@@ -95,6 +95,7 @@ CASES = [
     Case("marl-async", "flows.deployments.entrypoints.marl", ASYNC_MARL, 3, 5),
     Case("league", "flows.deployments.entrypoints.league", LEAGUE, 2, 3),
     Case("pbt", "flows.deployments.entrypoints.pbt", PBT, 3, 3),
+    Case("cfr", "flows.deployments.entrypoints.cfr", SMALL_CFR, 2, 3),
     Case("toy", "toy_scenario.toy", {"rounds": 4, "seed": 7}, 2, 3),
 ]
 
@@ -475,11 +476,42 @@ def _toy(done: Finished) -> None:
     assert newest.value == pytest.approx(expected_total(ToyConfig(**_case("toy").config)), abs=1e-12)
 
 
+def _cfr(done: Finished) -> None:
+    """Deterministic: every round's exploitability that of an uninterrupted run in this process
+    (the solver restored whole from round 1's commit: networks, optimizers, memories,
+    generators); each round's two members registered once, round 2's orphans replaced."""
+    import torch
+
+    from marl_core.neural_cfr.config import NeuralCFRConfig
+    from marl_core.neural_cfr.rounds import iterate_cfr_local
+
+    threads = torch.get_num_threads()
+    try:
+        expected = [record.exploitability for record, _ in iterate_cfr_local(NeuralCFRConfig(**SMALL_CFR))]
+    finally:
+        torch.set_num_threads(threads)
+    history = {m.step: m.value for m in done.client.get_metric_history(done.run_id, "exploitability")}
+    assert [history[r] for r in range(4)] == pytest.approx(expected, abs=1e-9)
+    for role in ("player_0", "player_1"):
+        name = layout.registered_model_name(done.experiment, "kuhn_poker", role)
+        assert sorted(int(v.tags["iteration"]) for v in done.versions(name)) == [0, 1, 2, 3]
+    assert done.plots() == {layout.EXPLOITABILITY_PLOT, layout.EXPLOITABILITY_TIME_PLOT}
+    assert done.steps("exploitability") == {0, 1, 2, 3}
+
+
 def _case(name: str) -> Case:
     return next(case for case in CASES if case.name == name)
 
 
-CHECKS = {"psro": _psro, "pipeline": _pipeline, "marl-async": _marl_async, "league": _league, "pbt": _pbt, "toy": _toy}
+CHECKS = {
+    "psro": _psro,
+    "pipeline": _pipeline,
+    "marl-async": _marl_async,
+    "league": _league,
+    "pbt": _pbt,
+    "cfr": _cfr,
+    "toy": _toy,
+}
 
 
 def test_the_prefect_and_mlflow_uis_show_every_scenarios_run(stack, retried, tmp_path):

@@ -1,6 +1,6 @@
 """`psro stack up|status|down`: the team's services (PostgreSQL, Prefect, MLflow, Ray, a Prefect
 worker) brought up by the real command, used by a real `psro run` that each service fails under
-and that is then killed and resumed by `psro resume`, by four scenarios' runs at once from its
+and that is then killed and resumed by `psro resume`, by every scenario's run at once from its
 work pool, and stopped leaving nothing.
 
 One stack serves every test of the module (starting it is the slow part); the tests run in file
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from mlflow_reads import assert_each_metric_once, assert_each_version_once
 from processes import FAULT_INJECTION, Prefect, assert_all_exited, processes_with_env, wait_until
-from small_runs import PBT, SMALL_LEAGUE, SYNC_MARL
+from small_runs import PBT, SMALL_CFR, SMALL_LEAGUE, SYNC_MARL
 
 from flows.tracking import layout
 
@@ -179,7 +179,7 @@ def test_the_servers_refuse_requests_without_credentials(stack, tmp_path):
         assert run.returncode == 2 and run.stderr.strip().splitlines() == [line], run.stdout + run.stderr
     assert list(tmp_path.iterdir()) == []
     # that no secret is stored anywhere is checked once every run of the module has run
-    # (`_assert_no_secret_stored`, at the end of the four scenarios' test)
+    # (`_assert_no_secret_stored`, at the end of the every-scenario test)
 
 
 # Long enough for Prefect's task-run recorder to drop what it could not write (5 writes, 1 s apart)
@@ -449,14 +449,15 @@ LOAD = {
     "marl/spread-ippo-nightly": ("marl", SYNC_MARL),
     "league/kuhn-league": ("league", SMALL_LEAGUE),
     "pbt/spread-pbt-weekly": ("pbt", PBT),
+    "cfr/leduc-neural": ("cfr", SMALL_CFR),
 }
 SCENARIO_RUNS: dict[str, str] = {}  # scenario -> its MLflow run id on the stack, for the UIs' screenshots
 
 
-def test_four_scenarios_at_once_from_the_stacks_work_pool(stack):
+def test_every_scenario_at_once_from_the_stacks_work_pool(stack):
     """prefect.yaml deployed to the stack's pool (`prefect deploy --all`, as docs/operations.md
     tells a team) and one deployment of each scenario triggered at once: the stack's worker runs
-    all four together. Every run ends FINISHED at its last step, each metric logged once per
+    all of them together. Every run ends FINISHED at its last step, each metric logged once per
     step, each registry version registered once, its artifacts through the server; and after
     all the module's runs neither secret is stored anywhere."""
     import mlflow
@@ -474,6 +475,7 @@ def test_four_scenarios_at_once_from_the_stacks_work_pool(stack):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done
 
+    assert {scenario for scenario, _ in LOAD.values()} == set(SCENARIOS), "a scenario without a deployment here"
     prefect_cli("--no-prompt", "deploy", "--all")
     prefect_cli("deployment", "schedule", "pause", "--all")  # no nightly run may start during the suite
     common = {"tracking_uri": address["mlflow"], "ray_address": address["ray"], "num_cpus": 1}

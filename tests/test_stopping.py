@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from processes import assert_all_exited, mlflow_store, prefect_home, wait_until
+from small_runs import SMALL_CFR
 
 from flows.runtime.stopping import CommandStop
 
@@ -261,6 +262,8 @@ CASES = {
         0,
         4,
     ),
+    # `psro run` on a file of another scenario: the stop line names that scenario's resume
+    "cfr": StoppedCase(["run"], {"scenario": "cfr", **SMALL_CFR, "rounds": 16}, 0, 15),
     "toy": StoppedCase(["toy", "run", "--rounds", "20", "--seed", "3"], None, 0, 19),
 }
 STEP_LINE = r"^\s*(?:iter|round|gen)\s+{}\s"  # a step's line, whatever the scenario calls it
@@ -479,6 +482,19 @@ def test_a_stopped_run_says_how_to_go_on_and_goes_on_from_its_last_commit(name, 
 
         config = build_config({"game": "kuhn_poker", "iterations": case.last})
         assert final_tables(client, run_id, case.last) == uninterrupted_tables(config)
+    if name == "cfr":  # deterministic: the exploitability an uninterrupted run reaches
+        assert resume[:3] == ["psro", "cfr", "resume"]
+        import torch
+
+        from marl_core.neural_cfr.config import NeuralCFRConfig
+        from marl_core.neural_cfr.rounds import iterate_cfr_local
+
+        threads = torch.get_num_threads()
+        try:
+            *_, (last, _) = iterate_cfr_local(NeuralCFRConfig(**{**SMALL_CFR, "rounds": case.last + 1}))
+        finally:
+            torch.set_num_threads(threads)
+        assert finished.data.metrics["exploitability"] == pytest.approx(last.exploitability, abs=1e-9)
     if name == "toy":
         from toy_scenario import ToyConfig, expected_total
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from flows.cli import stack_commands
 from flows.cli.errors import OneLineErrors, fail
-from flows.cli.scenario_commands import add_scenario_commands, scenario_app
+from flows.cli.scenario_commands import ROOT_SCENARIO, add_scenario_commands, scenario_app
 from flows.runtime.scenario import one_of
 from flows.scenarios import SCENARIOS
 from marl_core.empirical_game.evaluation import EVALUATORS
@@ -338,7 +338,7 @@ def add_every_scenario(app: typer.Typer, scenarios=SCENARIOS) -> dict[str, typer
     groups = {}
     for name in scenarios:
         scenario = scenarios[name]
-        if name == "psro":
+        if name == ROOT_SCENARIO:
             add_scenario_commands(app, scenario)
         else:
             groups[name] = scenario_app(scenario)

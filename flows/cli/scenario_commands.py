@@ -39,11 +39,14 @@ COMMON_FLAGS = (
     Flag("num-cpus", int, "CPUs for the local Ray instance"),
 )
 EXPORT_FLAG = Flag("export", Path, "write an OpenSpiel-checkable export to this directory")
+ROOT_SCENARIO = "psro"  # its commands are the program's own (`psro run`); the others' are `psro NAME run`
 
 
 def add_scenario_commands(app: typer.Typer, scenario: Scenario) -> None:
     """`run` and `resume` of `scenario` on `app`."""
-    app.command("run", cls=OneLineErrors, help=_run_help(scenario))(run_command(scenario))
+    # `psro run` also runs another scenario's config file, whose flags it passes on
+    extra = {"ignore_unknown_options": True, "allow_extra_args": True} if scenario.name == ROOT_SCENARIO else {}
+    app.command("run", cls=OneLineErrors, help=_run_help(scenario), context_settings=extra)(run_command(scenario))
     app.command("resume", cls=OneLineErrors, help=_resume_help(scenario))(resume_command(scenario))
 
 
@@ -114,16 +117,25 @@ def run_command(scenario: Scenario):
     def run(context: typer.Context, **given) -> None:
         from marl_core.psro.config import ConfigError, load_config_file
 
+        config_file, resume = given.pop("config_file"), given.pop("resume")
+        try:
+            values = load_config_file(config_file) if config_file else {}
+            chosen = _chosen_scenario(scenario, values.pop("scenario", scenario.name), config_file)
+        except ConfigError as error:
+            fail(str(error))
+        if chosen is not scenario:
+            return _delegate(context, chosen, config_file, given, resume)
+        _no_extra_flags(scenario, context)
         with stop_on_signals(_stop_of(scenario, context), console) as stop:
-            config_file, resume = given.pop("config_file"), given.pop("resume")
             try:
-                values = load_config_file(config_file) if config_file else {}
                 for flag in scenario.flags:
                     value = given.get(flag.name.replace("-", "_"))
                     if value is not None:
                         values = _set(values, flag.setting, value)
-                common = {f.setting: given[f.name.replace("-", "_")] for f in _common_flags(scenario)}
-                common = checked_common({k: v for k, v in common.items() if v is not None})
+                common = {
+                    f.setting: given[f.name.replace("-", "_")] for f in _common_flags(scenario) if _given(f, given)
+                }
+                common = checked_common(common)
                 config = _checked(scenario, scenario.with_common(values, common))
             except ConfigError as error:
                 fail(str(error))
@@ -187,11 +199,61 @@ def resume_command(scenario: Scenario):
     return _command(resume, parameters)
 
 
+def _given(flag: Flag, given: dict) -> bool:
+    return given.get(flag.name.replace("-", "_")) is not None
+
+
+def _chosen_scenario(scenario: Scenario, named, config_file: Path | None) -> Scenario:
+    """The scenario a config file's `scenario:` names. `psro run` runs any scenario's file;
+    `psro NAME run` runs only its own."""
+    from flows.scenarios import SCENARIOS
+    from marl_core.psro.config import ConfigError
+    from marl_core.registry import UnknownName
+
+    if named == scenario.name:
+        return scenario
+    try:
+        chosen = SCENARIOS[named]
+    except UnknownName as error:
+        raise ConfigError(f"{config_file}: scenario={named!r}: {error}") from None
+    if scenario.name != ROOT_SCENARIO:
+        raise ConfigError(
+            f"{config_file} is a {named} config (scenario: {named}); run it with psro {named} run or psro run"
+        )
+    return chosen
+
+
+def _delegate(context: typer.Context, chosen: Scenario, config_file: Path, given: dict, resume: bool) -> None:
+    """`psro run --config FILE` on a file that says `scenario: NAME`: exactly what
+    `psro NAME run --config FILE` with the same flags does (its own flags are checked there)."""
+    args = ["run", "--config", str(config_file)]
+    for name, value in given.items():  # the flags `psro run` knew
+        if value is not None:
+            flag = name.replace("_", "-")
+            args += [f"--{flag}" if value else f"--no-{flag}"] if isinstance(value, bool) else [f"--{flag}", str(value)]
+    args += context.args  # the ones it did not: the chosen scenario's
+    if resume:
+        args.append("--resume")
+    typer.main.get_command(scenario_app(chosen)).main(args=args, prog_name=context.find_root().info_name)
+
+
+def _no_extra_flags(scenario: Scenario, context: typer.Context) -> None:
+    """`psro run` takes flags it does not know (another scenario's file may need them): for its
+    own runs they are refused here, as any command refuses an unknown flag."""
+    import difflib
+
+    if context.args:
+        known = [f"--{f.name}" for f in (*scenario.flags, *_common_flags(scenario))]
+        close = difflib.get_close_matches(context.args[0], known, n=3)
+        fail(f"No such option: {context.args[0]}" + (f" (Possible options: {', '.join(close)})" if close else ""))
+
+
 def _stop_of(scenario: Scenario, context: typer.Context) -> CommandStop:
-    """What this command says if a signal stops it: `psro [NAME] resume` continues its run,
-    the command as typed starts it again."""
+    """What this command says if a signal stops it: `psro [NAME] resume` continues its run (the
+    run's own scenario's, whichever command started it), the command as typed starts it again."""
     typed = [context.find_root().info_name, *sys.argv[1:]]
-    return CommandStop(scenario.step_noun, f"{context.parent.command_path} resume", shlex.join(typed))
+    resume = f"{context.find_root().info_name} {'' if scenario.name == ROOT_SCENARIO else scenario.name + ' '}resume"
+    return CommandStop(scenario.step_noun, resume, shlex.join(typed))
 
 
 class CommonFlags(BaseModel):

@@ -57,6 +57,7 @@ psro, psro_iteration = scenario_flows(SCENARIOS["psro"], __name__)
 marl, marl_round = scenario_flows(SCENARIOS["marl"], __name__)
 league, league_generation = scenario_flows(SCENARIOS["league"], __name__)
 pbt, pbt_round = scenario_flows(SCENARIOS["pbt"], __name__)
+cfr, cfr_round = scenario_flows(SCENARIOS["cfr"], __name__)
 
 
 def flow_of(scenario: Scenario):

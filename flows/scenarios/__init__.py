@@ -11,3 +11,4 @@ SCENARIOS.add("psro", "flows.scenarios.psro:PSRO", "PSRO and Pipeline PSRO on ga
 SCENARIOS.add("marl", "flows.scenarios.marl:MARL", "MARL training, synchronous and asynchronous, on one environment")
 SCENARIOS.add("league", "flows.scenarios.league:LEAGUE", "League training: main agents, exploiters, PFSP, ratings")
 SCENARIOS.add("pbt", "flows.scenarios.pbt:PBT", "Population-based training of MARL learners")
+SCENARIOS.add("cfr", "flows.scenarios.cfr:CFR", "Neural CFR: networks near an equilibrium of two-player zero-sum games")

@@ -49,7 +49,17 @@ hyperparameters, the generator, the lineage), each member's policies under
 ``policies/member_<i>/<policy>/round_NNNN/``, one registry version each under
 ``{experiment}-{env}-{policy}`` tagged with its member, round, score and hyperparameters, then
 ``pbt/lineage.json`` and ``pbt/lineage.csv`` (who copied whom, when, with what values); the tag
-``pbt.committed_round`` = N is the commit of round N. Plot: ``plots/pbt.png``."""
+``pbt.committed_round`` = N is the commit of round N. Plot: ``plots/pbt.png``.
+
+One MLflow run per neural CFR run: ``config.json`` (as above); per-round metrics
+(`CFRRound.metrics`, step = round: the members' exact exploitability and NashConv, the losses,
+samples and seconds); at each commit ``checkpoint/slot_K/solver.pt`` (K alternates,
+`checkpoint_slot`), the solver's whole state (networks, optimizers, memories, generators;
+weights-only loadable), and each player's average-policy network under
+``population/<role>/member_<round>`` (`marl_core.policies.storage`, with its table where the
+tree fits), one registry version each under ``{experiment}-{game}-{role}`` tagged as a PSRO
+member is; the tag ``cfr.committed_round`` = N is the commit of round N. Plots:
+``plots/exploitability.png`` and ``plots/exploitability_wall_time.png``."""
 
 from __future__ import annotations
 
@@ -199,15 +209,25 @@ PBT_LINEAGE = "pbt/lineage"
 PBT_PLOT = "plots/pbt.png"
 
 
-def pbt_checkpoint_path(round: int, checkpoint_every: int) -> str:
+def checkpoint_slot(round: int, checkpoint_every: int) -> str:
     """Consecutive commits alternate between two slots, so a commit being written never
     overwrites the committed one (a run's last round may commit off the interval, but always
     in the next slot)."""
     return f"checkpoint/slot_{(round // checkpoint_every) % 2}"
 
 
+def pbt_checkpoint_path(round: int, checkpoint_every: int) -> str:
+    return checkpoint_slot(round, checkpoint_every)
+
+
 def pbt_policy_path(member: int, policy: str, round: int) -> str:
     return f"policies/member_{member}/{policy}/round_{round:04d}"
+
+
+# --- neural CFR runs (`psro cfr run`) ---------------------------------------------------------
+
+CFR_COMMITTED_TAG = "cfr.committed_round"
+CFR_SOLVER_FILE = "solver.pt"  # in `checkpoint_slot(round, checkpoint_every)`
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -2,20 +2,17 @@
 
 - `AdvantageNetwork`: one output per action, the (scaled) cumulative regret of taking it. Regret
   matching on its outputs is the player's current CFR strategy; it is never a population member.
-- `AveragePolicyNetwork`: the masked softmax of its logits is the player's average strategy,
-  the part of CFR that converges to an equilibrium. It is the member that is measured and kept,
-  a `NetworkPolicy` like the project's other acting networks.
+- `AveragePolicyNetwork` (`marl_core.rl.average_policy`): the masked softmax of its logits is
+  the player's average strategy, the part of CFR that converges to an equilibrium. It is the
+  member that is measured and kept, a `NetworkPolicy` like the project's other acting networks.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
-from marl_core.rl.networks import log_softmax, masked_logits, mlp
-from marl_core.rl.policy import NetworkPolicy
-from marl_core.rl.sampling import sample_rows
+from marl_core.rl.networks import mlp
 
 
 class AdvantageNetwork(nn.Module):
@@ -55,25 +52,3 @@ def hedge(advantages: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.T
     """
     logits = torch.where(mask, advantages * scale, torch.full_like(advantages, -torch.inf))
     return torch.softmax(logits, dim=1)
-
-
-class AveragePolicyNetwork(NetworkPolicy):
-    """A player's average strategy: a softmax over the legal actions."""
-
-    def __init__(self, obs_size: int, num_actions: int, hidden: tuple[int, ...]):
-        super().__init__(obs_size, num_actions)
-        self.hidden = tuple(hidden)
-        self.logits = mlp(obs_size, self.hidden, num_actions)
-
-    def log_probs(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return log_softmax(masked_logits(self.logits(obs), mask))
-
-    def action_probs(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        obs_t, mask_t = self._tensors(obs, mask)
-        with torch.inference_mode():
-            probs = self.log_probs(obs_t, mask_t).double().exp().numpy()
-        probs = np.where(mask_t.numpy(), probs, 0.0)
-        return probs / probs.sum(axis=1, keepdims=True)
-
-    def act(self, obs, mask, explore, generator):
-        return sample_rows(self.action_probs(obs, mask), generator).astype(np.int64), {}

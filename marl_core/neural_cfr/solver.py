@@ -46,23 +46,14 @@ import pyspiel
 import torch
 
 from marl_core.games.exploitability import NashConvReport, nash_conv
-from marl_core.games.openspiel import GameError, load_game
+from marl_core.games.openspiel import load_game
 from marl_core.games.tree import build_tree
+from marl_core.neural_cfr.config import check_game
 from marl_core.neural_cfr.memory import Reservoir
-from marl_core.neural_cfr.networks import AdvantageNetwork, AveragePolicyNetwork, hedge, regret_matching
+from marl_core.neural_cfr.networks import AdvantageNetwork, hedge, regret_matching
 from marl_core.neural_cfr.settings import NeuralCFRSettings
 from marl_core.policies.tabularize import tabularize
-
-
-def check_game(game: pyspiel.Game, game_string: str) -> None:
-    """Neural CFR needs two players, zero-sum payoffs and information-state tensors."""
-    game_type = game.get_type()
-    if game.num_players() != 2:
-        raise GameError(f"neural CFR needs a two-player game; {game_string!r} has {game.num_players()} players")
-    if game_type.utility not in (pyspiel.GameType.Utility.ZERO_SUM, pyspiel.GameType.Utility.CONSTANT_SUM):
-        raise GameError(f"neural CFR needs a zero-sum game; {game_string!r} is not")
-    if not game_type.provides_information_state_tensor:
-        raise GameError(f"neural CFR acts on information-state tensors; {game_string!r} provides none")
+from marl_core.rl.average_policy import AveragePolicyNetwork
 
 
 class Encodings:

@@ -27,15 +27,14 @@ class NeuralPolicy(Policy):
         network=None,
         table: np.ndarray | None = None,
     ):
-        from marl_core.rl import ALGORITHMS
+        from marl_core.rl import acting_network
 
         self.algorithm = algorithm
         self.config = dict(config)  # the algorithm's settings, as JSON
         self.obs_size = obs_size
         self.num_actions = num_actions
         if network is None:
-            spec = ALGORITHMS[algorithm]
-            network = spec.policy(obs_size, num_actions, spec.config(**config))
+            network = acting_network(algorithm, obs_size, num_actions, config)
         self.network = network
         self.table = table
 

@@ -65,15 +65,15 @@ def load_policy(directory, game: str | None = None, player: int | None = None) -
 def load_network(directory, table=None) -> NeuralPolicy:
     import torch
 
-    from marl_core.rl import ALGORITHMS
+    from marl_core.rl import acting_networks
 
     directory = Path(directory)
     description = json.loads((directory / NETWORK_FILE).read_text())
     algorithm = description.get("algorithm")
-    if algorithm not in ALGORITHMS:
+    if algorithm not in acting_networks():
         raise ValueError(
             f"checkpoint {str(directory)!r} names unknown algorithm {algorithm!r}; known: "
-            f"{', '.join(sorted(ALGORITHMS))}"
+            f"{', '.join(acting_networks())}"
         )
     policy = NeuralPolicy(
         algorithm, description["config"], description["obs_size"], description["num_actions"], table=table

@@ -52,6 +52,27 @@ ALGORITHMS.add(
     TabularQConfig,
 )
 
+# The acting network of a member no RL algorithm trained: neural CFR's average strategies
+# (`marl_core.rl.average_policy`), stored and rebuilt like any network member.
+AVERAGE_POLICY = "average_policy"
+
+
+def acting_networks() -> list[str]:
+    """Every name a stored network member may give as its `algorithm`."""
+    return sorted([*ALGORITHMS, AVERAGE_POLICY])
+
+
+def acting_network(algorithm: str, obs_size: int, num_actions: int, config: dict):
+    """The acting network a member's description names, freshly initialised (its weights load
+    next): an RL algorithm's policy built from its settings, or an average-policy network."""
+    if algorithm == AVERAGE_POLICY:
+        from marl_core.rl.average_policy import AveragePolicyNetwork
+
+        return AveragePolicyNetwork(obs_size, num_actions, tuple(config["hidden"]))
+    spec = ALGORITHMS[algorithm]
+    return spec.policy(obs_size, num_actions, spec.config(**config))
+
+
 _LAZY = {
     "Experience": "marl_core.rl.batch",
     "DQNTrainer": "marl_core.rl.dqn",
@@ -76,6 +97,9 @@ def __getattr__(name: str):
 
 __all__ = [
     "ALGORITHMS",
+    "AVERAGE_POLICY",
+    "acting_network",
+    "acting_networks",
     "Algorithm",
     "A2CConfig",
     "APPOConfig",
