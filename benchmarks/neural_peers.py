@@ -194,11 +194,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the curve to this file")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="which clock the budget counts")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--marks", help="minutes at which to measure, comma-separated (default: 1, 2, 5, 10, 20, ...)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     peer = PEERS[args.peer](args.game, args.seed)
     budget = args.minutes * 60
-    marks = sorted({m * 60 for m in CHECKPOINT_MINUTES if m * 60 < budget} | {budget})
+    minutes = [float(m) for m in args.marks.split(",")] if args.marks else CHECKPOINT_MINUTES
+    marks = sorted({m * 60 for m in minutes if m * 60 < budget} | {budget})
     trained = wall = cpu = 0.0
     curve = []
     print(f"peer {args.peer}; game {args.game}; marks (s) {marks}", flush=True)
@@ -214,6 +217,7 @@ def main() -> None:
         load = os.getloadavg()[0]
         curve.append(
             {
+                "mark_seconds": mark,  # measured when its clock first passed this
                 "wall_seconds": round(wall, 1),
                 "cpu_seconds": round(cpu, 1),
                 "exploitability": value,
@@ -226,9 +230,9 @@ def main() -> None:
             f"(measured in {time.perf_counter() - start:.1f} s, clock stopped)  load {load:.2f}",
             flush=True,
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"peer": args.peer, "game": args.game, "curve": curve}, f, indent=1)
+        if args.json:  # after every mark: a peer stopped at its budget keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"peer": args.peer, "game": args.game, "curve": curve}, f, indent=1)
 
 
 if __name__ == "__main__":
