@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -203,7 +204,8 @@ def main() -> None:
         )
     text += f"\n\n{context['versions']}; load average at start {context['load_at_start']}, at end {load()}"
     print(text, flush=True)
-    plot_path = args.plot or ROOT / "docs" / "images" / f"neural_vs_openspiel_{args.game}.png"
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", args.game).strip("_")
+    plot_path = args.plot or ROOT / "docs" / "images" / f"neural_vs_openspiel_{slug}.png"
     plot(curves, args.game, plot_path)
     run_id = track(args.tracking_uri, args, curves, text, plot_path, context)
     print(f"plot: {plot_path}; MLflow run {run_id} in {args.tracking_uri}", flush=True)

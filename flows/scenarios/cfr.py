@@ -39,6 +39,8 @@ class CFRScenario(Scenario):
     steps_setting = "rounds"
     commit_tag = layout.CFR_COMMITTED_TAG
     exports = True
+    # when to stop early, not what is computed: a run resumed with another target goes on alike
+    operational = Scenario.operational | {"stop_exploitability"}
     flags = (
         Flag("game", str, "a two-player zero-sum OpenSpiel game with information-state tensors"),
         Flag("rounds", int, "rounds (each a Prefect flow run of iterations_per_round CFR iterations)"),
