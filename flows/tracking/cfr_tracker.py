@@ -40,17 +40,6 @@ def load_solver_state(client, run_id: str, committed: int, config) -> dict:
     return state
 
 
-def member_of(network, game: str, player: int, tabular: bool):
-    """An average-policy network as a population member, with its table where the tree fits."""
-    from marl_core.games.tree import build_tree
-    from marl_core.policies.neural import NeuralPolicy
-    from marl_core.policies.tabularize import tabularize
-    from marl_core.rl import AVERAGE_POLICY
-
-    table = tabularize(network, build_tree(game), player) if tabular else None
-    return NeuralPolicy(AVERAGE_POLICY, network.settings(), network.obs_size, network.num_actions, network, table)
-
-
 class CFRTracker(ScenarioTracker):
     """Every round's metrics; every `checkpoint_every` rounds the solver's state and both
     members, then the commit."""
@@ -102,6 +91,7 @@ class CFRTracker(ScenarioTracker):
     def _store(self, index: int, snapshot) -> None:
         import torch
 
+        from marl_core.neural_cfr.export import as_member
         from marl_core.policies.storage import save_policy
 
         _, (state, networks) = snapshot
@@ -117,7 +107,7 @@ class CFRTracker(ScenarioTracker):
         for player, (role, network) in enumerate(zip(ROLES, networks)):
             path = layout.member_path(role, index)
             with tempfile.TemporaryDirectory() as directory:
-                save_policy(directory, member_of(network, config.game, player, config.exact), config.game, player)
+                save_policy(directory, as_member(network, config.game, player, config.exact), config.game, player)
                 self.client.log_artifacts(self.run_id, directory, path)
             tags = layout.VersionTags(self.run_id, config.game, role, index, index, 1.0)
             version = self.client.create_model_version(

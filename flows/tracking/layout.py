@@ -216,8 +216,7 @@ def checkpoint_slot(round: int, checkpoint_every: int) -> str:
     return f"checkpoint/slot_{(round // checkpoint_every) % 2}"
 
 
-def pbt_checkpoint_path(round: int, checkpoint_every: int) -> str:
-    return checkpoint_slot(round, checkpoint_every)
+pbt_checkpoint_path = checkpoint_slot
 
 
 def pbt_policy_path(member: int, policy: str, round: int) -> str:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 from marl_core.games.openspiel import GameError, load_game
 from marl_core.neural_cfr.settings import NeuralCFRSettings
+from marl_core.psro.config import not_a_boolean
 
 
 def check_game(game: pyspiel.Game, game_string: str) -> None:
@@ -51,9 +52,7 @@ class NeuralCFRConfig(BaseModel):
     @field_validator("rounds", "iterations_per_round", "checkpoint_every", "threads", "num_cpus", mode="before")
     @classmethod
     def _not_a_boolean(cls, value):
-        if isinstance(value, bool):  # YAML's `yes` would otherwise count as 1
-            raise ValueError(f"expected a whole number, got {value!r}")
-        return value
+        return not_a_boolean(value)
 
     @model_validator(mode="after")
     def _fits_the_game(self) -> NeuralCFRConfig:

@@ -16,18 +16,23 @@ from marl_core.policies.tabularize import tabularize
 from marl_core.rl import AVERAGE_POLICY
 
 
+def as_member(network, game: str, player: int, tabular: bool = True) -> NeuralPolicy:
+    """An average-policy network as a population member, with its table where the tree fits."""
+    table = tabularize(network, build_tree(game), player) if tabular else None
+    return NeuralPolicy(AVERAGE_POLICY, network.settings(), network.obs_size, network.num_actions, network, table)
+
+
 def write_export(
     directory: Path, game: str, networks: list, report: NashConvReport, iterations: int, wall_seconds: float
 ) -> Path:
     directory = Path(directory)
     tree = build_tree(game)
     for player, network in enumerate(networks):
-        table = tabularize(network, tree, player)
+        member = as_member(network, game, player)
         folder = directory / "policies" / f"player_{player}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "member_0.json").write_text(json.dumps(policy_to_dict(tree.players[player], table)))
-        member = NeuralPolicy(AVERAGE_POLICY, network.settings(), network.obs_size, network.num_actions, network)
-        save_policy(folder / "member_0", member)
+        (folder / "member_0.json").write_text(json.dumps(policy_to_dict(tree.players[player], member.table)))
+        save_policy(folder / "member_0", member, game, player)
     (directory / "meta_strategy.json").write_text(json.dumps({"0": [1.0], "1": [1.0]}))
     summary = {
         "game": game,

@@ -137,9 +137,7 @@ class _PSROConfigWithoutAlgorithms(WithAlgorithmSections):
     @field_validator("iterations", "episodes", "num_cpus", mode="before")
     @classmethod
     def _not_a_boolean(cls, value):
-        if isinstance(value, bool):  # YAML's `yes` would otherwise count as 1
-            raise ValueError(f"expected a whole number, got {value!r}")
-        return value
+        return not_a_boolean(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -268,6 +266,13 @@ def one_line(error: ValidationError, model: type[BaseModel]) -> str:
         section = first["loc"][0]
         message += f"; {section} takes: {', '.join(model.model_fields[section].annotation.model_fields)}"
     return f"{location}={first.get('input')!r}: {message}"
+
+
+def not_a_boolean(value):
+    """A whole-number setting's check: YAML's `yes` would otherwise count as 1."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return value
 
 
 def build_config(values: dict, model: type[BaseModel] = None) -> BaseModel:
