@@ -569,7 +569,20 @@ def test_the_stacks_uis_show_the_runs_of_both_scenarios(stack, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--workers", "0"], "error: workers=0: needs 1 or more"),
+        (["--workers", "0"], "error: workers=0: needs 1 or more (0 with --host, where worker hosts join)"),
+        (
+            ["--host", "127.0.0.2"],
+            "error: host=127.0.0.2: serving beyond 127.0.0.1 needs --auth (else anyone who reaches it may use it)",
+        ),
+        (["--host", "head"], "error: host='head': expected an IPv4 address of this machine, such as 10.0.0.5"),
+        (
+            ["--host", "0.0.0.0", "--auth"],
+            "error: host='0.0.0.0': expected one address of this machine (not every address, not multicast)",
+        ),
+        (  # TEST-NET-1, documentation's own: never this machine's
+            ["--host", "192.0.2.1", "--auth"],
+            "error: host=192.0.2.1: not an address of this machine (nothing can listen there)",
+        ),
         (
             ["--auth"],
             "error: auth: PREFECT_API_AUTH_STRING, MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD unset; "
@@ -586,4 +599,55 @@ def test_bad_input_fails_in_one_line_before_anything_starts(tmp_path, args, mess
     result = _stack(directory, "up", *args, timeout=120, credentials=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message]
+    assert not directory.exists()
+
+
+RAY_TOKEN = "ray-token-0517-" + "x" * 24
+
+
+@pytest.mark.parametrize(
+    "args, credentials, message",
+    [
+        (["head"], True, "error: head='head': expected an IPv4 address, such as 10.0.0.5"),
+        (["127.0.0.2", "--cpus", "0"], True, "error: cpus=0: needs 1 or more"),
+        (
+            ["127.0.0.2"],
+            False,
+            "error: auth: PREFECT_API_AUTH_STRING, MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, "
+            "RAY_AUTH_TOKEN unset; --auth takes the servers' credentials from them",
+        ),
+        (
+            ["127.0.0.2", "--host", "192.0.2.1"],
+            True,
+            "error: host=192.0.2.1: not an address of this machine (nothing can listen there)",
+        ),
+    ],
+)
+def test_join_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, args, credentials, message):
+    directory = tmp_path / "worker"
+    env = _env(credentials) | ({"RAY_AUTH_TOKEN": RAY_TOKEN} if credentials else {})
+    result = subprocess.run(
+        [PSRO, "stack", "join", *args, "--dir", str(directory)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [message]
+    assert not directory.exists()
+
+
+def test_join_names_the_head_that_does_not_answer(tmp_path):
+    """Nothing listens on 127.0.0.9: `join` says so in one line and starts nothing."""
+    from flows.services.stack import HOST_PORTS
+
+    directory = tmp_path / "worker"
+    env = _env() | {"RAY_AUTH_TOKEN": RAY_TOKEN}
+    result = subprocess.run(
+        [PSRO, "stack", "join", "127.0.0.9", "--host", "127.0.0.8", "--dir", str(directory)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    asked = f"Prefect at http://127.0.0.9:{HOST_PORTS['prefect']}/api, Ray at 127.0.0.9:{HOST_PORTS['ray']}"
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: head=127.0.0.9: no stack answers there (asked {asked})"]
     assert not directory.exists()

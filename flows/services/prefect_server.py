@@ -114,7 +114,8 @@ TASK_RUN_RECORDER_BATCHING = {
 
 
 class LocalPrefectServer:
-    """A `prefect server start` process on 127.0.0.1; `wait()` blocks until it answers.
+    """A `prefect server start` process on `host` (127.0.0.1 unless a team's stack serves other
+    hosts); `wait()` blocks until it answers.
 
     `one_run`: the server records a single run and stops with it (`ONE_RUN_SERVICES_OFF`).
     `database_url`: its database (the team's stack: PostgreSQL), else Prefect's SQLite in `home`.
@@ -130,9 +131,10 @@ class LocalPrefectServer:
         database_url: str | None = None,
         detached: bool = False,
         extra_env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
     ):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}/api"
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         # The UI asks the API at PREFECT_UI_API_URL, which otherwise defaults to port 4200, not this one
@@ -158,7 +160,7 @@ class LocalPrefectServer:
                 "server",
                 "start",
                 "--host",
-                "127.0.0.1",
+                host,
                 "--port",
                 str(self.port),
             ],

@@ -1,7 +1,8 @@
-"""`psro stack up|status|down`: the team's services on one machine, started by one command.
+"""`psro stack up|join|status|down`: the team's services, started by one command per host.
 
 A plain run starts its own Prefect server on SQLite, its own Ray and writes `./mlflow.db`. A team
-shares one set instead, and this is that set, on 127.0.0.1 of one machine:
+shares one set instead, and this is that set, on 127.0.0.1 of one machine by default, or on the
+head host's address (`up --host`) for worker hosts to join (`join`):
 
 - PostgreSQL (Debian's `initdb`/`pg_ctl`), one cluster in DIR/postgres with two databases, one
   for Prefect and one for MLflow: SQLite serializes every writer, and a team's runs write at once.
@@ -30,8 +31,17 @@ Prefect's own server auth), and the MLflow server runs MLflow's basic-auth app w
 `MLFLOW_TRACKING_USERNAME`/`MLFLOW_TRACKING_PASSWORD` as its admin, its users kept in a third
 database. No secret is written anywhere in DIR: MLflow's auth config names only its database.
 
-PostgreSQL trusts connections from 127.0.0.1 (loopback only, one machine). Several machines use
-a managed PostgreSQL with credentials from the environment instead (docs/operations.md).
+PostgreSQL trusts connections from 127.0.0.1 only: on every host it is the head's own, reached by
+the head's own servers and by nobody else.
+
+Several hosts (`up --host ADDRESS`, which needs `--auth`): the Prefect server, the MLflow server
+and the Ray head (its GCS and Ray Client) listen on ADDRESS at their well-known ports
+(`HOST_PORTS`), and Ray asks every node and client for the token in `RAY_AUTH_TOKEN`. `join HEAD`
+on a worker host starts one Ray node (`--cpus`) and one Prefect worker there, with the same
+credentials from its environment; `down` there stops that host's part only. A run from a third
+host (a laptop) names the head's addresses, and reaches Ray through Ray Client (`ray://HEAD:10001`):
+a driver outside the cluster cannot join the GCS directly, since Ray expects the driver's own
+address to be one of its nodes'.
 """
 
 from __future__ import annotations
@@ -39,11 +49,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -68,8 +80,16 @@ STOP_TIMEOUT = 30.0
 # and no exit), and `ray stop` itself sends SIGKILL after its grace period; a node keeps nothing
 # that its stop must save.
 RAY_STOP_GRACE = 5.0
-# A run joining the stack's Ray needs the token `ray start` turned on (kept in ~/.ray/auth_token).
+# A run joining the stack's Ray needs the token `ray start` turned on: on one host Ray's own, kept
+# in ~/.ray/auth_token; across hosts the one every host's environment holds in RAY_AUTH_TOKEN.
 RAY_AUTH = {"RAY_AUTH_MODE": "token"}
+RAY_TOKEN = "RAY_AUTH_TOKEN"
+RAY_MIN_TOKEN = 32  # the length of a token `ray get-auth-token --generate` makes
+LOOPBACK = "127.0.0.1"
+# The ports a head beyond loopback listens on: each server's own default, so that a firewall rule
+# and every other host can name them without asking (docs/operations.md, "Several hosts").
+HOST_PORTS = {"prefect": 4200, "mlflow": 5000, "ray": 6379, "ray_client": 10001}
+WORKER_PREFIX = "psro-worker@"  # a Prefect worker's name: the prefix, then its host's address
 
 
 class StackError(Exception):
@@ -96,14 +116,22 @@ class Credentials:
     mlflow_password: str
 
     @classmethod
-    def from_environment(cls) -> Credentials:
-        missing = [name for name in (PREFECT_AUTH, MLFLOW_USER, MLFLOW_PASSWORD) if not os.environ.get(name)]
+    def from_environment(cls, ray_token: bool = False) -> Credentials:
+        """The servers' credentials; with `ray_token` (several hosts) Ray's shared token too,
+        which stays in the environment: Ray reads it from there in every process it starts."""
+        names = (PREFECT_AUTH, MLFLOW_USER, MLFLOW_PASSWORD, *((RAY_TOKEN,) if ray_token else ()))
+        missing = [name for name in names if not os.environ.get(name)]
         if missing:
             raise StackError(f"auth: {', '.join(missing)} unset; --auth takes the servers' credentials from them")
         if ":" not in os.environ[PREFECT_AUTH]:
             raise StackError(f"auth: {PREFECT_AUTH} must be USER:PASSWORD (it is sent as HTTP basic auth)")
         if len(os.environ[MLFLOW_PASSWORD]) < MLFLOW_MIN_PASSWORD:
             raise StackError(f"auth: {MLFLOW_PASSWORD} needs {MLFLOW_MIN_PASSWORD} characters or more (MLflow's rule)")
+        if ray_token and len(os.environ[RAY_TOKEN]) < RAY_MIN_TOKEN:
+            raise StackError(
+                f"auth: {RAY_TOKEN} needs {RAY_MIN_TOKEN} characters or more "
+                "(`ray get-auth-token --generate` makes one)"
+            )
         return cls(os.environ[PREFECT_AUTH], os.environ[MLFLOW_USER], os.environ[MLFLOW_PASSWORD])
 
 
@@ -113,15 +141,19 @@ class Ports:
     prefect: int
     mlflow: int
     ray: int
+    ray_client: int = 0  # Ray Client's server on the head (0 in a state file written before it was kept)
 
     @classmethod
-    def pick(cls, previous: Ports | None) -> Ports:
-        """The previous `up`'s ports where they are still free (addresses a team wrote down stay
-        valid), else free ones."""
+    def pick(cls, previous: Ports | None, host: str = LOOPBACK) -> Ports:
+        """On loopback, the previous `up`'s ports where they are still free (addresses a team
+        wrote down stay valid), else free ones; beyond it the well-known `HOST_PORTS`, and
+        PostgreSQL's as on loopback (it listens there alone)."""
 
         def port(old: int | None) -> int:
-            return old if old and _free(old) else free_port()
+            return old if old and port_free(old) else free_port()
 
+        if host != LOOPBACK:
+            return cls(postgres=port(previous and previous.postgres), **HOST_PORTS)
         return cls(*(port(getattr(previous, field.name, None)) for field in dataclasses.fields(cls)))
 
 
@@ -136,34 +168,48 @@ class Stack:
     ray_temp_dir: str
     groups: dict[str, int]  # service name -> process group id; empty once down
     auth: bool = False  # whether the servers ask for credentials (`up --auth`)
+    host: str = LOOPBACK  # this host's address, which its servers and its Ray node use
+    head: str | None = None  # on a worker host (`join`): the head's address, where the servers are
+    cpus: int = 1  # on a worker host: the CPUs its Ray node offers
 
     @property
     def marker(self) -> str:
         return f"{MARKER}={self.directory}"
 
     @property
+    def servers(self) -> str:
+        """The address of the stack's servers: the head's."""
+        return self.head or self.host
+
+    @property
     def prefect_api_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.prefect}/api"
+        return f"http://{self.servers}:{self.ports.prefect}/api"
 
     @property
     def tracking_uri(self) -> str:
-        return f"http://127.0.0.1:{self.ports.mlflow}"
+        return f"http://{self.servers}:{self.ports.mlflow}"
 
     @property
     def ray_address(self) -> str:
-        return f"127.0.0.1:{self.ports.ray}"
+        return f"{self.servers}:{self.ports.ray}"
+
+    @property
+    def ray_client_address(self) -> str:
+        return f"ray://{self.servers}:{self.ports.ray_client}"
 
     def database_url(self, database: str, driver: str = "postgresql") -> str:
-        return f"{driver}://{DB_USER}@127.0.0.1:{self.ports.postgres}/{database}"
+        return f"{driver}://{DB_USER}@{LOOPBACK}:{self.ports.postgres}/{database}"
 
     @property
     def run_env(self) -> dict[str, str]:
-        """What a run's environment needs to use this stack."""
+        """What a run's environment needs to use this stack (beyond loopback, RAY_AUTH_TOKEN too)."""
         return {"PREFECT_API_URL": self.prefect_api_url, **RAY_AUTH}
 
     @property
     def run_flags(self) -> list[str]:
-        return ["--tracking-uri", self.tracking_uri, "--ray-address", self.ray_address]
+        """A run on one host joins the Ray head; from another host it goes through Ray Client."""
+        ray = self.ray_address if self.servers == LOOPBACK else self.ray_client_address
+        return ["--tracking-uri", self.tracking_uri, "--ray-address", ray]
 
     def path(self, *parts: str) -> Path:
         return Path(self.directory, *parts)
@@ -213,17 +259,53 @@ def _as_postgres() -> list[str]:
     return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
 
 
-def check_settings(directory: Path, workers: int, auth: bool) -> Credentials | None:
+def check_settings(directory: Path, workers: int, auth: bool, host: str = LOOPBACK) -> Credentials | None:
     """Raise StackError for bad input, before anything starts; the credentials with `auth`."""
-    if workers < 1:
-        raise StackError(f"workers={workers}: needs 1 or more")
-    credentials = Credentials.from_environment() if auth else None
-    for tool in ("initdb", "pg_ctl", "pg_isready"):
+    if workers < (0 if host != LOOPBACK else 1):
+        raise StackError(f"workers={workers}: needs 1 or more (0 with --host, where worker hosts join)")
+    check_host(host, auth)
+    credentials = Credentials.from_environment(ray_token=host != LOOPBACK) if auth else None
+    _check_tools(directory)
+    return credentials
+
+
+def check_host(host: str, auth: bool, ports: dict[str, int] | None = None) -> None:
+    """`host` is an IPv4 address of this machine; beyond loopback only with `auth` (its servers
+    would take requests from anyone who reaches it), and with each of `ports` free there."""
+    if host == LOOPBACK:
+        return
+    try:
+        address = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise StackError(f"host={host!r}: expected an IPv4 address of this machine, such as 10.0.0.5") from None
+    if address.is_unspecified or address.is_multicast:
+        raise StackError(f"host={host!r}: expected one address of this machine (not every address, not multicast)")
+    if not auth:
+        raise StackError(f"host={host}: serving beyond 127.0.0.1 needs --auth (else anyone who reaches it may use it)")
+    if not port_free(0, host):
+        raise StackError(f"host={host}: not an address of this machine (nothing can listen there)")
+    for name, port in (ports if ports is not None else HOST_PORTS).items():
+        if not port_free(port, host):
+            raise StackError(f"host={host}: port {port} ({name}) is taken there; free it first")
+
+
+def check_address(what: str, address: str) -> str:
+    """The IPv4 address another host names (the head's, for `join`), checked for its form."""
+    try:
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        raise StackError(f"{what}={address!r}: expected an IPv4 address, such as 10.0.0.5") from None
+    return address
+
+
+def _check_tools(directory: Path, postgres: bool = True) -> None:
+    """What a host's services run: PostgreSQL's programs (the head's), MLflow, Ray and Prefect."""
+    for tool in ("initdb", "pg_ctl", "pg_isready") if postgres else ():
         postgres_tool(tool)
     for command in ("mlflow", "ray", "prefect"):
         if not _venv_tool(command).exists():
             raise StackError(f"{command} is not installed beside {sys.executable}")
-    if os.geteuid() == 0:
+    if postgres and os.geteuid() == 0:
         try:
             import pwd
 
@@ -236,20 +318,18 @@ def check_settings(directory: Path, workers: int, auth: bool) -> Credentials | N
                     f"dir={directory}: {folder} is closed to the postgres user, which runs PostgreSQL here; "
                     "choose a --dir it can reach (the default as root: /var/lib/psro/stack)"
                 )
-    return credentials
 
 
 def _venv_tool(name: str) -> Path:
     return Path(sys.executable).with_name(name)
 
 
-def _free(port: int) -> bool:
-    import socket
-
+def port_free(port: int, host: str = LOOPBACK) -> bool:
+    """Whether a server could listen on `host`:`port` now (port 0: whether `host` is this machine's)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is free
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
@@ -331,7 +411,7 @@ def _run(stack: Stack, what: str, command: list[str], log: Path) -> None:
 
 
 def _postgres_ready(stack: Stack) -> bool:
-    command = [postgres_tool("pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(stack.ports.postgres)]
+    command = [postgres_tool("pg_isready"), "-q", "-h", LOOPBACK, "-p", str(stack.ports.postgres)]
     return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=10).returncode == 0
 
 
@@ -347,7 +427,7 @@ def _start_postgres(stack: Stack) -> None:
             shutil.chown(data, "postgres", "postgres")
         initdb = [postgres_tool("initdb"), "-D", str(data), "-U", DB_USER, "--auth=trust", "-E", "UTF8"]
         _run(stack, "initdb", [*_as_postgres(), *initdb], log)
-    options = f"-p {stack.ports.postgres} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''"
+    options = f"-p {stack.ports.postgres} -c listen_addresses={LOOPBACK} -c unix_socket_directories=''"
     pg_ctl = [postgres_tool("pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "120", "start"]
     _run(stack, "PostgreSQL (pg_ctl start)", [*_as_postgres(), *pg_ctl], log)
     _wait("PostgreSQL", log, lambda: _postgres_ready(stack))
@@ -375,13 +455,16 @@ def _stop_postgres(directory: Path) -> bool:
 # --- Ray ------------------------------------------------------------------------------------
 
 
-def _ray_start(stack: Stack, name: str, *flags: str):
-    """`ray start` for one node, on loopback (`flows.services.patches.ray_start_keeps_loopback`); it returns
-    once the node runs, leaving the node's processes in its process group."""
-    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--temp-dir", stack.ray_temp_dir]
+def _ray_start(stack: Stack, name: str, cpus: int, *flags: str):
+    """`ray start` for one node on this host's address (on loopback it stays there:
+    `flows.services.patches.ray_start_keeps_loopback`); it returns once the node runs, leaving the
+    node's processes in its process group. Across hosts Ray reads its token from RAY_AUTH_TOKEN,
+    which the node's processes inherit from this one's environment."""
+    common = ["--node-ip-address", stack.host, "--num-cpus", str(cpus), "--temp-dir", stack.ray_temp_dir]
     common += ["--object-store-memory", str(256 * 2**20), "--disable-usage-stats"]
     if "--head" in flags:  # Ray's fixed ports (Ray Client's 10001, the dashboard's 8265) are a second stack's too
-        common += ["--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port())]
+        client_port = stack.ports.ray_client or free_port()
+        common += ["--ray-client-server-port", str(client_port), "--dashboard-port", str(free_port(stack.host))]
     env = {**RAY_AUTH, "PREFECT_API_URL": stack.prefect_api_url}
     return _start(stack, name, [sys.executable, "-m", "flows.services.stack", "ray", "start", *flags, *common], env)
 
@@ -396,8 +479,14 @@ def _ray_temp_dir(directory: Path) -> str:
 # --- the Prefect worker ---------------------------------------------------------------------
 
 
-def _worker_online(stack: Stack, credentials: Credentials | None) -> bool:
-    """Whether a worker of the stack's pool has reported to the server."""
+def worker_name(host: str) -> str:
+    """Each host's Prefect worker is named for the host, which tells whose it is in the UI and in
+    `status`, and lets a worker that joins again take its old row."""
+    return f"{WORKER_PREFIX}{host}"
+
+
+def _workers(stack: Stack, credentials: Credentials | None) -> list[dict] | None:
+    """The pool's workers as the server lists them (None where it does not answer)."""
     auth = basic_auth(credentials.prefect_auth_string) if credentials else {}
     request = urllib.request.Request(
         f"{stack.prefect_api_url}/work_pools/{POOL}/workers/filter",
@@ -407,9 +496,22 @@ def _worker_online(stack: Stack, credentials: Credentials | None) -> bool:
     )
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
-            return any(worker.get("status") == "ONLINE" for worker in json.loads(response.read()))
+            return json.loads(response.read())
     except (OSError, ValueError):
-        return False
+        return None
+
+
+def _heartbeat(stack: Stack, credentials: Credentials | None) -> str | None:
+    """This host's worker's last heartbeat as the server recorded it (by the server's clock)."""
+    mine = [w for w in _workers(stack, credentials) or [] if w.get("name") == worker_name(stack.host)]
+    return mine[0].get("last_heartbeat_time") if mine else None
+
+
+def _worker_online(stack: Stack, credentials: Credentials | None, before: str | None) -> bool:
+    """Whether this host's worker has reported since it started: a heartbeat newer than `before`,
+    the one recorded when it started (a worker killed a moment ago still shows ONLINE)."""
+    now = _heartbeat(stack, credentials)
+    return now is not None and now != before
 
 
 # --- MLflow -------------------------------------------------------------------------------------
@@ -425,7 +527,9 @@ def _mlflow_command(stack: Stack, credentials: Credentials | None) -> tuple[list
     The server runs none of MLflow's job executors (`MLFLOW_SERVER_ENABLE_JOB_EXECUTION`): they
     serve its GenAI features (judges, evaluations, trace roll-ups), which model-training runs
     never ask for, and their consumers poll all the while the server is up."""
-    command = [str(_venv_tool("mlflow")), "server", "--host", "127.0.0.1", "--port", str(stack.ports.mlflow)]
+    command = [str(_venv_tool("mlflow")), "server", "--host", stack.host, "--port", str(stack.ports.mlflow)]
+    if stack.host != LOOPBACK:  # MLflow's default answers only Host headers of loopback and private networks
+        command += ["--allowed-hosts", f"{stack.host},{stack.host}:{stack.ports.mlflow}"]
     command += ["--backend-store-uri", stack.database_url("mlflow", "postgresql+psycopg2"), "--workers", "1"]
     command += ["--artifacts-destination", str(stack.path("artifacts"))]
     no_jobs = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -469,17 +573,17 @@ class Starting:
 
 
 # Every service of a stack, in the order they start, each after what it needs; "ray-worker-N" is
-# each Ray worker node, numbered from 1.
+# each Ray worker node, numbered from 1. A worker host (`join`) runs `JOINED`.
 SERVICES = ("ray-head", "postgres", "prefect-server", "mlflow", "ray-worker-N", "prefect-worker")
+JOINED = ("ray-worker-1", "prefect-worker")
 
 
-def _services(workers: int) -> list[str]:
-    """Every service of a stack of `workers` Ray worker nodes, in the order they start."""
-    return [name for kind in SERVICES for name in (_ray_workers(workers) if kind == "ray-worker-N" else [kind])]
-
-
-def _ray_workers(workers: int) -> list[str]:
-    return [f"ray-worker-{k}" for k in range(1, workers + 1)]
+def _services(stack: Stack) -> list[str]:
+    """Every service this host runs for the stack, in the order they start."""
+    if stack.head:
+        return list(JOINED)
+    ray_workers = [f"ray-worker-{k}" for k in range(1, stack.workers + 1)]
+    return [name for kind in SERVICES for name in (ray_workers if kind == "ray-worker-N" else [kind])]
 
 
 def _needs(name: str) -> tuple[str, ...]:
@@ -495,10 +599,11 @@ def _start_service(stack: Stack, name: str, credentials: Credentials | None) -> 
         _start_postgres(stack)
         return Starting("PostgreSQL", log, lambda: True, waited=True)
     if name == "ray-head":
-        head = _ray_start(stack, name, "--head", "--port", str(stack.ports.ray), "--include-dashboard", "false")
+        cpus = 1 if stack.workers else 0  # `--workers 0`: the head offers no CPU; worker hosts do
+        head = _ray_start(stack, name, cpus, "--head", "--port", str(stack.ports.ray), "--include-dashboard", "false")
         return Starting("the Ray head (ray start)", log, lambda: head.poll() == 0, head)
     if name.startswith("ray-worker-"):
-        node = _ray_start(stack, name, "--address", stack.ray_address)
+        node = _ray_start(stack, name, stack.cpus if stack.head else 1, "--address", stack.ray_address)
         return Starting(f"Ray node {name} (ray start)", log, lambda: node.poll() == 0, node)
     if name == "prefect-server":
         server = LocalPrefectServer(
@@ -508,19 +613,22 @@ def _start_service(stack: Stack, name: str, credentials: Credentials | None) -> 
             detached=True,
             extra_env={MARKER: stack.directory}
             | ({"PREFECT_SERVER_API_AUTH_STRING": credentials.prefect_auth_string} if credentials else {}),
+            host=stack.host,
         )
         log = stack.path("prefect", "server.log")
         return Starting("the Prefect server", log, lambda: healthy(stack.prefect_api_url), server.process)
     if name == "mlflow":
         mlflow = _start(stack, name, *_mlflow_command(stack, credentials))
         return Starting("the MLflow server", log, lambda: healthy(stack.tracking_uri), mlflow)
+    before = _heartbeat(stack, credentials)
+    command = [str(_venv_tool("prefect")), "worker", "start", "--pool", POOL, "--type", "process"]
     worker = _start(
         stack,
         name,
-        [str(_venv_tool("prefect")), "worker", "start", "--pool", POOL, "--type", "process"],
+        [*command, "--name", worker_name(stack.host)],
         {"PREFECT_API_URL": stack.prefect_api_url, "PREFECT_HOME": str(stack.path("prefect")), **RAY_AUTH},
     )
-    return Starting("the Prefect worker", log, lambda: _worker_online(stack, credentials), worker)
+    return Starting("the Prefect worker", log, lambda: _worker_online(stack, credentials, before), worker)
 
 
 def _bring_up(stack: Stack, names: list[str], credentials: Credentials | None) -> Stack:
@@ -540,33 +648,78 @@ def _bring_up(stack: Stack, names: list[str], credentials: Credentials | None) -
     return stack
 
 
-def up(directory: Path, workers: int, auth: bool = False) -> Stack:
+def up(directory: Path, workers: int, auth: bool = False, host: str = LOOPBACK) -> Stack:
     """Start every service and return once each answers; on a failure stop what was started and
     raise StackError naming what failed and its log. With `auth`, the Prefect and MLflow servers
-    ask for the credentials in this process's environment (`Credentials`)."""
+    ask for the credentials in this process's environment (`Credentials`). `host`: the address
+    the servers and the Ray head listen on, for other hosts to reach."""
     directory = directory.expanduser().resolve()
-    credentials = check_settings(directory, workers, auth)
+    credentials = check_settings(directory, workers, auth, host)
+    previous = _not_running(directory)
+    (directory / "artifacts").mkdir(parents=True, exist_ok=True)
+    ports = Ports.pick(previous and previous.ports, host)
+    stack = Stack(str(directory), ports, workers, _ray_temp_dir(directory), groups={}, auth=auth, host=host)
+    return _start_all(stack, credentials)
+
+
+def join(directory: Path, head: str, host: str | None = None, cpus: int | None = None) -> Stack:
+    """On a worker host: start a Ray node joined to the head at `head` and a Prefect worker on the
+    head's pool, and return once both answer. `host`: this host's address as the head reaches it
+    (default: the one this machine sends from towards the head). The credentials are the head's,
+    from this host's environment (RAY_AUTH_TOKEN among them)."""
+    directory = directory.expanduser().resolve()
+    check_address("head", head)
+    if cpus is not None and cpus < 1:
+        raise StackError(f"cpus={cpus}: needs 1 or more")
+    credentials = Credentials.from_environment(ray_token=True)
+    host = host or _address_towards(head)
+    check_host(host, auth=True, ports={})
+    _check_tools(directory, postgres=False)
+    ports = Ports(postgres=0, **HOST_PORTS)
+    stack = Stack(str(directory), ports, 0, _ray_temp_dir(directory), {}, True, host, head, cpus or os.cpu_count() or 1)
+    if not _answers(stack):
+        answering = f"Prefect at {stack.prefect_api_url}, Ray at {stack.ray_address}"
+        raise StackError(f"head={head}: no stack answers there (asked {answering})")
+    _not_running(directory)
+    return _start_all(stack, credentials)
+
+
+def _not_running(directory: Path) -> Stack | None:
+    """The stack saved in `directory`, after checking that none of it runs."""
     previous = Stack.load(directory)
     if previous and any(up for _, up in status(previous)):
         raise StackError(f"a stack already runs from {directory}; `psro stack status` shows it, `down` stops it")
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "logs").mkdir(exist_ok=True)
-    (directory / "artifacts").mkdir(exist_ok=True)
-    ports = Ports.pick(previous and previous.ports)
-    stack = Stack(str(directory), ports, workers, _ray_temp_dir(directory), groups={}, auth=auth)
+    return previous
+
+
+def _start_all(stack: Stack, credentials: Credentials | None) -> Stack:
+    stack.path("logs").mkdir(parents=True, exist_ok=True)
     stack.save()  # from here on, `down` finds whatever was started
     try:
-        return _bring_up(stack, _services(workers), credentials)
+        return _bring_up(stack, _services(stack), credentials)
     except BaseException:
-        down(directory, say=lambda line: None)
+        down(stack.path(), say=lambda line: None)
         raise
+
+
+def _address_towards(head: str) -> str:
+    """The address this machine sends from towards `head` (no packet leaves: a UDP socket only
+    picks its route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((head, HOST_PORTS["ray"]))
+        return sock.getsockname()[0]
+
+
+def _answers(stack: Stack) -> bool:
+    """Whether the head's Prefect server and Ray head answer."""
+    return _ray_answers(stack.ray_address) and healthy(stack.prefect_api_url)
 
 
 def _running_stack(directory: Path, names: list[str]) -> Stack:
     stack = Stack.load(directory.expanduser().resolve())
     if stack is None:
         raise StackError(f"no stack in {directory}; `psro stack up` starts one")
-    known = _services(stack.workers)
+    known = _services(stack)
     for name in names:
         if name not in known:
             raise StackError(f"service={name!r}: expected one of {', '.join(known)}")
@@ -577,9 +730,9 @@ def start(directory: Path, names: list[str]) -> list[str]:
     """Start the named services of a stack that is up but for them (after a crash, or a `stop`
     for maintenance), on the ports they had; returns those started (the others already ran)."""
     stack = _running_stack(directory, names)
-    credentials = Credentials.from_environment() if stack.auth else None
+    credentials = Credentials.from_environment(ray_token=stack.servers != LOOPBACK) if stack.auth else None
     running = dict(status(stack))
-    down_now = [name for name in _services(stack.workers) if name in names and not running[name]]
+    down_now = [name for name in _services(stack) if name in names and not running[name]]
     _bring_up(stack, down_now, credentials)
     return down_now
 
@@ -603,26 +756,56 @@ def stop(directory: Path, names: list[str]) -> list[str]:
 def status(stack: Stack) -> list[tuple[str, bool]]:
     """Each service, and whether it is up (answers where it has an address to ask)."""
     alive = set(_processes(stack.marker).values())
-    groups = stack.groups
-
-    def ray_head() -> bool:
-        from flows.services.preflight import check_ray_address  # answers as Ray (gRPC), not only TCP
-
-        try:
-            check_ray_address(stack.ray_address)
-        except Exception:
-            return False
-        return groups.get("ray-head") in alive
-
-    rows = [
-        ("postgres", (stack.path("postgres", "postmaster.pid")).exists() and _postgres_ready(stack)),
-        ("prefect-server", groups.get("prefect-server") in alive and healthy(stack.prefect_api_url)),
-        ("mlflow", groups.get("mlflow") in alive and healthy(stack.tracking_uri)),
-        ("ray-head", ray_head()),
+    answers = {
+        "postgres": lambda: stack.path("postgres", "postmaster.pid").exists() and _postgres_ready(stack),
+        "prefect-server": lambda: healthy(stack.prefect_api_url),
+        "mlflow": lambda: healthy(stack.tracking_uri),
+        "ray-head": lambda: _ray_answers(stack.ray_address),
+    }
+    return [
+        (name, (name == "postgres" or stack.groups.get(name) in alive) and answers.get(name, lambda: True)())
+        for name in _services(stack)
     ]
-    rows += [(f"ray-worker-{k}", groups.get(f"ray-worker-{k}") in alive) for k in range(1, stack.workers + 1)]
-    rows.append(("prefect-worker", groups.get("prefect-worker") in alive))
-    return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """One host of a stack as the head sees it: its Ray nodes' CPUs and its Prefect workers."""
+
+    address: str
+    ray_cpus: list[float]  # one entry per live Ray node there
+    prefect_workers: list[str]  # ONLINE workers named for it
+
+
+def hosts(stack: Stack, credentials: Credentials | None) -> list[Host]:
+    """Every host with a live Ray node or an online Prefect worker of the stack, the head first;
+    the Ray nodes as the GCS lists them (the caller's environment carries Ray's token mode)."""
+    from ray._raylet import GcsClient
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    nodes = GcsClient(address=stack.ray_address).get_all_node_info(timeout=10).values()
+    cpus: dict[str, list[float]] = {}
+    for node in nodes:
+        if node.state == GcsNodeInfo.GcsNodeState.ALIVE:
+            cpus.setdefault(node.node_manager_address, []).append(node.resources_total.get("CPU", 0.0))
+    workers: dict[str, list[str]] = {}
+    for worker in _workers(stack, credentials) or []:
+        name = worker.get("name", "")
+        if worker.get("status") == "ONLINE" and name.startswith(WORKER_PREFIX):
+            workers.setdefault(name.removeprefix(WORKER_PREFIX), []).append(name)
+    addresses = sorted(set(cpus) | set(workers), key=lambda address: (address != stack.host, address))
+    return [Host(address, cpus.get(address, []), workers.get(address, [])) for address in addresses]
+
+
+def _ray_answers(address: str) -> bool:
+    """Whether Ray's GCS answers at `address` (as gRPC, not only as an open port)."""
+    from flows.services.preflight import check_ray_address
+
+    try:
+        check_ray_address(address)
+    except Exception:
+        return False
+    return True
 
 
 # The order `down` stops them in: whatever uses a service before the service.
