@@ -1,8 +1,7 @@
 """No run path assumes loopback: 127.0.0.1 is written in the library, the tasks and the flows only
 where a local default is chosen (a server a run or `psro server` starts for itself, the team's
 stack on one host, Ray kept on loopback when it is started there). Every other address a run
-uses comes from its flags or its environment; tests/test_hosts.py runs every scenario with each
-service on 127.0.0.2 to show it."""
+uses comes from its flags or its environment."""
 
 from __future__ import annotations
 
