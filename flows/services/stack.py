@@ -289,13 +289,12 @@ def check_host(host: str, auth: bool, ports: dict[str, int] | None = None) -> No
             raise StackError(f"host={host}: port {port} ({name}) is taken there; free it first")
 
 
-def check_address(what: str, address: str) -> str:
+def check_address(what: str, address: str) -> None:
     """The IPv4 address another host names (the head's, for `join`), checked for its form."""
     try:
         ipaddress.IPv4Address(address)
     except ValueError:
         raise StackError(f"{what}={address!r}: expected an IPv4 address, such as 10.0.0.5") from None
-    return address
 
 
 def _check_tools(directory: Path, postgres: bool = True) -> None:
@@ -675,8 +674,17 @@ def join(directory: Path, head: str, host: str | None = None, cpus: int | None =
     host = host or _address_towards(head)
     check_host(host, auth=True, ports={})
     _check_tools(directory, postgres=False)
-    ports = Ports(postgres=0, **HOST_PORTS)
-    stack = Stack(str(directory), ports, 0, _ray_temp_dir(directory), {}, True, host, head, cpus or os.cpu_count() or 1)
+    stack = Stack(
+        str(directory),
+        Ports(postgres=0, **HOST_PORTS),  # the head's: a worker host runs no PostgreSQL
+        workers=0,
+        ray_temp_dir=_ray_temp_dir(directory),
+        groups={},
+        auth=True,
+        host=host,
+        head=head,
+        cpus=cpus or os.cpu_count() or 1,
+    )
     if not _answers(stack):
         answering = f"Prefect at {stack.prefect_api_url}, Ray at {stack.ray_address}"
         raise StackError(f"head={head}: no stack answers there (asked {answering})")
