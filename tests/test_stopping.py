@@ -266,6 +266,7 @@ CASES = {
     "cfr": StoppedCase(["run"], {"scenario": "cfr", **SMALL_CFR, "rounds": 16}, 0, 15),
     "toy": StoppedCase(["toy", "run", "--rounds", "20", "--seed", "3"], None, 0, 19),
 }
+STEP_DEADLINE = 600  # seconds until a step's line shows; see `Command.wait_for_step`
 STEP_LINE = r"^\s*(?:iter|round|gen)\s+{}\s"  # a step's line, whatever the scenario calls it
 STOP_LINE = re.compile(r"^stopped: (\w+) (\d+) is the last committed to MLflow run (\w+); continue with: (.+)$")
 
@@ -300,8 +301,17 @@ class Command:
         return self.output.read_text()
 
     def wait_for_step(self, index: int) -> None:
+        """Until the step's line shows. The deadline allows for a loaded machine: a run's first
+        step starts Ray workers that import torch and Prefect, and beside another module's runs
+        on two cores that took over 300 s once in CI (PBT's first round)."""
         line = re.compile(STEP_LINE.format(index), re.M)
-        wait_until(lambda: line.search(self.text()) or self.process.poll() is not None, 300, f"step {index}")
+        try:
+            wait_until(
+                lambda: line.search(self.text()) or self.process.poll() is not None, STEP_DEADLINE, f"step {index}"
+            )
+        except AssertionError as late:
+            os.killpg(self.process.pid, signal.SIGKILL)  # left running, it would slow the next case
+            raise AssertionError(f"{late}; the command printed:\n{self.text()[-3000:]}") from None
         assert self.process.poll() is None, self.text()[-3000:]
 
     def signal(self, signum: int) -> None:
@@ -407,6 +417,7 @@ def test_a_second_server_for_the_same_home_is_refused(psro_server):
 
 
 @pytest.mark.end_to_end
+@pytest.mark.timeout(3 * STEP_DEADLINE)  # two waits for a step and the finish, on a loaded machine
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_stopped_run_says_how_to_go_on_and_goes_on_from_its_last_commit(name, tmp_path, request):
     """The run is stopped by SIGINT once its first step is shown (the toy's by a second Ctrl-C
