@@ -1,5 +1,7 @@
 """Rollout workers that die mid-request are restarted by Ray and their requests replayed: the
-learner still gets exactly the episodes it asked for, and the same ones it would have got.
+learner still gets exactly the episodes it asked for, and the same ones it would have got. An
+actor that holds a run's state and is lost (its node gone, its process killed) costs the run
+the steps since its last commit, which it redoes in the same flow run and MLflow run.
 
 The death is not timed from outside: the workers play an environment that kills its own process
 at a fixed step of the first request played while an `armed` file exists, and records the pid
@@ -151,3 +153,82 @@ def test_prefect_retries_only_transient_failures():
     assert _transient(None, None, Failed(data=ray.exceptions.RayActorError()))
     assert _transient(None, None, Failed(data=ConnectionError("reset by peer")))
     assert not _transient(None, None, Failed(data=ValueError("non-finite reward nan")))
+
+
+def test_only_a_lost_ray_worker_or_node_makes_a_run_go_on_from_its_commit():
+    import ray.exceptions
+
+    from flows.runtime.run import lost_ray_worker
+
+    died = ray.exceptions.ActorDiedError()
+    assert lost_ray_worker(died) is died
+    try:  # as a step's subflow raises it: wrapped, the Ray error its cause
+        raise RuntimeError("the step failed") from ray.exceptions.NodeDiedError("node 1 died")
+    except RuntimeError as wrapped:
+        assert isinstance(lost_ray_worker(wrapped), ray.exceptions.NodeDiedError)
+    assert lost_ray_worker(ConnectionError("Ray's head went away")) is None  # stops, says how to resume
+    assert lost_ray_worker(ValueError("non-finite reward nan")) is None
+    constructor_raised = ray.exceptions.RayActorError(actor_init_failed=True)  # a bug another try repeats
+    assert lost_ray_worker(constructor_raised) is None
+
+
+def test_a_run_whose_weight_store_is_killed_goes_on_from_its_last_commit(local_ray, tmp_path):
+    """A league run on this Ray, held as it hands its generation 1 to its tracker, loses its
+    weight store (the actor every rollout worker reads weights from, which Ray does not restart);
+    released, it says so in one line, goes on from generation 1's commit, and ends FINISHED at
+    generation 3 with each metric and each registry version once, in one MLflow run."""
+    import subprocess
+    import sys
+
+    import mlflow
+    import yaml
+    from mlflow_reads import assert_each_metric_once, assert_each_version_once
+    from processes import FAULT_INJECTION, mlflow_store, prefect_home, wait_until
+    from small_runs import SMALL_LEAGUE
+
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    (tmp_path / "league.yaml").write_text(yaml.safe_dump({"scenario": "league", **SMALL_LEAGUE}))
+    store = mlflow_store(tmp_path)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
+    env |= {
+        "PREFECT_HOME": str(prefect_home(tmp_path / "prefect-home")),
+        "PYTHONPATH": str(FAULT_INJECTION),
+        "PSRO_TEST_HOLD_AT_COMMIT": "1",
+        "PSRO_TEST_HOLD_DIR": str(holds),
+        # as this Ray was started: `ray.init` turns token authentication on, its token in ~/.ray
+        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+    }
+    address = ray.get_runtime_context().gcs_address
+    command = [str(Path(sys.executable).with_name("psro")), "run", "--config", "league.yaml"]
+    with (tmp_path / "run.log").open("w") as log:
+        run = subprocess.Popen(
+            [*command, "--tracking-uri", store, "--ray-address", address],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: (holds / "held-1").exists() or run.poll() is not None, 600, "generation 1's commit")
+        assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+        (store_name, namespace), *others = [
+            (actor["name"], actor["namespace"])
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["name"].startswith("weight-store-")
+        ]
+        assert others == []
+        ray.kill(ray.get_actor(store_name, namespace=namespace))
+        (holds / "release-1").touch()
+        assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    output = (tmp_path / "run.log").read_text()
+    assert "lost a Ray worker or node (ActorDiedError); going on from generation 1's commit to MLflow run" in output
+    client = mlflow.MlflowClient(tracking_uri=store)
+    (found,) = client.search_runs([client.get_experiment_by_name("league").experiment_id])
+    assert found.info.status == "FINISHED"
+    assert found.data.tags["league.committed_generation"] == "3"
+    assert_each_metric_once(client, found)
+    assert_each_version_once(client, found.info.run_id)

@@ -136,7 +136,11 @@ def watching(read: Callable[[], list[Progress]], view: ProgressView | None, poll
 
     def watch() -> None:
         while not stop.wait(poll):
-            view.show(read())
+            try:
+                shown = read()
+            except Exception:  # the actors that count it were lost; the step that uses them says why
+                return
+            view.show(shown)
 
     # In the caller's context: Prefect's run logger sends each line to the API of the settings in
     # context, and a bare thread would get the settings of Prefect's import, which may predate

@@ -65,14 +65,13 @@ class Resumed:
 
 
 def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, observer: Observer | None, progress):
-    """The body of every scenario's top-level flow; `step_flow` is its step's subflow."""
+    """The body of every scenario's top-level flow; `step_flow` is its step's subflow. A run
+    whose Ray workers or nodes are lost under it goes on from its last commit, in the same flow
+    run and MLflow run (`lost_ray_worker`)."""
     from prefect import get_run_logger
     from prefect.runtime import flow_run
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.runtime.progress import PlainLines, plain_interval, watching
     from flows.services.preflight import preflight
-    from flows.tracking.layout import FLOW_RUN_TAG, SCENARIO_TAG
 
     if isinstance(config, dict):  # a deployment's run: checked here, before any work
         config = scenario.build_config(config)
@@ -82,7 +81,67 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
         _end_steps_left_running(flow_run.id)
         resume_run_id = resume_run_id or _earlier_attempt(scenario, settings, str(flow_run.id))
     started = time.perf_counter()
-    resumed = load_resumed(scenario, config, settings.tracking_uri, resume_run_id) if resume_run_id else None
+    for attempt in range(1, NODE_LOSS_ATTEMPTS + 1):
+        resumed = load_resumed(scenario, config, settings.tracking_uri, resume_run_id) if resume_run_id else None
+        trackers: list = []
+        try:
+            state, record = _attempt(scenario, step_flow, config, resumed, observer, progress, trackers)
+            break
+        except Exception as error:
+            lost = lost_ray_worker(error)
+            if lost is None or attempt == NODE_LOSS_ATTEMPTS or not trackers:
+                raise
+            tracker = trackers[0]
+            resume_run_id = tracker.run_id if tracker.committed is not None else None
+            going_on = (
+                f"going on from {scenario.step_noun} {tracker.committed}'s commit to MLflow run {tracker.run_id}"
+                if resume_run_id
+                else "starting again: nothing was committed"
+            )
+            lost_what = f"lost a Ray worker or node ({type(lost).__name__})"
+            get_run_logger().warning(f"{lost_what}; {going_on} (try {attempt + 1} of {NODE_LOSS_ATTEMPTS})")
+    if settings.export:
+        scenario.export(config, state, record, time.perf_counter() - started)
+    return state
+
+
+NODE_LOSS_ATTEMPTS = 3  # tries of a run whose Ray workers or nodes are lost under it, the first included
+
+
+def lost_ray_worker(error: BaseException) -> BaseException | None:
+    """The Ray failure in `error`'s chain that a lost node or a killed worker process raises (an
+    actor gone with its node, its objects lost), or None: everything the run's actors held since
+    the last commit is gone, and the run goes on from that commit as `psro resume` would. A lost
+    connection to Ray itself (its head) is not one: the run stops and says how to resume."""
+    import ray.exceptions
+
+    kinds = (
+        ray.exceptions.RayActorError,
+        ray.exceptions.ObjectLostError,
+        ray.exceptions.OwnerDiedError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.NodeDiedError,
+    )
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, kinds):  # an actor whose constructor raised is a bug, not a loss
+            return None if getattr(error, "actor_init_failed", False) else error
+        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+    return None
+
+
+def _attempt(scenario: Scenario, step_flow, config, resumed, observer, progress, trackers: list):
+    """One try of the run, from `resumed` (or the start): its actors opened, its steps run and
+    committed. Returns the last state and record; `trackers` gets the run's tracker as it opens."""
+    from prefect import get_run_logger
+    from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.runtime.progress import PlainLines, plain_interval, watching
+    from flows.tracking.layout import FLOW_RUN_TAG, SCENARIO_TAG
+
+    settings = scenario.settings(config)
     state = resumed.state if resumed else scenario.initial_state(config)
     with contextlib.ExitStack() as stack:
         # Heartbeats add seconds to every subflow (docs/performance.md); however the flow was
@@ -96,13 +155,12 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
             stack.enter_context(watching(read, progress or PlainLines(get_run_logger().info, plain_interval())))
         tags = {FLOW_RUN_TAG: str(flow_run.id), SCENARIO_TAG: scenario.name}
         tracker = stack.enter_context(scenario.tracker(config, resumed, tags))
+        trackers.append(tracker)
         stopping.follow(tracker)
         tracker.begin(state)
         state, record = _run_steps(scenario, step_flow, config, session, state, steps, tracker, observer)
         tracker.finish(state)
-    if settings.export:
-        scenario.export(config, state, record, time.perf_counter() - started)
-    return state
+    return state, record
 
 
 def _join_ray(settings, stack: contextlib.ExitStack) -> None:
