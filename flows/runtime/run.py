@@ -81,7 +81,8 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
         _end_steps_left_running(flow_run.id)
         resume_run_id = resume_run_id or _earlier_attempt(scenario, settings, str(flow_run.id))
     started = time.perf_counter()
-    for attempt in range(1, NODE_LOSS_ATTEMPTS + 1):
+    failed, committed_before = 0, None  # tries lost since the last new commit, and that commit
+    while True:
         resumed = load_resumed(scenario, config, settings.tracking_uri, resume_run_id) if resume_run_id else None
         trackers: list = []
         try:
@@ -89,23 +90,35 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
             break
         except Exception as error:
             lost = lost_ray_worker(error)
-            if lost is None or attempt == NODE_LOSS_ATTEMPTS or not trackers:
+            if lost is None:
                 raise
-            tracker = trackers[0]
-            resume_run_id = tracker.run_id if tracker.committed is not None else None
+            committed = resumed.step if resumed else None
+            if trackers:  # the try opened its MLflow run: the next goes on from its last commit
+                committed = trackers[0].committed
+                resume_run_id = trackers[0].run_id if committed is not None else None
+            failed = 1 if committed != committed_before else failed + 1
+            committed_before = committed
+            if failed >= NODE_LOSS_TRIES:
+                raise
             going_on = (
-                f"going on from {scenario.step_noun} {tracker.committed}'s commit to MLflow run {tracker.run_id}"
+                f"going on from {scenario.step_noun} {committed}'s commit to MLflow run {resume_run_id}"
                 if resume_run_id
                 else "starting again: nothing was committed"
             )
-            lost_what = f"lost a Ray worker or node ({type(lost).__name__})"
-            get_run_logger().warning(f"{lost_what}; {going_on} (try {attempt + 1} of {NODE_LOSS_ATTEMPTS})")
+            get_run_logger().warning(
+                f"lost a Ray worker or node ({type(lost).__name__}); {going_on} in {NODE_LOSS_PAUSE_S:.0f} s "
+                f"(try {failed + 1} of {NODE_LOSS_TRIES} from that commit)"
+            )
+            time.sleep(NODE_LOSS_PAUSE_S)
     if settings.export:
         scenario.export(config, state, record, time.perf_counter() - started)
     return state
 
 
-NODE_LOSS_ATTEMPTS = 3  # tries of a run whose Ray workers or nodes are lost under it, the first included
+NODE_LOSS_TRIES = 3  # tries from one commit of a run whose Ray workers or nodes are lost under it
+# Ray marks a lost node dead only once it has missed its health checks (seconds after its
+# actors stop answering); actors a try placed on it before then would be lost with it.
+NODE_LOSS_PAUSE_S = 30.0
 
 
 def lost_ray_worker(error: BaseException) -> BaseException | None:
