@@ -30,7 +30,7 @@ import mlflow
 import pytest
 import yaml
 from mlflow_reads import assert_each_metric_once, assert_each_version_once
-from processes import Prefect, assert_all_exited, mlflow_store, prefect_home, wait_until
+from processes import Prefect, assert_all_exited, mlflow_store, prefect_home, start_psro_server, wait_until
 from small_runs import PBT, SMALL_CFR, SMALL_LEAGUE, SPREAD, SYNC_MARL
 
 from flows.tracking import layout
@@ -140,20 +140,21 @@ def stack(tmp_path_factory):
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(TESTS))
     # Ray's CPUs as the machine's two: with four, each run's tasks started four worker processes
     # (each importing Prefect and torch) where two do the same work; the file took longer.
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("psro")), "server", "--port", "0", "--num-cpus", "2"],
-        cwd=work,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    serve_log = work / "serve.log"
-    serving = None
-    try:
-        from flows.services.prefect_server import find_running_server
+    from flows.services.prefect_server import find_running_server
 
-        running = wait_until(lambda: find_running_server(home), 180, "psro server to start")
+    serve_log = work / "serve.log"
+    server = serving = None
+    try:
+        server = start_psro_server(
+            [str(Path(sys.executable).with_name("psro")), "server", "--port", "0", "--num-cpus", "2"],
+            work,
+            env,
+            work / "server.log",
+            lambda: find_running_server(home),
+            start_new_session=True,
+        )
+        running = find_running_server(home)
+        assert running is not None, (work / "server.log").read_text()[-3000:]
         env.update(
             PREFECT_API_URL=running.prefect_api_url,
             PREFECT_RUNNER_POLL_FREQUENCY="1",  # scheduled runs are picked up within a second, not ten

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from processes import assert_all_exited, mlflow_store, prefect_home, wait_until
+from processes import assert_all_exited, mlflow_store, prefect_home, start_psro_server, wait_until
 from small_runs import SMALL_CFR
 
 from flows.runtime.stopping import CommandStop
@@ -385,13 +385,11 @@ def psro_server(tmp_path_factory):
     home = prefect_home(work / "prefect-home")
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "RAY_", "PSRO_"))}
     env["PREFECT_HOME"] = str(home)
-    with (work / "server.log").open("w") as log:
-        server = subprocess.Popen(
-            [PSRO_COMMAND, "server", "--port", "0", "--num-cpus", "2"], env=env, cwd=work, stdout=log, stderr=log
-        )
     state = home / "psro-server.json"
+    server = start_psro_server(
+        [PSRO_COMMAND, "server", "--port", "0", "--num-cpus", "2"], work, env, work / "server.log", state.exists
+    )
     try:
-        wait_until(lambda: state.exists() or server.poll() is not None, 180, "the psro server to come up")
         assert server.poll() is None, (work / "server.log").read_text()
         yield Server(home, **json.loads(state.read_text()))
         assert server.poll() is None, "the runs must leave the server they reused running"
