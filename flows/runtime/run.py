@@ -128,13 +128,9 @@ def lost_ray_worker(error: BaseException) -> BaseException | None:
     connection to Ray itself (its head) is not one: the run stops and says how to resume."""
     import ray.exceptions
 
-    kinds = (
-        ray.exceptions.RayActorError,
-        ray.exceptions.ObjectLostError,
-        ray.exceptions.OwnerDiedError,
-        ray.exceptions.WorkerCrashedError,
-        ray.exceptions.NodeDiedError,
-    )
+    from marl_core.rollout.pool import ray_losses
+
+    kinds = (*ray_losses(), ray.exceptions.NodeDiedError)  # the tasks' retries see the same losses
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

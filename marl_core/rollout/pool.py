@@ -206,15 +206,15 @@ def pool_or_local(pool, env: EnvSource, envs_per_worker: int = 32):
         local.close()
 
 
-def is_transient(error: BaseException) -> bool:
-    """A failure Ray could not hide (a rollout actor out of restarts, a lost object, a dropped
-    connection): a retry may succeed. The tasks are retried for exactly these (`tasks/psro_tasks.py`)."""
+def ray_losses() -> tuple[type[BaseException], ...]:
+    """Ray's errors for work lost with a process or node: an actor gone (out of restarts, or
+    with its node), a lost object, a crashed worker."""
     import ray.exceptions
 
-    transient = (
-        ray.exceptions.RayActorError,
-        ray.exceptions.ObjectLostError,
-        ray.exceptions.WorkerCrashedError,
-        ConnectionError,
-    )
-    return isinstance(error, transient)
+    return ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.WorkerCrashedError
+
+
+def is_transient(error: BaseException) -> bool:
+    """A failure Ray could not hide (a loss, `ray_losses`, or a dropped connection): a retry may
+    succeed. The tasks are retried for exactly these (`tasks/psro_tasks.py`)."""
+    return isinstance(error, (*ray_losses(), ConnectionError))
