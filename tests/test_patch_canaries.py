@@ -811,6 +811,41 @@ def test_a_runs_local_ray_listens_on_loopback_only_and_starts_no_cluster_service
     assert not [c for c in commands if any(service in c for service in RAY_CLUSTER_SERVICES)], commands
 
 
+# Loaded by every Python process of the test's Ray: the node's two agents start 25 s late, longer
+# than the raylet's fixed 15 s wait for their port files.
+SLOW_AGENTS = """
+import sys, time
+if sys.argv and sys.argv[0].endswith(("dashboard/agent.py", "runtime_env/agent/main.py")):
+    time.sleep(25)
+"""
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["run", "server"])
+def test_a_local_ray_starts_when_its_agents_start_late(tmp_path, shared):
+    """`ray_agents_on_chosen_ports` (flows/services/patches.py): a local Ray whose agents take
+    longer to start than the raylet waits for them (as on a loaded machine) still starts and
+    runs a task, for a run's own Ray and a `psro server`'s. Without the patch the raylet aborts
+    and `ray.init` fails with "The current node timed out during startup"."""
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_AGENTS)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    script = LOCAL_RAY.replace("start_ray(None, 1, {})", f"start_ray(None, 1, {{}}, shared={shared})")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env={**env, "PYTHONPATH": str(tmp_path / "slow"), "SLOW_AGENTS_TEST": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = driver.stdout.readline()
+    finally:
+        out, err = driver.communicate("", timeout=180)
+    assert_all_exited(f"SLOW_AGENTS_TEST={tmp_path}")
+    assert first == "up\n", err[-3000:]
+
+
 def _listening_addresses(pids: list[int]) -> set[tuple[str, int]]:
     """(host, port) of every TCP socket the processes listen on, from /proc/net/tcp{,6}."""
     inodes = set()

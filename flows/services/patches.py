@@ -2,7 +2,7 @@
 
 None of it is public API, so pyproject.toml pins those packages and `tests/test_patch_canaries.py`
 fails, naming the patch, when an upgrade moves what a patch relies on (a patch that stops
-applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Eight
+applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Nine
 calls apply them, each in the processes that need its part, so that none pays for another's
 imports (the server's database layer alone is some 270 modules a Ray worker never uses):
 
@@ -16,6 +16,8 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
   (`flows.services.ray_session.start_ray`).
 - `ray_without_cluster_services()`: around the `ray.init` that starts a run's own local Ray
   (`flows.services.ray_session.start_ray`).
+- `ray_agents_on_chosen_ports()`: around the `ray.init` that starts any local Ray (a run's own or
+  a `psro server`'s, `flows.services.ray_session.start_ray`).
 - `ray_start_keeps_loopback()`: in the process that runs `ray start` for a node of the team's
   stack (`python -m flows.services.stack ray start ...`, `flows/services/stack.py`).
 - `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.services.ray_session.start_ray`).
@@ -84,6 +86,16 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   (started even with `include_dashboard=False`, and polled until it answers). Ray treats a
   dashboard that failed to start as optional. Without them the run's Ray starts on less CPU
   and stops sooner (figures in docs/performance.md). A `psro server`'s shared Ray keeps them.
+- `Node.__init__` again (`ray_agents_on_chosen_ports`), around starting any local Ray: a node
+  whose agents' ports are left to the agents (Ray's default) has its raylet wait for each agent
+  to write its port to a file, and abort after a fixed 15 s (no setting changes it: "Check
+  failed ... Timed out waiting for file .../metrics_agent_port_..."; `ray.init` then says "The
+  current node timed out during startup"). The agents are Python processes whose imports took
+  longer than that on a loaded machine: it failed a fresh-clone CI run 17 times. Ports chosen
+  free before the start are handed to the agents and the raylet, which then waits for no file;
+  an agent that comes up late only delays metrics. `ray._private.services.start_ray_process`
+  is wrapped for that start too: Ray leaves the dashboard agent's listening port out of the
+  raylet's command line, so the raylet waited for that file even with the port chosen.
 - `ray._private.auto_init_hook.enable_auto_connect` (`no_ray_auto_init`): Ray's public calls
   (`ray.get`, `ray.put`, `ray.remote(...).remote`) start a default local Ray when none is
   running, with every cluster service and none of the run's settings. In a driver that has
@@ -246,6 +258,54 @@ def ray_without_cluster_services() -> Iterator[None]:
         yield
     finally:
         Node.__init__, Node.start_api_server = init, start_api_server
+
+
+# The ports of a node's dashboard agent (gRPC, metrics export, HTTP) and runtime-env agent.
+RAY_AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+
+
+@contextlib.contextmanager
+def ray_agents_on_chosen_ports() -> Iterator[None]:
+    """Around a `ray.init` that starts a local head node: its dashboard agent's three ports and
+    its runtime-env agent's port are chosen free here (on loopback, where `ray_on_loopback` keeps
+    the node), so the raylet does not wait for their port files (see the module docstring).
+    Ports the caller set are kept. Ray hands the raylet every port but the dashboard agent's
+    listening one, which the raylet takes as a flag too; it is added to the raylet's command."""
+    from ray._private import ray_constants, services
+    from ray._private.node import Node
+
+    init, start_ray_process = Node.__init__, services.start_ray_process
+    listen_port: list[int] = []  # the head node's, once chosen
+
+    def init_with_agent_ports(self, ray_params, head: bool = False, *args, **kwargs):
+        if head and not kwargs.get("connect_only", False):
+            unset = [field for field in RAY_AGENT_PORTS if not getattr(ray_params, field, None)]
+            for field, port in zip(unset, _free_loopback_ports(len(unset)), strict=True):
+                setattr(ray_params, field, port)
+            listen_port[:] = [ray_params.dashboard_agent_listen_port]
+        init(self, ray_params, head, *args, **kwargs)
+
+    def start_with_listen_port(command, process_type, *args, **kwargs):
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET and listen_port:
+            command = [*command, f"--dashboard_agent_listen_port={listen_port[0]}"]
+        return start_ray_process(command, process_type, *args, **kwargs)
+
+    Node.__init__, services.start_ray_process = init_with_agent_ports, start_with_listen_port
+    try:
+        yield
+    finally:
+        Node.__init__, services.start_ray_process = init, start_ray_process
+
+
+def _free_loopback_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 now (held open together, so none repeats)."""
+    import socket
+
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 # --- Prefect's settings serialization -------------------------------------------------------

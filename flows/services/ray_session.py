@@ -13,7 +13,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from flows.services.patches import no_ray_auto_init, quiet_ray_notices, ray_on_loopback, ray_without_cluster_services
+from flows.services.patches import (
+    no_ray_auto_init,
+    quiet_ray_notices,
+    ray_agents_on_chosen_ports,
+    ray_on_loopback,
+    ray_without_cluster_services,
+)
 from flows.services.prefect_server import find_running_server
 
 
@@ -58,7 +64,7 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
     else:
         os.environ.update(env_vars)
         lean = contextlib.nullcontext() if shared else ray_without_cluster_services()
-        with ray_on_loopback(), lean:  # loopback only; a cluster is joined explicitly
+        with ray_on_loopback(), ray_agents_on_chosen_ports(), lean:  # loopback only; a cluster is joined explicitly
             ray.init(
                 address="local",
                 num_cpus=num_cpus or os.cpu_count(),
