@@ -60,7 +60,7 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
         # a Ray on this machine's loopback (a `psro server`'s, a test cluster's) is joined there
         on_loopback = address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
         with ray_on_loopback() if on_loopback else contextlib.nullcontext():
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+            _join(address, runtime_env)
     else:
         os.environ.update(env_vars)
         lean = contextlib.nullcontext() if shared else ray_without_cluster_services()
@@ -73,6 +73,27 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
                 log_to_driver=False,
                 logging_level=logging.WARNING,
             )
+
+
+CLIENT_CONNECT_TRIES = 3  # connections to a Ray Client server, where its process for this client died at birth
+
+
+def _join(address: str, runtime_env: dict | None) -> None:
+    """`ray.init` at `address`. Ray Client's server starts a process for each client, forked
+    from a process with gRPC's threads running; that child sometimes dies at once (Ray issue
+    #63202; met by the multi-host test, tests/test_hosts.py), and the client is refused with
+    "Initialization failure from server". Nothing was started for it, so it connects again."""
+    import ray
+
+    for attempt in range(1, CLIENT_CONNECT_TRIES + 1):
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+            return
+        except ConnectionAbortedError as error:
+            if attempt == CLIENT_CONNECT_TRIES or "Initialization failure from server" not in str(error):
+                raise
+            with contextlib.suppress(Exception):
+                ray.shutdown()
 
 
 def ray_to_use(config_address: str | None, api_url: str) -> tuple[str | None, dict[str, str]]:
