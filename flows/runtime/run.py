@@ -67,8 +67,8 @@ class Resumed:
 def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, observer: Observer | None, progress):
     """The body of every scenario's top-level flow; `step_flow` is its step's subflow. A run
     whose Ray workers or nodes are lost under it goes on from its last commit, in the same flow
-    run and MLflow run (`lost_ray_worker`)."""
-    from prefect import get_run_logger
+    run and MLflow run (`lost_ray_worker`); one that loses the Ray head it joined stops its
+    command (`flows.runtime.stopping.watching_ray_head`)."""
     from prefect.runtime import flow_run
 
     from flows.services.preflight import preflight
@@ -81,6 +81,18 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
         _end_steps_left_running(flow_run.id)
         resume_run_id = resume_run_id or _earlier_attempt(scenario, settings, str(flow_run.id))
     started = time.perf_counter()
+    with stopping.watching_ray_head(settings.ray_address):
+        state, record = _tries(scenario, step_flow, config, settings, resume_run_id, observer, progress)
+    if settings.export:
+        scenario.export(config, state, record, time.perf_counter() - started)
+    return state
+
+
+def _tries(scenario: Scenario, step_flow, config, settings, resume_run_id: str | None, observer, progress):
+    """The run's tries (`_attempt`): one, or more where its Ray workers or nodes were lost under
+    it, each from the last commit. Returns the last state and record."""
+    from prefect import get_run_logger
+
     failed, committed_before = 0, None  # tries lost since the last new commit, and that commit
     while True:
         resumed = load_resumed(scenario, config, settings.tracking_uri, resume_run_id) if resume_run_id else None
@@ -110,9 +122,7 @@ def run_flow(scenario: Scenario, step_flow, config, resume_run_id: str | None, o
                 f"(try {failed + 1} of {NODE_LOSS_TRIES} from that commit)"
             )
             time.sleep(NODE_LOSS_PAUSE_S)
-    if settings.export:
-        scenario.export(config, state, record, time.perf_counter() - started)
-    return state
+    return state, record
 
 
 NODE_LOSS_TRIES = 3  # tries from one commit of a run whose Ray workers or nodes are lost under it

@@ -1,4 +1,5 @@
-"""A run's command stopped by Ctrl-C or SIGTERM, the same way for every scenario.
+"""A run's command stopped by Ctrl-C or SIGTERM, or by the loss of the Ray head it joined, the
+same way for every scenario.
 
 The first signal stops the run as a failure would: the main thread's wait ends (a
 KeyboardInterrupt, raised even inside `ray.get`), and every context unwinds: the tracker writes
@@ -19,6 +20,15 @@ A second signal during that shutdown ends the process at once, with the same lin
 started is stopped by the reaper (`flows.services.reaper`) and the Prefect server's own watch of
 its parent, and the run resumes from its last commit, as after a crash.
 
+A run that joined a Ray cluster by address (a team's head, from a laptop) has that address
+watched while it runs (`watching_ray_head`): once the head has refused connections for
+`HEAD_LOST_AFTER_S` (as long as Ray Client waits to reconnect), the host is taken as lost, and
+the command stops itself as on SIGTERM, its line saying why, and exits `EXIT_HEAD_LOST` (75,
+"try again later"). The head's servers usually went with it, so the shutdown gets
+`HEAD_LOST_GRACE_S` to record the stop before the process ends with its line, as on a second
+signal: MLflow keeps the last commit either way, and the line's command continues from it
+once the head is back.
+
 The runtime hands the command its run's tracker (`follow`), from which the line reads the MLflow
 run and its last commit; `flows.cli.scenario_commands` wraps every `run` and `resume` in
 `stop_on_signals`.
@@ -35,10 +45,14 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HEAD_LOST_AFTER_S = 30.0  # refused this long, a Ray head is lost (Ray Client's reconnect grace)
+HEAD_LOST_GRACE_S = 20.0  # the shutdown's time after a lost head before the process ends
+EXIT_HEAD_LOST = 75  # EX_TEMPFAIL: the run can go on once the head is back
 
 
 @dataclasses.dataclass
@@ -55,12 +69,14 @@ class CommandStop:
     committed: int | None = None  # the last step that run committed
     tracker: object | None = None  # the run's `ScenarioTracker`, once the runtime opened it
     signal: int | None = dataclasses.field(default=None, init=False)  # the first signal received
+    lost: str | None = dataclasses.field(default=None, init=False)  # what the command lost, if it stopped itself
     # where standard output and error go once a signal came, and their descriptors before
     _log: str | None = dataclasses.field(default=None, init=False)
     _saved: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
     _console: object | None = dataclasses.field(default=None, init=False)
     _output: object | None = dataclasses.field(default=None, init=False)  # the console's copy of standard output
     _swallowed: bool = dataclasses.field(default=False, init=False)  # the interrupt was ignored (`_unraisable`)
+    _cut_short_timer: threading.Timer | None = dataclasses.field(default=None, init=False)  # `stop_itself`'s
 
     def line(self, kept_log: str | None = None) -> str:
         run_id = getattr(self.tracker, "run_id", None) or self.run_id
@@ -78,6 +94,8 @@ class CommandStop:
             if self.tracking_uri is not None and self.tracking_uri != DEFAULT_TRACKING_URI:
                 flags = f" --tracking-uri {shlex.quote(self.tracking_uri)}"
             said = f"stopped: {where}; continue with: {self.resume_command} {run_id}{flags}"
+        if self.lost is not None:
+            said = f"{self.lost}; {said}" + (" once it is back" if committed is not None else "")
         return said + (f" (the shutdown's log: {kept_log})" if kept_log else "")
 
     # --- the signals ------------------------------------------------------------------------
@@ -87,11 +105,7 @@ class CommandStop:
             self._swallowed = False
             raise KeyboardInterrupt
         if self.signal is not None:  # a second signal: the shutdown is cut short
-            self._say(self.line())
-            if self._log:
-                with contextlib.suppress(OSError):
-                    os.unlink(self._log)
-            os._exit(128 + signum)
+            self._cut_short()
         self.signal = signum
         self._quiet()
         raise KeyboardInterrupt
@@ -158,9 +172,33 @@ class CommandStop:
             with contextlib.suppress(OSError):
                 os.unlink(self._log)
         self._say(self.line(kept_log=self._log if went_wrong else None))
-        return 128 + self.signal
+        return self._code()
+
+    def _code(self) -> int:
+        return EXIT_HEAD_LOST if self.lost is not None else 128 + (self.signal or signal.SIGTERM)
+
+    def _cut_short(self) -> None:
+        """The process ends now, with the line."""
+        self._say(self.line())
+        if self._log:
+            with contextlib.suppress(OSError):
+                os.unlink(self._log)
+        os._exit(self._code())
+
+    def stop_itself(self, why: str) -> None:
+        """From another thread: stop as on SIGTERM, the line saying `why`; if the shutdown has
+        not ended the process within `HEAD_LOST_GRACE_S`, end it with the line."""
+        if self.signal is not None:  # already stopping
+            return
+        self.lost = why
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        self._cut_short_timer = threading.Timer(HEAD_LOST_GRACE_S, self._cut_short)
+        self._cut_short_timer.daemon = True
+        self._cut_short_timer.start()
 
     def close(self) -> None:
+        if self._cut_short_timer is not None:  # the shutdown ended in time
+            self._cut_short_timer.cancel()
         self._loud()
         if self._output is not None:
             self._console.file = None  # the console's default again: standard output
@@ -198,6 +236,46 @@ def stop_on_signals(stop: CommandStop, console) -> Iterator[CommandStop]:
         for number, handler in previous.items():
             signal.signal(number, handler)
         stop.close()
+
+
+@contextlib.contextmanager
+def watching_ray_head(address: str | None) -> Iterator[None]:
+    """Around a run on the Ray cluster at `address` (``ray://HOST:PORT`` or ``HOST:PORT``), in
+    a command that handles its signals: a thread connects to the head every second, and stops
+    the command once it has refused for `HEAD_LOST_AFTER_S` (the module docstring)."""
+    stop = _active
+    if stop is None or not address or address in ("local", "auto"):
+        yield
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    done = threading.Event()
+
+    def watch() -> None:
+        answered = time.monotonic()
+        while not done.wait(1.0):
+            if _accepts(host, int(port)):
+                answered = time.monotonic()
+            elif time.monotonic() - answered > HEAD_LOST_AFTER_S:
+                stop.stop_itself(f"lost the Ray head at {address} (no answer for {HEAD_LOST_AFTER_S:.0f} s)")
+                return
+
+    watcher = threading.Thread(target=watch, name="ray-head-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _accepts(host: str, port: int) -> bool:
+    """Whether `host:port` accepts a TCP connection within a second."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def follow(tracker) -> None:
