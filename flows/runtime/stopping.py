@@ -105,7 +105,7 @@ class CommandStop:
             self._swallowed = False
             raise KeyboardInterrupt
         if self.signal is not None:  # a second signal: the shutdown is cut short
-            self._cut_short()
+            self._cut_short(signum)
         self.signal = signum
         self._quiet()
         raise KeyboardInterrupt
@@ -174,16 +174,17 @@ class CommandStop:
         self._say(self.line(kept_log=self._log if went_wrong else None))
         return self._code()
 
-    def _code(self) -> int:
-        return EXIT_HEAD_LOST if self.lost is not None else 128 + (self.signal or signal.SIGTERM)
+    def _code(self, signum: int | None = None) -> int:
+        """The exit status: 75 for a lost head, else 128 + the signal (`signum`, or the first)."""
+        return EXIT_HEAD_LOST if self.lost is not None else 128 + (signum or self.signal or signal.SIGTERM)
 
-    def _cut_short(self) -> None:
-        """The process ends now, with the line."""
+    def _cut_short(self, signum: int | None = None) -> None:
+        """The process ends now, with the line (`signum`: the signal that cut the shutdown short)."""
         self._say(self.line())
         if self._log:
             with contextlib.suppress(OSError):
                 os.unlink(self._log)
-        os._exit(self._code())
+        os._exit(self._code(signum))
 
     def stop_itself(self, why: str) -> None:
         """From another thread: stop as on SIGTERM, the line saying `why`; if the shutdown has
@@ -244,10 +245,10 @@ def watching_ray_head(address: str | None) -> Iterator[None]:
     a command that handles its signals: a thread connects to the head every second, and stops
     the command once it has refused for `HEAD_LOST_AFTER_S` (the module docstring)."""
     stop = _active
-    if stop is None or not address or address in ("local", "auto"):
+    host, _, port = (address or "").removeprefix("ray://").rpartition(":")
+    if stop is None or not host or not port.isdigit():  # no command, or no cluster address ("local", "auto")
         yield
         return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
     done = threading.Event()
 
     def watch() -> None:
