@@ -114,17 +114,19 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
 
 class Prefect:
     """Prefect's client on a test's server (settings are swapped in per call: the test process
-    must not pick up a server from its environment). `prefect("read_flow_run", id)` calls the
-    sync client's method."""
+    must not pick up a server from its environment, nor its credentials, which Prefect reads
+    once per process). `prefect("read_flow_run", id)` calls the sync client's method."""
 
-    def __init__(self, api_url: str):
+    def __init__(self, api_url: str, auth_string: str | None = None):
         self.api_url = api_url
+        self.auth_string = auth_string  # "USER:PASSWORD" for a server that asks for it
 
     def __call__(self, method: str, *args, **kwargs):
         from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: self.api_url}):
+        settings = {PREFECT_API_URL: self.api_url, PREFECT_API_AUTH_STRING: self.auth_string}
+        with temporary_settings({key: value for key, value in settings.items() if value is not None}):
             with get_client(sync_client=True) as client:
                 return getattr(client, method)(*args, **kwargs)
 

@@ -91,6 +91,9 @@ ADDRESSES = {
     "ray": f"{HEAD}:6379",
     "ray_client": f"ray://{HEAD}:10001",
 }
+# The head's Prefect API, with the team's credentials (the test process's Prefect settings may
+# have been read before this module's fixture set them)
+HEAD_PREFECT = Prefect(ADDRESSES["prefect"], CREDENTIALS["PREFECT_API_AUTH_STRING"])
 
 
 @pytest.fixture(scope="module")
@@ -331,7 +334,7 @@ def test_the_worker_host_killed_mid_run_and_joined_again_loses_no_laptop_run(hos
         assert_each_metric_once(client, found)
         assert_each_version_once(client, found.info.run_id)
         assert client.search_model_versions(f"run_id = '{found.info.run_id}'"), scenario
-        flow_run = Prefect(ADDRESSES["prefect"])("read_flow_run", found.data.tags["prefect.flow_run_id"])
+        flow_run = HEAD_PREFECT("read_flow_run", found.data.tags["prefect.flow_run_id"])
         assert flow_run.state.is_completed(), (scenario, flow_run.state)
     assert list(laptop.work.iterdir()) == []  # no mlflow.db, no mlruns: everything went to the head
     *_, (reference, _) = iterate_psro_local(PSROConfig(game="kuhn_poker", iterations=PSRO_ITERATIONS))
@@ -376,7 +379,7 @@ def test_a_deployment_triggered_from_the_laptop_runs_on_a_hosts_worker_and_track
     config = SCENARIOS["psro"].with_common({"game": "kuhn_poker", "meta_solver": "nash", "iterations": 3}, common)
     triggered = prefect_cli("deployment", "run", "psro/kuhn-smoke", "--params", json.dumps({"config": config}))
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", triggered).group(1)
-    assert Prefect(ADDRESSES["prefect"]).final_state(flow_run_id, 600).is_completed()
+    assert HEAD_PREFECT.final_state(flow_run_id, 600).is_completed()
     client, found = mlflow_run("deployed")
     assert found.info.status == "FINISHED" and found.data.tags["psro.committed_iteration"] == "3"
     assert found.info.artifact_uri.startswith("mlflow-artifacts:")
@@ -384,15 +387,19 @@ def test_a_deployment_triggered_from_the_laptop_runs_on_a_hosts_worker_and_track
 
 
 def _kill_host(host: Host) -> None:
-    """The host lost: every process group its stack started (its stack.json names them) and, on
-    the head, PostgreSQL's server (started apart, by pg_ctl) SIGKILLed."""
+    """The host lost: every process group its stack started (its stack.json names them), then
+    every other process of the host (PostgreSQL's, started apart by pg_ctl), SIGKILLed."""
     for group in host.state()["groups"].values():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
-    for pid_file in host.stack_dir.rglob("postmaster.pid"):
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
-    wait_until(lambda: not pids_with_env(host.marker), 30, f"{host.address}'s processes to die")
+
+    def all_dead() -> bool:  # PostgreSQL's, and whatever left its group: every process of the host
+        for pid in pids_with_env(host.marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return not pids_with_env(host.marker)
+
+    wait_until(all_dead, 60, f"{host.address}'s processes to die")
 
 
 @pytest.mark.timeout(2400)
