@@ -300,13 +300,10 @@ def test_the_worker_host_killed_mid_run_and_joined_again_loses_no_laptop_run(hos
         return all((holds / scenario / f"held-{HELD_AT}").exists() for scenario in runs)
 
     wait_until(all_held, 540, f"every run at its commit {HELD_AT}")  # before the first held goes on by itself
-    for group in worker.state()["groups"].values():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
     killed = time.monotonic()
+    _kill_host(worker)
     for scenario in runs:
         (holds / scenario / f"release-{HELD_AT}").touch()
-    wait_until(lambda: not pids_with_env(worker.marker), 30, "the worker host's processes to die")
     rejoined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", "2")
     assert rejoined.returncode == 0, rejoined.stdout + rejoined.stderr
     back = time.monotonic()
