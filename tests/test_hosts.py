@@ -422,7 +422,12 @@ def test_losing_the_head_stops_a_laptop_run_in_one_line_and_it_resumes_once_the_
     run = LaptopRun(laptop, "head-loss", ["--game", "kuhn_poker", "--iterations", str(PSRO_ITERATIONS)], **seam)
     wait_until(lambda: (holds / f"held-{HELD_AT}").exists() or run.process.poll() is not None, 540, "the run's commit")
     assert run.process.poll() is None, run.output()
-    _, found = run.mlflow_run()
+
+    def committed_before_the_held_one():  # the tracker's thread may still be writing it
+        _, found = run.mlflow_run()
+        return found if found.data.tags.get("psro.committed_iteration") == str(HELD_AT - 1) else None
+
+    found = wait_until(committed_before_the_held_one, 120, f"commit {HELD_AT - 1} in MLflow")
     _kill_host(head)
     killed = time.monotonic()
     (holds / f"release-{HELD_AT}").touch()
