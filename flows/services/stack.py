@@ -350,6 +350,16 @@ def _group_alive(marker: str, group: int) -> bool:
     return group in _processes(marker).values()
 
 
+def _raylet_alive(marker: str, group: int) -> bool:
+    """Whether a Ray node's raylet lives in `group`: a node is up while its raylet is, and some of
+    its other processes (its log monitor) can outlive it by minutes once its head is gone."""
+    for pid, its_group in _processes(marker).items():
+        with contextlib.suppress(OSError):
+            if its_group == group and Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                return True
+    return False
+
+
 def _stop_group(marker: str, group: int, grace: float = STOP_TIMEOUT) -> None:
     """SIGTERM to the group, SIGKILL to what is left of it after `grace` seconds."""
     for signum in (signal.SIGTERM, signal.SIGKILL):
@@ -741,6 +751,9 @@ def start(directory: Path, names: list[str]) -> list[str]:
     credentials = Credentials.from_environment(ray_token=stack.servers != LOOPBACK) if stack.auth else None
     running = dict(status(stack))
     down_now = [name for name in _services(stack) if name in names and not running[name]]
+    for name in down_now:  # what outlived a service that is down (a Ray node's log monitor) goes first
+        if (group := stack.groups.get(name)) is not None and _group_alive(stack.marker, group):
+            _stop_group(stack.marker, group)
     _bring_up(stack, down_now, credentials)
     return down_now
 
@@ -762,7 +775,8 @@ def stop(directory: Path, names: list[str]) -> list[str]:
 
 
 def status(stack: Stack) -> list[tuple[str, bool]]:
-    """Each service, and whether it is up (answers where it has an address to ask)."""
+    """Each service, and whether it is up: its process group lives, a Ray node's raylet among
+    it, and it answers where it has an address to ask."""
     alive = set(_processes(stack.marker).values())
     answers = {
         "postgres": lambda: stack.path("postgres", "postmaster.pid").exists() and _postgres_ready(stack),
@@ -770,10 +784,16 @@ def status(stack: Stack) -> list[tuple[str, bool]]:
         "mlflow": lambda: healthy(stack.tracking_uri),
         "ray-head": lambda: _ray_answers(stack.ray_address),
     }
-    return [
-        (name, (name == "postgres" or stack.groups.get(name) in alive) and answers.get(name, lambda: True)())
-        for name in _services(stack)
-    ]
+
+    def up(name: str) -> bool:
+        if name == "postgres":
+            return answers[name]()
+        group = stack.groups.get(name)
+        if group not in alive or (name.startswith("ray-") and not _raylet_alive(stack.marker, group)):
+            return False
+        return answers.get(name, lambda: True)()
+
+    return [(name, up(name)) for name in _services(stack)]
 
 
 @dataclasses.dataclass(frozen=True)
