@@ -147,10 +147,14 @@ def shoot(page, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
 
 
+UI_WAIT_MS = 120_000  # how long a page may take to show a text
+
+
 def wait_for_text(page, text: str, exact: bool = False):
-    """Wait until ``text`` renders (the SPA fills the page after its API calls)."""
+    """Wait until ``text`` renders (the SPA fills the page after its API calls, which took more
+    than Playwright's default 30 s once, with three stacks of tests/test_hosts.py beside it)."""
     locator = page.get_by_text(text, exact=exact).first
-    locator.wait_for(state="visible")
+    locator.wait_for(state="visible", timeout=UI_WAIT_MS)
     return locator
 
 

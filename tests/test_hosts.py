@@ -1,6 +1,6 @@
 """The team's stack across hosts: a head on 127.0.0.2 (`psro stack up --host 127.0.0.2 --auth
 --workers 0`, so that its Ray head offers no CPU), a worker host on 127.0.0.3 (`psro stack join
-127.0.0.2 --cpus 2`) and a laptop on 127.0.0.4 that runs every scenario against the head's
+127.0.0.2 --cpus 8`) and a laptop on 127.0.0.4 that runs every scenario against the head's
 addresses. Each host has its own HOME, working directory and temporary directory, and they share
 no file: what a run needs goes through the servers (Prefect's API, MLflow's artifact proxy) and
 Ray (Ray Client from the laptop). The head's Ray offers no CPU, so every task runs on the worker
@@ -46,6 +46,10 @@ CREDENTIALS = {
     "RAY_AUTH_TOKEN": SECRETS[2],
 }
 HOST_MARKER = "PSRO_TEST_HOST"
+# The worker host's Ray CPUs: more than its two cores. Five runs share it, and a run held at its
+# commit keeps its actors and their CPUs; with two, the MARL and PBT runs once waited for a CPU
+# until the held runs' holds ran out (a fresh-clone CI run, 540 s and no commit).
+WORKER_CPUS = 8
 HELD_AT = 1  # the commit every laptop run is held at while the worker host is killed
 PSRO_ITERATIONS = 4
 
@@ -104,7 +108,7 @@ def hosts():
     try:
         started = head.stack("up", "--host", HEAD, "--auth", "--workers", "0")
         assert started.returncode == 0, started.stdout + started.stderr
-        joined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", "2")
+        joined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", str(WORKER_CPUS))
         assert joined.returncode == 0, joined.stdout + joined.stderr
         with pytest.MonkeyPatch.context() as patch:  # this process reads the head's servers too
             for key, value in CREDENTIALS.items():
@@ -137,7 +141,7 @@ def test_up_prints_the_heads_addresses_and_status_lists_each_hosts_nodes_and_wor
     }
     assert listed.splitlines() == [
         f"  {HEAD:15} ray nodes: 0 CPUs; prefect workers: 1",
-        f"  {WORKER:15} ray nodes: 2 CPUs; prefect workers: 1",
+        f"  {WORKER:15} ray nodes: {WORKER_CPUS} CPUs; prefect workers: 1",
     ], status.stdout
     on_worker = worker.stack("status")
     assert on_worker.returncode == 0 and on_worker.stdout.split() == ["ray-worker-1", "up", "prefect-worker", "up"]
@@ -304,7 +308,7 @@ def test_the_worker_host_killed_mid_run_and_joined_again_loses_no_laptop_run(hos
     _kill_host(worker)
     for scenario in runs:
         (holds / scenario / f"release-{HELD_AT}").touch()
-    rejoined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", "2")
+    rejoined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", str(WORKER_CPUS))
     assert rejoined.returncode == 0, rejoined.stdout + rejoined.stderr
     back = time.monotonic()
     LOST["worker host down (s)"] = back - killed
@@ -448,7 +452,7 @@ def test_losing_the_head_stops_a_laptop_run_in_one_line_and_it_resumes_once_the_
     assert left.returncode == 0, left.stdout + left.stderr
     up = head.stack("up", "--host", HEAD, "--auth", "--workers", "0")
     assert up.returncode == 0, up.stdout + up.stderr
-    joined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", "2")
+    joined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", str(WORKER_CPUS))
     assert joined.returncode == 0, joined.stdout + joined.stderr
     back = time.monotonic()
     env = {"PREFECT_API_URL": ADDRESSES["prefect"], "RAY_AUTH_MODE": "token"}
@@ -481,7 +485,7 @@ def test_down_on_the_worker_host_stops_its_part_and_nothing_else(hosts):
     # the GCS marks the node dead once its raylet has gone; Prefect lists the worker until it misses heartbeats
     def node_gone() -> str | None:
         out = head_status()
-        return None if "2 CPUs" in out else out
+        return None if f"{WORKER_CPUS} CPUs" in out else out
 
     listed = wait_until(node_gone, 60, "the worker host's node to leave the head's listing")
     assert f"  {HEAD:15} ray nodes: 0 CPUs; prefect workers: 1" in listed, listed
