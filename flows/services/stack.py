@@ -350,14 +350,16 @@ def _group_alive(marker: str, group: int) -> bool:
     return group in _processes(marker).values()
 
 
-def _raylet_alive(marker: str, group: int) -> bool:
-    """Whether a Ray node's raylet lives in `group`: a node is up while its raylet is, and some of
-    its other processes (its log monitor) can outlive it by minutes once its head is gone."""
-    for pid, its_group in _processes(marker).items():
+def _raylet_groups(processes: dict[int, int]) -> set[int]:
+    """The process groups among `processes` (pid -> group) that hold a Ray node's raylet: a node
+    is up while its raylet is, and its other processes (its log monitor) can outlive it by
+    minutes once its head is gone."""
+    groups = set()
+    for pid, group in processes.items():
         with contextlib.suppress(OSError):
-            if its_group == group and Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
-                return True
-    return False
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                groups.add(group)
+    return groups
 
 
 def _stop_group(marker: str, group: int, grace: float = STOP_TIMEOUT) -> None:
@@ -751,9 +753,8 @@ def start(directory: Path, names: list[str]) -> list[str]:
     credentials = Credentials.from_environment(ray_token=stack.servers != LOOPBACK) if stack.auth else None
     running = dict(status(stack))
     down_now = [name for name in _services(stack) if name in names and not running[name]]
-    for name in down_now:  # what outlived a service that is down (a Ray node's log monitor) goes first
-        if (group := stack.groups.get(name)) is not None and _group_alive(stack.marker, group):
-            _stop_group(stack.marker, group)
+    # what outlived a service that is down (a Ray node's log monitor) goes first; PostgreSQL keeps its own
+    stop(directory, [name for name in down_now if name != "postgres"])
     _bring_up(stack, down_now, credentials)
     return down_now
 
@@ -777,7 +778,8 @@ def stop(directory: Path, names: list[str]) -> list[str]:
 def status(stack: Stack) -> list[tuple[str, bool]]:
     """Each service, and whether it is up: its process group lives, a Ray node's raylet among
     it, and it answers where it has an address to ask."""
-    alive = set(_processes(stack.marker).values())
+    processes = _processes(stack.marker)
+    alive, raylets = set(processes.values()), _raylet_groups(processes)
     answers = {
         "postgres": lambda: stack.path("postgres", "postmaster.pid").exists() and _postgres_ready(stack),
         "prefect-server": lambda: healthy(stack.prefect_api_url),
@@ -789,7 +791,7 @@ def status(stack: Stack) -> list[tuple[str, bool]]:
         if name == "postgres":
             return answers[name]()
         group = stack.groups.get(name)
-        if group not in alive or (name.startswith("ray-") and not _raylet_alive(stack.marker, group)):
+        if group not in alive or (name.startswith("ray-") and group not in raylets):
             return False
         return answers.get(name, lambda: True)()
 
