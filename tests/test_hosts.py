@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow_reads import assert_each_metric_once, assert_each_version_once
-from processes import FAULT_INJECTION, Prefect, assert_all_exited, pids_with_env, wait_until
+from processes import FAULT_INJECTION, Prefect, assert_all_exited, command_line, pids_with_env, wait_until
 from small_runs import PBT, SMALL_CFR, SMALL_LEAGUE, SYNC_MARL
 
 pytestmark = pytest.mark.end_to_end
@@ -143,6 +143,9 @@ def test_up_prints_the_heads_addresses_and_status_lists_each_hosts_nodes_and_wor
         f"  {HEAD:15} ray nodes: 0 CPUs; prefect workers: 1",
         f"  {WORKER:15} ray nodes: {WORKER_CPUS} CPUs; prefect workers: 1",
     ], status.stdout
+    # the head's Ray Client proxy starts each laptop's process without a fork (flows/services/patches.py)
+    proxies = [command_line(pid) or "" for pid in pids_with_env(head.marker)]
+    assert [line for line in proxies if "--mode=proxy" in line and " -m flows.services.stack ray-client-proxy " in line]
     on_worker = worker.stack("status")
     assert on_worker.returncode == 0 and on_worker.stdout.split() == ["ray-worker-1", "up", "prefect-worker", "up"]
     # the servers listen on the head's address alone, PostgreSQL on the head's loopback alone

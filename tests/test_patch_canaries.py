@@ -4,8 +4,9 @@ flows/services/patches.py applies every patch (`apply_patches()`): it memoizes P
 SettingsContext.serialize, shares one SSL context among Prefect's API clients, lets a new client
 retry a refused connection to a server this process has reached, skips two reads in
 Prefect's subflow engine, begins the SQLite server's write transactions IMMEDIATE, quiets two
-of Ray's private loggers, keeps a Ray on this machine on loopback, and starts a run's own Ray
-without Ray's cluster services. Beside that,
+of Ray's private loggers, keeps a Ray on this machine on loopback, starts a run's own Ray
+without Ray's cluster services, and runs a stack head's Ray Client proxy from this project's
+entry, which starts each client's process without a fork. Beside that,
 flows/runtime/ray_runner.py overrides prefect-ray's RayTaskRunner.submit and _run_prefect_task and
 swaps the flow in Prefect's serialized context; flows/services/ drains Prefect's log and event
 workers, sets the task-run recorder's batch settings, and calls Ray's private token loader;
@@ -962,3 +963,66 @@ def test_ray_start_keeps_a_loopback_node_address_and_wraps_once():
         assert patched("127.0.0.1") == "127.0.0.1"
     finally:
         services.resolve_ip_for_localhost = original
+
+
+SIGNAL_MASK = "print(next(line for line in open('/proc/self/status') if line.startswith('SigBlk:')).split()[1])"
+
+
+def _sigint_blocked_in_a_started_process() -> bool:
+    """Whether a process `ray._private.services.start_ray_process` starts has SIGINT blocked: the
+    mark of Ray's function run between fork and exec, which blocks it in the child."""
+    from ray._private import ray_constants, services
+
+    started = services.start_ray_process(
+        [sys.executable, "-c", SIGNAL_MASK],
+        ray_constants.PROCESS_TYPE_RAY_CLIENT_SERVER,
+        fate_share=False,
+        stdout_file=subprocess.PIPE,
+    )
+    mask, _ = started.process.communicate(timeout=60)
+    return bool(int(mask, 16) & 1 << (signal.SIGINT - 1))
+
+
+def test_a_stack_heads_client_proxy_runs_this_projects_entry_and_starts_each_clients_process_without_fork():
+    """`ray_start_runs_this_client_proxy` and `ray_client_proxy_spawns_without_fork`
+    (flows/services/patches.py): Ray still starts its Ray Client proxy and each client's process
+    through `start_ray_process` as ``-m ray.util.client.server``, and that function still forks
+    to run a function before exec (it blocks SIGINT in the child). Patched, the proxy's command
+    is the entry's, a client's process's command is Ray's (the proxy waits for that command to
+    appear), and a process started carries no blocked SIGINT: nothing ran between fork and exec."""
+    from ray._private import ray_constants, services
+    from ray.util.client.server import proxier
+
+    from flows.services.patches import ray_client_proxy_spawns_without_fork, ray_start_runs_this_client_proxy
+
+    assert 'server_type="specific-server"' in inspect.getsource(proxier.ProxyManager.start_specific_server)
+    assert "-m ray.util.client.server" in inspect.getsource(proxier._match_running_client_server)
+    start, popen = services.start_ray_process, services.ConsolePopen
+    commands = []
+    services.start_ray_process = lambda command, process_type, *args, **kwargs: commands.append((command, process_type))
+    try:
+        ray_start_runs_this_client_proxy(("-m", "entry", "proxy"))
+        wrapped = services.start_ray_process
+        ray_start_runs_this_client_proxy(("-m", "entry", "proxy"))
+        assert services.start_ray_process is wrapped
+        services.start_ray_client_server("127.0.0.2:6379", "127.0.0.2", 10001, runtime_env_agent_address="http://x:1")
+        services.start_ray_client_server("127.0.0.2:6379", "127.0.0.2", 23000, server_type="specific-server")
+    finally:
+        services.start_ray_process = start
+    (proxy, kind), (specific, _) = commands
+    assert kind == ray_constants.PROCESS_TYPE_RAY_CLIENT_SERVER
+    assert proxy[2:5] == ["-m", "entry", "proxy"] and "--mode=proxy" in proxy, proxy
+    assert proxier._match_running_client_server(specific), specific
+
+    assert _sigint_blocked_in_a_started_process(), (
+        "Ray's start_ray_process no longer blocks SIGINT between fork and exec: recheck "
+        "flows/services/patches.py's ray_client_proxy_spawns_without_fork"
+    )
+    try:
+        ray_client_proxy_spawns_without_fork()
+        patched = services.ConsolePopen
+        ray_client_proxy_spawns_without_fork()
+        assert services.ConsolePopen is patched
+        assert not _sigint_blocked_in_a_started_process()
+    finally:
+        services.ConsolePopen = popen

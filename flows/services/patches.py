@@ -2,7 +2,7 @@
 
 None of it is public API, so pyproject.toml pins those packages and `tests/test_patch_canaries.py`
 fails, naming the patch, when an upgrade moves what a patch relies on (a patch that stops
-applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Nine
+applying fails silently: runs just get slower, or chattier). Each patch is idempotent. Eleven
 calls apply them, each in the processes that need its part, so that none pays for another's
 imports (the server's database layer alone is some 270 modules a Ray worker never uses):
 
@@ -20,6 +20,8 @@ imports (the server's database layer alone is some 270 modules a Ray worker neve
   a `psro server`'s, `flows.services.ray_session.start_ray`).
 - `ray_start_keeps_loopback()`: in the process that runs `ray start` for a node of the team's
   stack (`python -m flows.services.stack ray start ...`, `flows/services/stack.py`).
+- `ray_start_runs_this_client_proxy()`: there too, for a head node; the proxy it starts calls
+  `ray_client_proxy_spawns_without_fork()` (`python -m flows.services.stack ray-client-proxy ...`).
 - `no_ray_auto_init()`: in a run's driver, before it starts or joins Ray (`flows.services.ray_session.start_ray`).
 - `driver_keeps_sigterm()`: in a run's driver started from the command line
   (`flows.cli.scenario_commands.with_services`), before its flow runs.
@@ -76,6 +78,13 @@ What is patched, and why (found by profiles of prefect 3.8.8 and prefect-ray 0.6
   joining a Ray on 127.0.0.1: with it on (Linux's default) Ray resolves 127.0.0.1 to the
   machine's network address, so a local instance's servers listen on every interface and a
   driver joining 127.0.0.1 calls the network address; off, both stay on loopback.
+- `ray._private.services.start_ray_process` (`ray_start_runs_this_client_proxy`), in `ray start`
+  for the stack's head, and `ray._private.services.ConsolePopen`
+  (`ray_client_proxy_spawns_without_fork`), in its Ray Client proxy: the proxy started a process
+  for each client by fork with a Python function to run before exec, and that fork of a process
+  with gRPC's threads running sometimes died (Ray issue #63202; it refused a laptop run of
+  `tests/test_hosts.py` in CI through three tries). The proxy now runs from this project's entry,
+  which starts those processes without the function (vfork, then exec).
 - `ray._private.services.resolve_ip_for_localhost` (`ray_start_keeps_loopback`), in `ray start`
   for the stack's nodes: it turns 127.0.0.1 into the network address where clusters are on, and
   with clusters off `ray start` adds no worker node; kept as given, every node stays on loopback.
@@ -210,6 +219,56 @@ def ray_on_loopback() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = previous
+
+
+RAY_CLIENT_SERVER_MODULE = ("-m", "ray.util.client.server")
+
+
+def ray_start_runs_this_client_proxy(entry: tuple[str, ...]) -> None:
+    """In a process that runs `ray start --head` (`flows.services.stack`): the node's Ray Client
+    server, the proxy that starts a process for each client, is started as ``python ENTRY ARGS``
+    instead of ``python -m ray.util.client.server ARGS``, so that it runs
+    `ray_client_proxy_spawns_without_fork` before Ray's own server (see that function)."""
+    from ray._private import ray_constants, services
+
+    start = services.start_ray_process
+    if getattr(start, "_runs_this_client_proxy", False):
+        return
+
+    def start_this_proxy(command, process_type, *args, **kwargs):
+        if process_type == ray_constants.PROCESS_TYPE_RAY_CLIENT_SERVER and "--mode=proxy" in command:
+            at = next(i for i in range(len(command)) if tuple(command[i : i + 2]) == RAY_CLIENT_SERVER_MODULE)
+            command = [*command[:at], *entry, *command[at + 2 :]]
+        return start(command, process_type, *args, **kwargs)
+
+    start_this_proxy._runs_this_client_proxy = True
+    services.start_ray_process = start_this_proxy
+
+
+def ray_client_proxy_spawns_without_fork() -> None:
+    """In a Ray Client proxy (`ray_start_runs_this_client_proxy`): the process it starts for each
+    client connecting is started without a function run between fork and exec. Ray passes one
+    (it blocks SIGINT and asks the kernel to kill the child with its parent), which makes Python
+    fork the proxy (a process with gRPC's threads running) and run Python code in the copy; that
+    copy sometimes died before it reached exec (Ray issue #63202, in about one connection of 15
+    on this project's machines), and the client was refused with "Starting Ray client server
+    failed". Without the function Python uses vfork and goes straight to exec. The client's
+    process then lives in the node's process group, which `psro stack down` and a lost host end
+    with the proxy; the proxy also stops it when its client leaves."""
+    from ray._private import services
+
+    popen = services.ConsolePopen
+    if getattr(popen, "_spawns_without_fork", False):
+        return
+
+    class PopenWithoutPreexec(popen):
+        _spawns_without_fork = True
+
+        def __init__(self, *args, **kwargs):
+            kwargs["preexec_fn"] = None
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = PopenWithoutPreexec
 
 
 def ray_start_keeps_loopback() -> None:

@@ -871,18 +871,35 @@ def down(directory: Path, say: Callable[[str], None]) -> list[str]:
     return stopped
 
 
+CLIENT_PROXY_ENTRY = ("-m", "flows.services.stack", "ray-client-proxy")
+
+
 def _ray_cli(argv: list[str]) -> None:
-    """Ray's own `ray` command, with nodes kept on loopback."""
-    from flows.services.patches import ray_start_keeps_loopback
+    """Ray's own `ray` command, with nodes kept on loopback and a head's Ray Client proxy run
+    from `_ray_client_proxy`."""
+    from flows.services.patches import ray_start_keeps_loopback, ray_start_runs_this_client_proxy
 
     ray_start_keeps_loopback()
+    ray_start_runs_this_client_proxy(CLIENT_PROXY_ENTRY)
     from ray.scripts.scripts import main
 
     sys.argv = ["ray", *argv]
     main()
 
 
+def _ray_client_proxy(argv: list[str]) -> None:
+    """Ray's own Ray Client server, which starts each client's process without a fork."""
+    from flows.services.patches import ray_client_proxy_spawns_without_fork
+
+    ray_client_proxy_spawns_without_fork()
+    from ray.util.client.server.server import main
+
+    sys.argv = ["ray.util.client.server", *argv]
+    main()
+
+
 if __name__ == "__main__":  # python -m flows.services.stack ray start ...: a stack's node
-    if sys.argv[1:2] != ["ray"]:
-        raise SystemExit("usage: python -m flows.services.stack ray ARGS...")
-    _ray_cli(sys.argv[2:])
+    commands = {"ray": _ray_cli, "ray-client-proxy": _ray_client_proxy}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        raise SystemExit("usage: python -m flows.services.stack ray|ray-client-proxy ARGS...")
+    commands[sys.argv[1]](sys.argv[2:])
