@@ -19,7 +19,9 @@ instead: when step N's commit is handed to the tracker (`ScenarioTracker.log_ste
 service under a run at a known point (tests/test_stack.py's faults). The driver, not the
 tracking thread, waits: a released run then meets the failed service with all it does next (the
 step's commit in MLflow, the next step's subflow and tasks in Prefect), where a run whose tracker
-alone was held had finished its steps before the service failed.
+alone was held had finished its steps before the service failed. A held run goes on by itself
+after ``PSRO_TEST_HOLD_LIMIT`` seconds (600 unless set), so that a test that failed before its
+release leaves no run waiting for ever.
 
 No production module reads these variables or knows this seam exists; without them this module
 does nothing.
@@ -38,7 +40,7 @@ from pathlib import Path
 KILL_AT = "PSRO_TEST_KILL_AT_COMMIT"
 FAULTS = "PSRO_TEST_FAULTS"
 HOLD_AT, HOLD_DIR = "PSRO_TEST_HOLD_AT_COMMIT", "PSRO_TEST_HOLD_DIR"
-HOLD_LIMIT = 600.0  # seconds a held run waits for its release before it goes on by itself
+HOLD_LIMIT = "PSRO_TEST_HOLD_LIMIT"
 TARGET = "flows.tracking.scenario_tracker"
 
 
@@ -60,7 +62,7 @@ def _hold(index: int) -> None:
         return
     folder = Path(os.environ[HOLD_DIR])
     (folder / f"held-{index}").touch()
-    deadline = time.monotonic() + HOLD_LIMIT
+    deadline = time.monotonic() + float(os.environ.get(HOLD_LIMIT, "600"))
     while not (folder / f"release-{index}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
 
