@@ -104,6 +104,12 @@ ADDRESSES = {
 HEAD_PREFECT = Prefect(ADDRESSES["prefect"], CREDENTIALS["PREFECT_API_AUTH_STRING"])
 
 
+def _join(worker: Host) -> None:
+    """`psro stack join` on the worker host, to the head, offering Ray `WORKER_CPUS`."""
+    joined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", str(WORKER_CPUS))
+    assert joined.returncode == 0, joined.stdout + joined.stderr
+
+
 @pytest.fixture(scope="module")
 def hosts():
     root = Path(tempfile.mkdtemp(prefix="ph-", dir="/tmp"))
@@ -112,8 +118,7 @@ def hosts():
     try:
         started = head.stack("up", "--host", HEAD, "--auth", "--workers", "0")
         assert started.returncode == 0, started.stdout + started.stderr
-        joined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", str(WORKER_CPUS))
-        assert joined.returncode == 0, joined.stdout + joined.stderr
+        _join(worker)
         with pytest.MonkeyPatch.context() as patch:  # this process reads the head's servers too
             for key, value in CREDENTIALS.items():
                 patch.setenv(key, value)
@@ -316,8 +321,7 @@ def test_the_worker_host_killed_mid_run_and_joined_again_loses_no_laptop_run(hos
     _kill_host(worker)
     for scenario in runs:
         (holds / scenario / f"release-{HELD_AT}").touch()
-    rejoined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", str(WORKER_CPUS))
-    assert rejoined.returncode == 0, rejoined.stdout + rejoined.stderr
+    _join(worker)
     back = time.monotonic()
     LOST["worker host down (s)"] = back - killed
 
@@ -460,8 +464,7 @@ def test_losing_the_head_stops_a_laptop_run_in_one_line_and_it_resumes_once_the_
     assert left.returncode == 0, left.stdout + left.stderr
     up = head.stack("up", "--host", HEAD, "--auth", "--workers", "0")
     assert up.returncode == 0, up.stdout + up.stderr
-    joined = worker.stack("join", HEAD, "--host", WORKER, "--cpus", str(WORKER_CPUS))
-    assert joined.returncode == 0, joined.stdout + joined.stderr
+    _join(worker)
     back = time.monotonic()
     env = {"PREFECT_API_URL": ADDRESSES["prefect"], "RAY_AUTH_MODE": "token"}
     resumed = laptop.run(PSRO, "resume", run_id, "--tracking-uri", ADDRESSES["mlflow"], timeout=900, **env)

@@ -221,7 +221,7 @@ def ray_on_loopback() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = previous
 
 
-RAY_CLIENT_SERVER_MODULE = ("-m", "ray.util.client.server")
+RAY_CLIENT_SERVER_MODULE = "ray.util.client.server"
 
 
 def ray_start_runs_this_client_proxy(entry: tuple[str, ...]) -> None:
@@ -237,8 +237,8 @@ def ray_start_runs_this_client_proxy(entry: tuple[str, ...]) -> None:
 
     def start_this_proxy(command, process_type, *args, **kwargs):
         if process_type == ray_constants.PROCESS_TYPE_RAY_CLIENT_SERVER and "--mode=proxy" in command:
-            at = next(i for i in range(len(command)) if tuple(command[i : i + 2]) == RAY_CLIENT_SERVER_MODULE)
-            command = [*command[:at], *entry, *command[at + 2 :]]
+            at = command.index(RAY_CLIENT_SERVER_MODULE)  # after its "-m"
+            command = [*command[: at - 1], *entry, *command[at + 1 :]]
         return start(command, process_type, *args, **kwargs)
 
     start_this_proxy._runs_this_client_proxy = True
